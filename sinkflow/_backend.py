@@ -1,0 +1,57 @@
+"""Tiny numpy/torch dispatch: every solver computes in torch, numpy callers get numpy back.
+
+torch.from_numpy shares memory, so the round trip costs nothing beyond the solve itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["to_torch", "from_torch", "is_torch", "check_finite", "check_float"]
+
+
+def is_torch(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def check_float(x: torch.Tensor, name: str) -> None:
+    if not torch.is_floating_point(x):
+        raise TypeError(
+            f"{name} must have a floating dtype, got {x.dtype}; "
+            f"convert explicitly (e.g. x.astype(float)) so precision is your choice."
+        )
+
+
+def check_finite(x: torch.Tensor, name: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} has {bad} non-finite entries (NaN or inf); use a mask to exclude entries.")
+
+
+def to_torch(x: Any, name: str = "input", *, dtype: torch.dtype | None = None, like: torch.Tensor | None = None) -> torch.Tensor:
+    """Convert ``x`` to a torch tensor without copying when possible.
+
+    ``like`` puts the result on the device (and float dtype) of another tensor.
+    """
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        arr = np.asarray(x)
+        if arr.dtype == object:
+            raise TypeError(f"{name} could not be converted to a numeric array")
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    if like is not None:
+        t = t.to(device=like.device, dtype=like.dtype if torch.is_floating_point(t) or dtype is None else dtype)
+    if dtype is not None:
+        t = t.to(dtype)
+    return t
+
+
+def from_torch(t: torch.Tensor | None, numpy_out: bool):
+    """Return ``t`` as numpy when the caller passed numpy (detached, on CPU)."""
+    if t is None or not numpy_out:
+        return t
+    return t.detach().cpu().numpy()

@@ -1,0 +1,463 @@
+r"""Attention normalizations: SoftMax and log-stable Sinkhorn.
+
+Notation (THEORY.md section 1). Scores :math:`C` of shape ``(..., n, m)``, query weights
+:math:`a` (``n``), key weights :math:`b` (``m``), uniform by default. Sinkhorn returns
+
+.. math:: K_{ij} = \exp(f_i + C_{ij} + g_j), \qquad \sum_j K_{ij} = 1, \qquad \sum_i a_i K_{ij} = b_j,
+
+so :math:`\pi = \mathrm{diag}(a) K` is the entropic optimal transport plan between
+:math:`a` and :math:`b` for the cost :math:`-C` and regularization 1
+(``ot.sinkhorn(a, b, -C, reg=1)``). For square uniform problems :math:`K` is doubly
+stochastic. Half-iterations alternate a row step (``f``) and a column step (``g``),
+starting with a row step from ``g = 0``: one half-iteration is exactly SoftMax.
+
+How the solver stays stable and fast
+------------------------------------
+The potentials ``f, g`` live in the log domain and every step that could lose accuracy
+is a log-sum-exp step. Between such steps the matrix :math:`K` itself is rescaled
+multiplicatively (one reduction and one scaling pass instead of ``n m`` exponentials),
+which is exact to rounding as long as (i) the marginal about to be divided is far above
+the underflow threshold and (ii) entries that underflowed at the last exponentiation
+cannot have grown back into relevance. Both are checked at every half-iteration; when
+either fails the solver re-exponentiates from ``C + f + g`` (the absorption trick of
+Schmitzer 2019). The result never contains NaN or inf, at any temperature.
+
+Exponent arguments are clamped at the smallest normal number's logarithm: float32 ``exp``
+is ~9x slower on arguments below -87 (``shared/PERF.md``), and the clamp changes each
+entry by less than the float's smallest normal.
+
+Run-to-tolerance (``n_iter=None``) uses epsilon scaling: the scores are multiplied by an
+increasing schedule ``s_0 < s_1 < ... < 1`` (warm-starting the scaled potentials), so cold
+temperatures reach the same fixed point in far fewer iterations than the plain loop.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+
+__all__ = ["softmax", "sinkhorn", "solve_sinkhorn", "SinkhornResult", "SinkhornWarning"]
+
+
+class SinkhornWarning(UserWarning):
+    """Issued when a run-to-tolerance solve stops at ``max_iter`` before reaching ``tol``."""
+
+
+@dataclass(frozen=True)
+class SinkhornResult:
+    """Everything a Sinkhorn solve knows, returned instead of printed.
+
+    Attributes
+    ----------
+    attention : array, shape (..., n, m)
+        The normalized matrix :math:`K` (rows sum to 1, :math:`a^T K = b`).
+    f, g : arrays, shapes (..., n) and (..., m)
+        Log potentials, :math:`K = \\exp(f_i + C_{ij} + g_j)`. Entries of queries (keys)
+        excluded by the mask are 0.
+    n_iter : int
+        Half-iterations performed (all epsilon-scaling stages counted).
+    converged : bool
+        Whether ``marginal_error <= tol``.
+    marginal_error : float
+        Final :math:`\\max(\\sum_i a_i |\\sum_j K_{ij} - 1|, \\sum_j |\\sum_i a_i K_{ij} - b_j|)`,
+        the largest over batch entries.
+    errors : numpy.ndarray
+        Marginal error of the marginal *not* just normalized, after each half-iteration
+        (the L1 error of the plan's column marginal after a row step, and vice versa).
+    scales : numpy.ndarray
+        Score multiplier of each half-iteration (all ones without epsilon scaling).
+    tol : float
+        The tolerance the convergence flag refers to.
+    a, b : arrays
+        The query and key weights used (after masking and renormalization).
+    """
+
+    attention: Any
+    f: Any
+    g: Any
+    n_iter: int
+    converged: bool
+    marginal_error: float
+    errors: np.ndarray
+    scales: np.ndarray
+    tol: float
+    a: Any
+    b: Any
+
+    @property
+    def plan(self):
+        """The transport plan ``a_i K_ij`` (computed on demand)."""
+        return self.a[..., :, None] * self.attention
+
+
+# ----------------------------------------------------------------------------------------
+# input checks
+
+
+def _prepare(scores, mask, a, b):
+    numpy_out = not isinstance(scores, torch.Tensor)
+    C = to_torch(scores, "scores")
+    check_float(C, "scores")
+    if C.ndim < 2:
+        raise ValueError(f"scores must have shape (..., n, m) with at least 2 dimensions, got shape {tuple(C.shape)}")
+    n, m = C.shape[-2], C.shape[-1]
+    if n == 0 or m == 0:
+        raise ValueError(f"scores must be non-empty, got shape {tuple(C.shape)}")
+    if mask is not None:
+        mask = to_torch(mask, "mask").to(C.device)
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
+        try:
+            mask = torch.broadcast_to(mask, C.shape)
+        except RuntimeError as err:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to scores {tuple(C.shape)}") from err
+        check_finite(C.detach().masked_fill(~mask, 0.0), "scores (unmasked entries)")
+    else:
+        check_finite(C.detach(), "scores")
+    a = _weights(a, n, C, "a", "queries")
+    b = _weights(b, m, C, "b", "keys")
+    return C, mask, a, b, numpy_out
+
+
+def _weights(w, size, C, name, what):
+    if w is None:
+        return torch.full((size,), 1.0 / size, dtype=C.dtype, device=C.device)
+    w = to_torch(w, name).to(device=C.device)
+    check_float(w, name)
+    w = w.to(C.dtype)
+    if w.ndim == 0 or w.shape[-1] != size:
+        raise ValueError(f"weights {name} must have last dimension {size} (one per {what}), got shape {tuple(w.shape)}")
+    check_finite(w, name)
+    if bool((w < 0).any()):
+        raise ValueError(f"weights {name} must be non-negative")
+    total = w.sum(-1)
+    if not bool(torch.allclose(total, torch.ones_like(total), rtol=0, atol=1e-6 if w.dtype != torch.float64 else 1e-10)):
+        raise ValueError(f"weights {name} must sum to 1 along the last dimension (sums: {total.detach().cpu().numpy()})")
+    return w
+
+
+def _effective_weights(a, b, mask, shape):
+    """Broadcast weights to the batch; queries (keys) with no admissible key (query) get 0."""
+    batch = shape[:-2]
+    a = torch.broadcast_to(a, batch + a.shape[-1:]).clone()
+    b = torch.broadcast_to(b, batch + b.shape[-1:]).clone()
+    if mask is not None:
+        a = a * mask.any(-1)
+        b = b * mask.any(-2)
+        sa = a.sum(-1, keepdim=True)
+        sb = b.sum(-1, keepdim=True)
+        a = torch.where(sa > 0, a / torch.where(sa > 0, sa, 1), a)
+        b = torch.where(sb > 0, b / torch.where(sb > 0, sb, 1), b)
+    return a, b
+
+
+# ----------------------------------------------------------------------------------------
+# numerical kernels
+
+
+def _log_tiny(dtype: torch.dtype) -> float:
+    return math.log(torch.finfo(dtype).tiny)
+
+
+def _exp_normalize(T, dim, weights, target, mask, inplace):
+    """Exponentiate ``T`` and scale lines along ``dim`` to sum (weighted) to ``target``.
+
+    Returns ``(P, log_scale)`` with ``P = exp(T + log_scale)`` along ``dim``'s lines;
+    lines with no admissible entry (or zero target) are all-zero with log_scale 0.
+    """
+    mx = T.amax(dim=dim, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    E = T.sub_(mx) if inplace else T - mx
+    E = E.clamp_min_(_log_tiny(T.dtype)).exp_() if inplace else E.clamp_min(_log_tiny(T.dtype)).exp()
+    if mask is not None:
+        E = E.masked_fill_(~mask, 0.0) if inplace else E.masked_fill(~mask, 0.0)
+    if weights is None:
+        s = E.sum(dim, keepdim=True)
+    else:  # weighted column sums as a matrix product: no n x m temporary
+        s = torch.einsum("...i,...ij->...j", weights, E).unsqueeze(-2)
+    ok = (s > 0) & (target > 0)
+    s_safe = torch.where(ok, s, torch.ones_like(s))
+    factor = torch.where(ok, target / s_safe, torch.zeros_like(s))
+    P = E.mul_(factor) if inplace else E * factor
+    log_scale = torch.where(ok, torch.log(torch.where(ok, target, torch.ones_like(target))) - torch.log(s_safe) - mx, torch.zeros_like(s))
+    return P, log_scale.squeeze(dim)
+
+
+def _row_step_log(C, scale, f, g, mask, inplace_ok):
+    T = torch.add(g[..., None, :], C, alpha=scale) if scale != 1.0 else C + g[..., None, :]
+    if mask is not None:
+        T = T.masked_fill_(~mask, -math.inf) if inplace_ok else T.masked_fill(~mask, -math.inf)
+    one = torch.ones((), dtype=C.dtype, device=C.device)
+    P, f_new = _exp_normalize(T, -1, None, one, mask, inplace_ok)
+    return P, f_new
+
+
+def _col_step_log(C, scale, f, a, b, mask, inplace_ok):
+    T = torch.add(f[..., :, None], C, alpha=scale) if scale != 1.0 else C + f[..., :, None]
+    if mask is not None:
+        T = T.masked_fill_(~mask, -math.inf) if inplace_ok else T.masked_fill(~mask, -math.inf)
+    P, g_new = _exp_normalize(T, -2, a, b[..., None, :], mask, inplace_ok)
+    return P, g_new
+
+
+def _max_over_batch(e: torch.Tensor) -> torch.Tensor:
+    return e.reshape(-1).amax() if e.ndim else e
+
+
+def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record):
+    """Run ``n_half`` half-iterations (or until ``tol``) on the problem with scores ``scale * C``.
+
+    ``state`` holds the half-step parity and counters across epsilon-scaling stages.
+    """
+    dtype = C.dtype
+    finfo = torch.finfo(dtype)
+    n, m = C.shape[-2], C.shape[-1]
+    # A line sum below `safe` may be polluted by flushed entries: take a log step instead.
+    safe = finfo.tiny / finfo.eps * max(n, m)
+    # Flushed entries may grow by exp(growth); re-exponentiate before they could matter.
+    growth_limit = math.log(finfo.eps / finfo.tiny) - math.log(max(n, m))
+    active_rows = a > 0
+    active_cols = b > 0
+    P = None
+    growth_f = torch.zeros_like(f)
+    growth_g = torch.zeros_like(g)
+    done = 0
+    err = torch.full((), math.inf, dtype=dtype, device=C.device)
+    while done < n_half:
+        row_step = state["next"] == "row"
+        if P is None:
+            if row_step:
+                P, f = _row_step_log(C, scale, f, g, mask, inplace)
+            else:
+                P, g = _col_step_log(C, scale, f, a, b, mask, inplace)
+            growth_f.zero_(), growth_g.zero_()
+        elif row_step:
+            r = P.sum(-1)
+            if bool((r[active_rows] < safe).any()) or bool(growth_f.amax() + growth_g.amax() > growth_limit):
+                P = None  # release before the log step allocates
+                P, f = _row_step_log(C, scale, f, g, mask, inplace)
+                growth_f, growth_g = torch.zeros_like(f), torch.zeros_like(g)
+            else:
+                r = torch.where(active_rows, r, torch.ones_like(r))
+                P = P.div_(r[..., None]) if inplace else P / r[..., None]
+                delta = -torch.log(r)
+                f = f + delta
+                growth_f = growth_f + delta.clamp_min(0)
+        else:
+            c = torch.einsum("...i,...ij->...j", a, P)
+            ratio = torch.where(active_cols, b / torch.where(active_cols, c, torch.ones_like(c)), torch.ones_like(c))
+            if bool((c[active_cols] < safe).any()) or bool(growth_f.amax() + growth_g.amax() > growth_limit):
+                P = None
+                P, g = _col_step_log(C, scale, f, a, b, mask, inplace)
+                growth_f, growth_g = torch.zeros_like(f), torch.zeros_like(g)
+            else:
+                P = P.mul_(ratio[..., None, :]) if inplace else P * ratio[..., None, :]
+                delta = torch.log(ratio)
+                g = g + delta
+                growth_g = growth_g + delta.clamp_min(0)
+        done += 1
+        state["count"] += 1
+        state["next"] = "col" if row_step else "row"
+        # Error of the marginal not just normalized (the other one is exact up to rounding).
+        if row_step:
+            e = (torch.einsum("...i,...ij->...j", a, P) - b).abs().sum(-1)
+        else:
+            e = (a * (P.sum(-1) - active_rows.to(dtype)).abs()).sum(-1)
+        err = _max_over_batch(e.detach())
+        if record:
+            state["errors"].append(err)
+            state["scales"].append(scale)
+        if tol is not None and state["check"] and float(err) <= tol:
+            break
+    return P, f, g, err
+
+
+def _final_error(P, a, b):
+    active_rows = (a > 0).to(P.dtype)
+    row = (a * (P.sum(-1) - active_rows).abs()).sum(-1)
+    col = (torch.einsum("...i,...ij->...j", a, P) - b).abs().sum(-1)
+    return float(torch.maximum(_max_over_batch(row.detach()), _max_over_batch(col.detach())))
+
+
+def _scaling_schedule(C, mask, factor=2.0, start_spread=8.0):
+    """Score multipliers s_0 < ... < 1 so that the first stage has a score spread ~``start_spread``."""
+    Cd = C.detach()
+    if mask is not None:
+        hi = Cd.masked_fill(~mask, -math.inf).amax()
+        lo = Cd.masked_fill(~mask, math.inf).amin()
+    else:
+        hi, lo = Cd.amax(), Cd.amin()
+    spread = float(hi - lo)
+    if not math.isfinite(spread) or spread <= start_spread:
+        return [1.0]
+    k = math.ceil(math.log(spread / start_spread, factor))
+    return [factor ** (-j) for j in range(k, 0, -1)] + [1.0]
+
+
+# ----------------------------------------------------------------------------------------
+# public API
+
+
+def softmax(scores, mask=None):
+    """Row-stochastic SoftMax normalization, max-subtracted (never overflows).
+
+    Parameters
+    ----------
+    scores : array_like or torch.Tensor, shape (..., n, m)
+        Attention scores (logits), floating dtype.
+    mask : bool array, broadcastable to ``scores``, optional
+        ``True`` where a query may attend to a key. A query with no admissible key gets
+        a zero row (never NaN).
+
+    Returns
+    -------
+    K : same type, dtype and device as ``scores``
+        ``K[..., i, j] = exp(C_ij) / sum_j exp(C_ij)``.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> K = sinkflow.softmax(np.array([[0.0, np.log(3.0)]]))
+    >>> K.round(3)
+    array([[0.25, 0.75]])
+    """
+    C, mask, _, _, numpy_out = _prepare(scores, mask, None, None)
+    inplace = not (torch.is_grad_enabled() and C.requires_grad)
+    T = C.clone() if inplace else C
+    if mask is not None:
+        T = T.masked_fill(~mask, -math.inf)
+    one = torch.ones((), dtype=C.dtype, device=C.device)
+    P, _ = _exp_normalize(T, -1, None, one, mask, inplace)
+    return from_torch(P, numpy_out)
+
+
+def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None, a=None, b=None,
+                   epsilon_scaling=True, warn=True) -> SinkhornResult:
+    r"""Sinkhorn normalization with the full result (potentials, errors, convergence).
+
+    Parameters
+    ----------
+    scores : array_like or torch.Tensor, shape (..., n, m)
+        Scores :math:`C`; leading dimensions (batch, heads) are independent problems.
+    n_iter : int or None
+        Number of half-iterations (row, column, row, ...). ``1`` is SoftMax exactly.
+        ``None`` iterates until the marginal error is below ``tol`` (with epsilon scaling).
+    tol : float
+        Target marginal error (L1 norm of the plan's marginal deviation, see
+        :class:`SinkhornResult`). With a fixed ``n_iter`` it only sets ``converged``.
+    max_iter : int
+        Budget of half-iterations for ``n_iter=None``; a :class:`SinkhornWarning` is
+        issued (and ``converged`` is False) when it runs out.
+    mask : bool array broadcastable to ``scores``, optional
+        ``True`` = admissible pair. Excluded entries are exactly 0; a query with no
+        admissible key gets a zero row and weight 0 (the others are renormalized),
+        likewise for keys.
+    a, b : arrays of shape (..., n) and (..., m), optional
+        Query and key weights (non-negative, summing to 1); uniform by default.
+    epsilon_scaling : bool
+        Use the annealed schedule for ``n_iter=None`` (same fixed point, fewer iterations
+        at cold temperature).
+    warn : bool
+        Whether to warn when ``max_iter`` is reached before ``tol``.
+
+    Returns
+    -------
+    SinkhornResult
+        Arrays in the input's type (numpy in, numpy out; torch keeps device and dtype).
+
+    Notes
+    -----
+    Differentiation: with torch inputs that require grad, the iterations are unrolled
+    (out-of-place) and autograd differentiates through them, as a Sinkformer layer does.
+    Troubleshooting: at very cold temperatures in float32 the marginal error floors near
+    1e-7; use float64 or a looser ``tol``.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> C = np.random.default_rng(0).normal(size=(5, 5))
+    >>> res = sinkflow.solve_sinkhorn(C)
+    >>> res.converged, bool(np.allclose(res.attention.sum(0), 1))
+    (True, True)
+    """
+    C, mask, a, b, numpy_out = _prepare(scores, mask, a, b)
+    if n_iter is not None:
+        if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1:
+            raise ValueError(f"n_iter must be a positive integer (half-iterations) or None, got {n_iter!r}")
+    if not (tol > 0):
+        raise ValueError(f"tol must be positive, got {tol}")
+    if not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
+    a, b = _effective_weights(a, b, mask, C.shape)
+    inplace = not (torch.is_grad_enabled() and C.requires_grad)
+    f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
+    g = torch.zeros(C.shape[:-2] + C.shape[-1:], dtype=C.dtype, device=C.device)
+    state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None}
+    if n_iter is not None:
+        P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, int(n_iter), None, state, inplace, True)
+    else:
+        schedule = _scaling_schedule(C, mask) if epsilon_scaling else [1.0]
+        prev = None
+        for k, s in enumerate(schedule):
+            if prev is not None:
+                f, g = f * (s / prev), g * (s / prev)
+                state["next"] = "row"
+            last = k == len(schedule) - 1
+            budget = max_iter - state["count"] if last else min(200, max(2, max_iter - state["count"] - 2))
+            stage_tol = tol if last else max(tol, 1e-3)
+            P, f, g, _ = _iterate(C, s, f, g, a, b, mask, budget, stage_tol, state, inplace, True)
+            prev = s
+    err = _final_error(P, a, b)
+    converged = err <= tol
+    if n_iter is None and not converged and warn:
+        warnings.warn(
+            f"Sinkhorn stopped at max_iter={max_iter} half-iterations with marginal error {err:.3g} > tol={tol:g}; "
+            "raise max_iter, loosen tol, or use float64.", SinkhornWarning, stacklevel=2)
+    # Potentials of excluded queries / keys are reported as 0.
+    f = torch.where(a > 0, f, torch.zeros_like(f))
+    g = torch.where(b > 0, g, torch.zeros_like(g))
+    errors = np.array([float(e) for e in state["errors"]])
+    result = SinkhornResult(
+        attention=from_torch(P, numpy_out), f=from_torch(f, numpy_out), g=from_torch(g, numpy_out),
+        n_iter=state["count"], converged=bool(converged), marginal_error=err, errors=errors,
+        scales=np.array(state["scales"], dtype=float), tol=float(tol),
+        a=from_torch(a, numpy_out), b=from_torch(b, numpy_out))
+    return result
+
+
+def sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None, a=None, b=None):
+    """Sinkhorn attention: alternate row and column normalizations of ``exp(scores)``.
+
+    Same arguments as :func:`solve_sinkhorn`; returns only the normalized matrix. Use
+    :func:`solve_sinkhorn` for potentials, iteration counts and the convergence flag.
+
+    Parameters
+    ----------
+    scores : array_like or torch.Tensor, shape (..., n, m)
+    n_iter : int or None
+        Half-iterations; ``1`` equals :func:`softmax`, ``None`` runs to ``tol``.
+    tol, max_iter, mask, a, b
+        See :func:`solve_sinkhorn`.
+
+    Returns
+    -------
+    K : same type, dtype and device as ``scores``, shape (..., n, m)
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> C = np.random.default_rng(0).normal(size=(4, 4))
+    >>> K = sinkflow.sinkhorn(C)
+    >>> np.allclose(K.sum(1), 1) and np.allclose(K.sum(0), 1)
+    True
+    >>> np.array_equal(sinkflow.sinkhorn(C, n_iter=1), sinkflow.softmax(C))
+    True
+    """
+    return solve_sinkhorn(scores, n_iter, tol, max_iter, mask=mask, a=a, b=b).attention

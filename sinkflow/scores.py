@@ -1,0 +1,108 @@
+r"""Attention scores from queries and keys (THEORY.md section 1).
+
+``dot_scores`` gives :math:`C_{ij} = \langle q_i, W k_j\rangle / \tau`; ``gaussian_scores``
+gives :math:`C_{ij} = -\|q_i - k_j\|_W^2 / (2\tau)` with :math:`\|x\|_W^2 = x^T W x`.
+Sinkhorn of the two coincides (they differ by row and column constants); SoftMax differs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+
+__all__ = ["dot_scores", "gaussian_scores"]
+
+
+def _qkw(Q, K, W, temperature):
+    numpy_out = not isinstance(Q, torch.Tensor)
+    q = to_torch(Q, "Q")
+    check_float(q, "Q")
+    k = to_torch(K, "K", like=q)
+    if q.ndim < 2 or k.ndim < 2:
+        raise ValueError(f"Q and K must have shape (..., n, d) and (..., m, d), got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"Q and K must share the feature dimension, got {q.shape[-1]} and {k.shape[-1]}")
+    check_finite(q.detach(), "Q")
+    check_finite(k.detach(), "K")
+    w = None
+    if W is not None:
+        w = to_torch(W, "W", like=q)
+        d = q.shape[-1]
+        if w.shape[-2:] != (d, d):
+            raise ValueError(f"W must have shape (..., {d}, {d}), got {tuple(w.shape)}")
+        check_finite(w.detach(), "W")
+    if not (float(temperature) > 0):
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    return q, k, w, float(temperature), numpy_out
+
+
+def dot_scores(Q, K, W=None, temperature: float = 1.0):
+    r"""Dot-product scores :math:`C_{ij} = q_i^T W k_j / \tau`.
+
+    Parameters
+    ----------
+    Q : array (..., n, d)
+        Queries (or tokens, with ``W = W_Q^T W_K``).
+    K : array (..., m, d)
+        Keys.
+    W : array (..., d, d), optional
+        Bilinear form (identity by default).
+    temperature : float
+        :math:`\tau > 0`.
+
+    Returns
+    -------
+    C : array (..., n, m), same type as ``Q``
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> sinkflow.dot_scores(np.eye(2), np.eye(2), temperature=0.5)
+    array([[2., 0.],
+           [0., 2.]])
+    """
+    q, k, w, tau, numpy_out = _qkw(Q, K, W, temperature)
+    if w is not None:
+        q = q @ w
+    return from_torch((q @ k.transpose(-1, -2)) / tau, numpy_out)
+
+
+def gaussian_scores(Q, K, W=None, temperature: float = 1.0):
+    r"""Gaussian-kernel scores :math:`C_{ij} = -\|q_i - k_j\|_W^2 / (2\tau)`.
+
+    ``exp(C)`` is the Gaussian kernel of bandwidth :math:`\sqrt{\tau}`; with
+    ``temperature = sqrt(p)`` it is Skyformer's kernel. ``W`` must be symmetric positive
+    semi-definite for :math:`\|\cdot\|_W` to be a (semi-)norm.
+
+    Parameters
+    ----------
+    Q : array (..., n, d)
+    K : array (..., m, d)
+    W : array (..., d, d), optional
+        Metric (identity by default).
+    temperature : float
+        :math:`\tau > 0`.
+
+    Returns
+    -------
+    C : array (..., n, m), same type as ``Q``; all entries ``<= 0``.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> sinkflow.gaussian_scores(np.array([[0.0], [2.0]]), np.array([[0.0]]))
+    array([[ 0.],
+           [-2.]])
+    """
+    q, k, w, tau, numpy_out = _qkw(Q, K, W, temperature)
+    if w is None:
+        qq = (q * q).sum(-1)
+        kk = (k * k).sum(-1)
+        cross = q @ k.transpose(-1, -2)
+    else:
+        qq = ((q @ w) * q).sum(-1)
+        kk = ((k @ w) * k).sum(-1)
+        cross = (q @ w) @ k.transpose(-1, -2)
+    sq = (qq[..., :, None] + kk[..., None, :] - 2 * cross).clamp_min(0)
+    return from_torch(-sq / (2 * tau), numpy_out)
