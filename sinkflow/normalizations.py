@@ -339,7 +339,7 @@ def softmax(scores, mask=None):
 
 
 def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None, a=None, b=None,
-                   epsilon_scaling=True, warn=True) -> SinkhornResult:
+                   init_g=None, epsilon_scaling=True, warn=True) -> SinkhornResult:
     r"""Sinkhorn normalization with the full result (potentials, errors, convergence).
 
     Parameters
@@ -361,6 +361,10 @@ def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None,
         likewise for keys.
     a, b : arrays of shape (..., n) and (..., m), optional
         Query and key weights (non-negative, summing to 1); uniform by default.
+    init_g : array (..., m), optional
+        Warm start for the column potential ``g`` (e.g. the previous step of a particle
+        flow). The first half-iteration is a row step from it; with ``n_iter=None`` a warm
+        start skips epsilon scaling. Changes the result of a fixed ``n_iter``.
     epsilon_scaling : bool
         Use the annealed schedule for ``n_iter=None`` (same fixed point, fewer iterations
         at cold temperature).
@@ -399,6 +403,14 @@ def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None,
     inplace = not (torch.is_grad_enabled() and C.requires_grad)
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = torch.zeros(C.shape[:-2] + C.shape[-1:], dtype=C.dtype, device=C.device)
+    if init_g is not None:
+        g0 = to_torch(init_g, "init_g", like=C).detach()
+        check_finite(g0, "init_g")
+        try:
+            g = (g + g0).contiguous()
+        except RuntimeError as err:
+            raise ValueError(f"init_g of shape {tuple(g0.shape)} does not broadcast to {tuple(g.shape)}") from err
+        epsilon_scaling = False
     state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None}
     if n_iter is not None:
         P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, int(n_iter), None, state, inplace, True)
