@@ -1,0 +1,218 @@
+r"""Generated and package-shipped data sets for the validations (no downloads).
+
+* :func:`digits` — scikit-learn's bundled 8x8 handwritten digits (1797 images), the
+  offline stand-in for MNIST in the Sinkformers RQ1 probe.
+* :func:`point_clouds` — 3D point clouds sampled on shapes (sphere, cube, torus,
+  cylinder, cone, ...) with noise, random scaling and random rotations, the ModelNet40
+  experiment in spirit.
+* :func:`retrieval_sequences` — long token sequences where the label is carried by a
+  single marked "needle" token (retrieval-style, for the Skyformer comparison).
+
+Every generator is seeded and returns a :class:`Dataset` (inputs, labels, number of
+classes) split into train and test.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["Dataset", "digits", "point_clouds", "retrieval_sequences", "SHAPES", "split"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A labelled data set as tensors.
+
+    Attributes
+    ----------
+    inputs : torch.Tensor
+        ``(N, ...)`` float inputs (images, point clouds) or ``(N, L)`` integer tokens.
+    labels : torch.Tensor
+        ``(N,)`` int64 class labels.
+    n_classes : int
+    name : str
+    """
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    n_classes: int
+    name: str
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def subset(self, index) -> "Dataset":
+        return Dataset(self.inputs[index], self.labels[index], self.n_classes, self.name)
+
+
+def split(data: Dataset, test_fraction: float = 0.25, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """Seeded random split into ``(train, test)``.
+
+    Examples
+    --------
+    >>> from sinkflow.nn.data import retrieval_sequences, split
+    >>> train, test = split(retrieval_sequences(100, length=16), 0.2)
+    >>> len(train), len(test)
+    (80, 20)
+    """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    n = len(data)
+    perm = torch.from_numpy(np.random.default_rng(seed).permutation(n))
+    n_test = max(1, int(round(n * test_fraction)))
+    return data.subset(perm[n_test:]), data.subset(perm[:n_test])
+
+
+def digits(dtype: torch.dtype = torch.float32) -> Dataset:
+    """scikit-learn's 8x8 digits as ``(1797, 1, 8, 8)`` images scaled to [0, 1].
+
+    Examples
+    --------
+    >>> from sinkflow.nn.data import digits
+    >>> d = digits()
+    >>> tuple(d.inputs.shape), d.n_classes, float(d.inputs.max())
+    ((1797, 1, 8, 8), 10, 1.0)
+    """
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:  # pragma: no cover - sklearn is in the 'models' extra
+        raise ImportError("the digits data set needs scikit-learn: pip install 'sinkflow[models]'") from err
+    bunch = load_digits()
+    x = torch.as_tensor(bunch.images / 16.0, dtype=dtype)[:, None]
+    y = torch.as_tensor(bunch.target, dtype=torch.int64)
+    return Dataset(x, y, 10, "digits")
+
+
+def _rotations(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Uniformly random rotations (QR of Gaussian matrices with sign fix), shape (n, 3, 3)."""
+    A = rng.normal(size=(n, 3, 3))
+    Q, R = np.linalg.qr(A)
+    Q = Q * np.sign(np.diagonal(R, axis1=1, axis2=2))[:, None, :]
+    det = np.linalg.det(Q)
+    Q[det < 0, :, 0] *= -1
+    return Q
+
+
+def _sphere(rng, k):
+    x = rng.normal(size=(k, 3))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _cube(rng, k):
+    x = rng.uniform(-1, 1, size=(k, 3))
+    face = rng.integers(0, 3, size=k)
+    x[np.arange(k), face] = rng.choice([-1.0, 1.0], size=k)
+    return x
+
+
+def _torus(rng, k, R=1.0, r=0.4):
+    u, v = rng.uniform(0, 2 * math.pi, size=(2, k))
+    return np.stack([(R + r * np.cos(v)) * np.cos(u), (R + r * np.cos(v)) * np.sin(u), r * np.sin(v)], 1)
+
+
+def _cylinder(rng, k):
+    u = rng.uniform(0, 2 * math.pi, size=k)
+    return np.stack([np.cos(u), np.sin(u), rng.uniform(-1, 1, size=k)], 1)
+
+
+def _cone(rng, k):
+    u = rng.uniform(0, 2 * math.pi, size=k)
+    h = np.sqrt(rng.uniform(0, 1, size=k))  # uniform on the lateral surface
+    return np.stack([h * np.cos(u), h * np.sin(u), 1 - 2 * h], 1)
+
+
+def _octahedron(rng, k):
+    x = rng.normal(size=(k, 3))
+    return x / np.abs(x).sum(1, keepdims=True)
+
+
+def _helix(rng, k):
+    t = rng.uniform(0, 4 * math.pi, size=k)
+    return np.stack([np.cos(t), np.sin(t), t / (2 * math.pi) - 1], 1)
+
+
+def _plane(rng, k):
+    return np.concatenate([rng.uniform(-1, 1, size=(k, 2)), np.zeros((k, 1))], 1)
+
+
+#: Shape name -> sampler ``(rng, k) -> (k, 3)`` points on the surface (before rotation).
+SHAPES = {"sphere": _sphere, "cube": _cube, "torus": _torus, "cylinder": _cylinder, "cone": _cone,
+          "octahedron": _octahedron, "helix": _helix, "plane": _plane}
+
+
+def point_clouds(n_per_class: int = 100, n_points: int = 64, shapes=("sphere", "cube", "torus", "cylinder", "cone"),
+                 noise: float = 0.05, rotate: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32) -> Dataset:
+    """Point clouds on random rotations of simple shapes, ``(N, n_points, 3)``.
+
+    Each cloud: ``n_points`` samples on the shape's surface, anisotropic scaling by a
+    factor in [0.8, 1.2] per axis, Gaussian noise of standard deviation ``noise``, a
+    uniformly random rotation (if ``rotate``), centred and scaled to unit RMS radius.
+
+    Examples
+    --------
+    >>> from sinkflow.nn.data import point_clouds
+    >>> d = point_clouds(4, 32, seed=1)
+    >>> tuple(d.inputs.shape), d.n_classes
+    ((20, 32, 3), 5)
+    """
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise ValueError(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    if n_per_class < 1 or n_points < 1:
+        raise ValueError("n_per_class and n_points must be positive")
+    rng = np.random.default_rng(seed)
+    clouds, labels = [], []
+    for label, name in enumerate(shapes):
+        for _ in range(n_per_class):
+            x = SHAPES[name](rng, n_points) * rng.uniform(0.8, 1.2, size=3)
+            clouds.append(x + noise * rng.normal(size=x.shape))
+            labels.append(label)
+    X = np.stack(clouds)
+    if rotate:
+        X = np.einsum("nij,npj->npi", _rotations(rng, len(X)), X)
+    X = X - X.mean(1, keepdims=True)
+    X = X / np.sqrt((X**2).sum(-1).mean(-1))[:, None, None]
+    perm = rng.permutation(len(X))
+    return Dataset(torch.as_tensor(X[perm], dtype=dtype), torch.as_tensor(np.array(labels)[perm]), len(shapes),
+                   "point_clouds")
+
+
+def retrieval_sequences(n: int = 1000, length: int = 256, n_classes: int = 8, vocab: int = 32,
+                        seed: int = 0) -> Dataset:
+    """Long sequences whose label is carried by one marked token ("needle in a haystack").
+
+    Tokens ``0 .. vocab-1`` are distractors drawn uniformly; one position (uniform over
+    the sequence) holds a needle token ``vocab + c`` whose class ``c`` is the label, and a
+    decoy token ``vocab + n_classes + c'`` (another class, unmarked meaning) sits at another
+    position, so a model must retrieve by content, not count tokens. Vocabulary size is
+    ``vocab + 2 n_classes``; token 0 is never used as padding.
+
+    Examples
+    --------
+    >>> from sinkflow.nn.data import retrieval_sequences
+    >>> d = retrieval_sequences(10, length=64, seed=0)
+    >>> tuple(d.inputs.shape), d.n_classes, bool(((d.inputs >= 32) & (d.inputs < 40)).sum(1).eq(1).all())
+    ((10, 64), 8, True)
+    """
+    if length < 2:
+        raise ValueError(f"length must be at least 2, got {length}")
+    if n_classes < 2:
+        raise ValueError(f"n_classes must be at least 2, got {n_classes}")
+    rng = np.random.default_rng(seed)
+    X = rng.integers(0, vocab, size=(n, length))
+    y = rng.integers(0, n_classes, size=n)
+    decoy = (y + rng.integers(1, n_classes, size=n)) % n_classes
+    rows = np.arange(n)
+    pos = np.stack([rng.choice(length, size=2, replace=False) for _ in range(n)])
+    X[rows, pos[:, 0]] = vocab + y
+    X[rows, pos[:, 1]] = vocab + n_classes + decoy
+    return Dataset(torch.as_tensor(X), torch.as_tensor(y), n_classes, "retrieval")
+
+
+def retrieval_vocab_size(vocab: int = 32, n_classes: int = 8) -> int:
+    """Token vocabulary size of :func:`retrieval_sequences` (``vocab + 2 n_classes``)."""
+    return vocab + 2 * n_classes
