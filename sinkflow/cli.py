@@ -13,6 +13,7 @@ import sys
 
 COMMANDS = {
     "figures": ("sinkflow.cli_figures", "regenerate registered figures (quick by default)"),
+    "validate": ("sinkflow.cli_validate", "train small Transformers per attention normalization; JSON report + figures"),
 }
 
 

@@ -6,7 +6,7 @@ r"""Generated and package-shipped data sets for the validations (no downloads).
   cylinder, cone, ...) with noise, random scaling and random rotations, the ModelNet40
   experiment in spirit.
 * :func:`retrieval_sequences` — long token sequences where the label is carried by a
-  single marked "needle" token (retrieval-style, for the Skyformer comparison).
+  few marked "needle" tokens (retrieval-style, for the Skyformer comparison).
 
 Every generator is seeded and returns a :class:`Dataset` (inputs, labels, number of
 classes) split into train and test.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Dataset", "digits", "point_clouds", "retrieval_sequences", "SHAPES", "split"]
+__all__ = ["Dataset", "digits", "point_clouds", "retrieval_sequences", "retrieval_vocab_size", "SHAPES", "split"]
 
 
 @dataclass(frozen=True)
@@ -181,38 +181,38 @@ def point_clouds(n_per_class: int = 100, n_points: int = 64, shapes=("sphere", "
                    "point_clouds")
 
 
-def retrieval_sequences(n: int = 1000, length: int = 256, n_classes: int = 8, vocab: int = 32,
+def retrieval_sequences(n: int = 1000, length: int = 256, n_classes: int = 8, vocab: int = 32, n_needles: int = 2,
                         seed: int = 0) -> Dataset:
-    """Long sequences whose label is carried by one marked token ("needle in a haystack").
+    """Long sequences whose label is carried by a few marked tokens ("needles in a haystack").
 
-    Tokens ``0 .. vocab-1`` are distractors drawn uniformly; one position (uniform over
-    the sequence) holds a needle token ``vocab + c`` whose class ``c`` is the label, and a
-    decoy token ``vocab + n_classes + c'`` (another class, unmarked meaning) sits at another
-    position, so a model must retrieve by content, not count tokens. Vocabulary size is
-    ``vocab + 2 n_classes``; token 0 is never used as padding.
+    Tokens ``0 .. vocab-1`` are distractors drawn uniformly; ``n_needles`` positions
+    (distinct, uniform over the sequence) hold marked tokens ``vocab + c_k``, and the label
+    is ``(c_1 + ... + c_k) mod n_classes``. A model must retrieve the needles by content
+    and combine them (one needle makes the task easy; two make it a real retrieval task).
+    Vocabulary size: :func:`retrieval_vocab_size`.
 
     Examples
     --------
     >>> from sinkflow.nn.data import retrieval_sequences
     >>> d = retrieval_sequences(10, length=64, seed=0)
-    >>> tuple(d.inputs.shape), d.n_classes, bool(((d.inputs >= 32) & (d.inputs < 40)).sum(1).eq(1).all())
+    >>> tuple(d.inputs.shape), d.n_classes, bool((d.inputs >= 32).sum(1).eq(2).all())
     ((10, 64), 8, True)
+    >>> bool(((d.inputs - 32).clamp_min(0).sum(1) % 8 == d.labels).all())
+    True
     """
-    if length < 2:
-        raise ValueError(f"length must be at least 2, got {length}")
+    if length < n_needles or n_needles < 1:
+        raise ValueError(f"need 1 <= n_needles <= length, got n_needles={n_needles}, length={length}")
     if n_classes < 2:
         raise ValueError(f"n_classes must be at least 2, got {n_classes}")
     rng = np.random.default_rng(seed)
     X = rng.integers(0, vocab, size=(n, length))
-    y = rng.integers(0, n_classes, size=n)
-    decoy = (y + rng.integers(1, n_classes, size=n)) % n_classes
-    rows = np.arange(n)
-    pos = np.stack([rng.choice(length, size=2, replace=False) for _ in range(n)])
-    X[rows, pos[:, 0]] = vocab + y
-    X[rows, pos[:, 1]] = vocab + n_classes + decoy
+    classes = rng.integers(0, n_classes, size=(n, n_needles))
+    pos = np.argsort(rng.random((n, length)), axis=1)[:, :n_needles]
+    np.put_along_axis(X, pos, vocab + classes, axis=1)
+    y = classes.sum(1) % n_classes
     return Dataset(torch.as_tensor(X), torch.as_tensor(y), n_classes, "retrieval")
 
 
 def retrieval_vocab_size(vocab: int = 32, n_classes: int = 8) -> int:
-    """Token vocabulary size of :func:`retrieval_sequences` (``vocab + 2 n_classes``)."""
-    return vocab + 2 * n_classes
+    """Token vocabulary size of :func:`retrieval_sequences` (``vocab + n_classes``)."""
+    return vocab + n_classes

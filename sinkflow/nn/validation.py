@@ -1,0 +1,260 @@
+r"""Full-model validations of the Sinkformers and Skyformer claims (THEORY.md sections 5 and 8).
+
+A task is data + model + optimization settings in a quick (CPU, < 2 min for the default
+sweep on 2 cores) and a full (GPU-size) version. :func:`run_validation` trains every
+(attention, n_iter, seed) combination and returns a JSON-ready report with the
+per-epoch trajectories and a summary table.
+
+Tasks
+-----
+``digits``
+    Sinkformers RQ1 probe: attention-only one-layer one-head ViT (pre-LayerNorm, class
+    token) on scikit-learn's 8x8 digits in 2x2 patches (16 tokens + class token).
+    quick: 1200 images, dim 64, 20 epochs, batch 64. full: all 1797 images, dim 64,
+    60 epochs, batch 64.
+``digits-mean``
+    The same without LayerNorm and with mean pooling (THEORY.md section 5: there the
+    column-sum deviation grows during training instead).
+``pointclouds``
+    Set-Transformer-style classifier (2 pre-LN blocks, 4 heads, max pooling) on point
+    clouds of shapes with noise and random rotations. quick: 5 shapes, 60 clouds per
+    shape, 48 points, dim 32, 10 epochs. full: 8 shapes, 600 per shape, 512 points,
+    dim 128, 40 epochs.
+``retrieval``
+    Needle retrieval in long token sequences (marked tokens carry the label), one pre-LN
+    block with 2 heads and a class token. quick: length 128, 800 sequences, one needle,
+    8 classes, dim 32, 6 epochs. full: length 1024, 8000 sequences, two needles whose
+    classes add modulo 4, dim 64, 30 epochs.
+
+Full-size settings are meant for a GPU: ``sinkflow validate TASK --full --device cuda``
+(optionally ``--amp`` for bfloat16 autocast; the normalizations stay float32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from sinkflow.nn.data import Dataset, digits, point_clouds, retrieval_sequences, retrieval_vocab_size, split
+from sinkflow.nn.models import PatchViT, SequenceClassifier, SetClassifier
+from sinkflow.nn.training import TrainConfig, train
+
+__all__ = ["TaskSize", "Task", "TASKS", "variant_label", "run_validation", "summarize"]
+
+
+@dataclass(frozen=True)
+class TaskSize:
+    """Sizes of one mode of a task (data, model width, optimization)."""
+
+    n_samples: int
+    dim: int
+    epochs: int
+    batch_size: int = 64
+    lr: float = 2e-3
+    seq_len: int = 0
+    n_classes: int = 0
+    probe_size: int = 64
+    n_needles: int = 1
+
+
+@dataclass(frozen=True)
+class Task:
+    """A validation task: ``data(size, seed) -> (train, test)``, ``model(size, data, normalization, n_iter)``."""
+
+    name: str
+    description: str
+    data: Callable[[TaskSize, int], tuple[Dataset, Dataset]]
+    model: Callable[[TaskSize, Dataset, str, int], torch.nn.Module]
+    quick: TaskSize
+    full: TaskSize
+
+
+def _digits_data(size: TaskSize, seed: int):
+    d = digits()
+    return split(d.subset(slice(0, size.n_samples)), 0.25, seed=0)  # fixed split: seeds vary the model only
+
+
+def _vit(pre_norm: bool, pooling: str):
+    def make(size: TaskSize, data: Dataset, normalization: str, n_iter: int):
+        return PatchViT(8, 2, 1, data.n_classes, dim=size.dim, heads=1, depth=1, normalization=normalization,
+                        n_iter=n_iter, pre_norm=pre_norm, pooling=pooling)
+    return make
+
+
+def _cloud_data(size: TaskSize, seed: int):
+    shapes = ("sphere", "cube", "torus", "cylinder", "cone", "octahedron", "helix", "plane")[: size.n_classes]
+    d = point_clouds(size.n_samples // len(shapes), size.seq_len, shapes, noise=0.05, seed=1000)
+    return split(d, 0.25, seed=0)
+
+
+def _cloud_model(size: TaskSize, data: Dataset, normalization: str, n_iter: int):
+    return SetClassifier(3, data.n_classes, dim=size.dim, heads=4, depth=2, normalization=normalization,
+                         n_iter=n_iter, pooling="max")
+
+
+def _retrieval_data(size: TaskSize, seed: int):
+    d = retrieval_sequences(size.n_samples, size.seq_len, n_classes=size.n_classes, n_needles=size.n_needles, seed=1000)
+    return split(d, 0.25, seed=0)
+
+
+def _retrieval_model(size: TaskSize, data: Dataset, normalization: str, n_iter: int):
+    return SequenceClassifier(retrieval_vocab_size(n_classes=data.n_classes), data.inputs.shape[1], data.n_classes,
+                              dim=size.dim, heads=2, depth=1, normalization=normalization, n_iter=n_iter)
+
+
+#: The registered validation tasks by name.
+TASKS: dict[str, Task] = {
+    "digits": Task("digits", "one-layer attention-only ViT, pre-LN + class token, 8x8 digits (Sinkformers RQ1)",
+                   _digits_data, _vit(True, "cls"),
+                   quick=TaskSize(1200, 64, 20), full=TaskSize(1797, 64, 60)),
+    "digits-mean": Task("digits-mean", "same ViT without LayerNorm, mean pooling (the variant where the claim fails)",
+                        _digits_data, _vit(False, "mean"),
+                        quick=TaskSize(1200, 64, 20), full=TaskSize(1797, 64, 60)),
+    "pointclouds": Task("pointclouds", "Set-Transformer classifier of rotated noisy 3D shapes (ModelNet in spirit)",
+                        _cloud_data, _cloud_model,
+                        quick=TaskSize(300, 32, 10, seq_len=48, n_classes=5, batch_size=32, probe_size=32),
+                        full=TaskSize(4800, 128, 40, seq_len=512, n_classes=8, batch_size=64, lr=1e-3)),
+    "retrieval": Task("retrieval", "needle retrieval in long token sequences (Skyformer-style long-range task)",
+                      _retrieval_data, _retrieval_model,
+                      quick=TaskSize(800, 32, 6, seq_len=128, n_classes=8, batch_size=32, probe_size=16),
+                      full=TaskSize(8000, 64, 30, seq_len=1024, n_classes=4, batch_size=32, lr=1e-3, probe_size=16,
+                                    n_needles=2)),
+}
+
+
+def variant_label(attention: str, n_iter: int) -> str:
+    """``"sinkhorn(3)"`` for Sinkhorn, the plain name otherwise."""
+    return f"{attention}({n_iter})" if attention == "sinkhorn" else attention
+
+
+def _variants(attentions, n_iters):
+    out = []
+    for a in attentions:
+        if a == "sinkhorn":
+            out += [(a, int(k)) for k in n_iters]
+        else:
+            out.append((a, 1))
+    return out
+
+
+def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3, 5), seeds=(0, 1, 2),
+                   device: str = "cpu", quick: bool = True, amp: bool = False, epochs: int | None = None,
+                   track_kl: bool = True, progress: bool = False, log: Callable[[str], None] | None = None) -> dict:
+    """Train every (attention, n_iter, seed) on ``task``; return a JSON-ready report.
+
+    Parameters
+    ----------
+    task : str
+        A key of :data:`TASKS`.
+    attentions : sequence of str
+        Normalizations; ``"sinkhorn"`` expands to one variant per ``n_iters`` entry.
+    n_iters : sequence of int
+        Sinkhorn half-iterations (1 = SoftMax exactly).
+    seeds : sequence of int
+        Model initialization and batch-order seeds (the data set and split are fixed).
+    device : str
+    quick : bool
+        Quick (CPU) or full (GPU) sizes.
+    amp : bool
+        bfloat16 autocast on CUDA.
+    epochs : int, optional
+        Override the task's epoch count.
+    track_kl, progress : bool
+    log : callable, optional
+        Receives one line per finished run.
+
+    Returns
+    -------
+    dict
+        ``{"task", "mode", "config", "environment", "runs": [...], "summary": [...]}``; each
+        run holds a :meth:`TrainingHistory.as_dict` under ``"history"``.
+
+    Examples
+    --------
+    >>> from sinkflow.nn.validation import run_validation
+    >>> rep = run_validation("digits", ["softmax"], seeds=[0], epochs=1, track_kl=False)
+    >>> rep["summary"][0]["variant"], len(rep["runs"][0]["history"]["loss"])
+    ('softmax', 2)
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+    spec = TASKS[task]
+    size = spec.quick if quick else spec.full
+    if epochs is not None:
+        size = dataclasses.replace(size, epochs=int(epochs))
+    train_data, test_data = spec.data(size, 0)
+    runs = []
+    t_start = time.perf_counter()
+    for attention, n_iter in _variants(attentions, n_iters):
+        for seed in seeds:
+            torch.manual_seed(seed)
+            model = spec.model(size, train_data, attention, n_iter)
+            cfg = TrainConfig(epochs=size.epochs, batch_size=size.batch_size, lr=size.lr, seed=seed, device=device,
+                              amp=amp, probe_size=size.probe_size, track_kl=track_kl, progress=progress)
+            t0 = time.perf_counter()
+            hist = train(model, train_data, test_data, cfg)
+            run = {"attention": attention, "n_iter": n_iter, "variant": variant_label(attention, n_iter),
+                   "seed": int(seed), "wall_time": time.perf_counter() - t0, "history": hist.as_dict()}
+            runs.append(run)
+            if log is not None:
+                cd = hist.column_deviation
+                log(f"{task} {run['variant']:<12} seed {seed}: test acc {hist.test_accuracy[-1]:.3f}, "
+                    f"col dev {cd[0]:.3f}/{cd[min(1, len(cd) - 1)]:.3f}/{cd[-1]:.3f} (epoch 0/1/last), "
+                    f"{np.median(hist.epoch_time) if len(hist.epoch_time) else float('nan'):.3f} s/epoch")
+    return {
+        "task": task, "description": spec.description, "mode": "quick" if quick else "full",
+        "config": {"size": dataclasses.asdict(size), "attentions": list(attentions), "n_iters": [int(k) for k in n_iters],
+                   "seeds": [int(s) for s in seeds], "device": device, "amp": amp,
+                   "n_train": len(train_data), "n_test": len(test_data)},
+        "environment": {"torch": torch.__version__, "python": sys.version.split()[0], "platform": platform.platform(),
+                        "threads": torch.get_num_threads(),
+                        "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None},
+        "total_time": time.perf_counter() - t_start,
+        "runs": runs,
+        "summary": summarize(runs),
+    }
+
+
+def _stats(values) -> dict:
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"median": None, "min": None, "max": None}
+    return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """One row per variant: final test accuracy, column deviation at epochs 0 / 1 / last,
+    fraction of seeds where it decreased from epoch 1 to the end, epoch time, instability
+    (and its ratio to SoftMax's median when SoftMax was run)."""
+    rows = []
+    order = list(dict.fromkeys(r["variant"] for r in runs))
+    for variant in order:
+        rs = [r for r in runs if r["variant"] == variant]
+        h = [r["history"] for r in rs]
+        cd = [np.asarray(x["column_deviation"], dtype=float) for x in h]
+        rows.append({
+            "variant": variant, "attention": rs[0]["attention"], "n_iter": rs[0]["n_iter"], "seeds": [r["seed"] for r in rs],
+            "test_accuracy": _stats([x["test_accuracy"][-1] for x in h]),
+            "column_deviation_epoch0": _stats([c[0] for c in cd]),
+            "column_deviation_epoch1": _stats([c[min(1, len(c) - 1)] for c in cd]),
+            "column_deviation_last": _stats([c[-1] for c in cd]),
+            "decreased_from_epoch1": int(sum(bool(c[-1] < c[min(1, len(c) - 1)]) for c in cd)),
+            "kl_last": _stats([x["kl"][-1] for x in h]),
+            "epoch_time": _stats([np.median(x["epoch_time"]) for x in h if len(x["epoch_time"])]),
+            "instability_last": _stats([x["instability"][-1] for x in h]),
+        })
+    ref = next((r for r in rows if r["variant"] == "softmax"), None)
+    for r in rows:
+        num, den = r["instability_last"]["median"], ref["instability_last"]["median"] if ref else None
+        r["instability_ratio_to_softmax"] = num / den if num is not None and den else None
+        t, t0 = r["epoch_time"]["median"], ref["epoch_time"]["median"] if ref else None
+        r["epoch_time_ratio_to_softmax"] = t / t0 if t is not None and t0 else None
+    return rows
