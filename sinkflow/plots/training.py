@@ -170,7 +170,7 @@ class ColumnSumsConfig:
     attentions: tuple = ("softmax",)
     n_iters: tuple = (3,)
     seeds: tuple = (0,)
-    epochs: int = 6
+    epochs: int = 5
     quick: bool = True
     seed: int = 0
 

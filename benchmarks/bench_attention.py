@@ -1,0 +1,154 @@
+"""Sinkhorn vs SoftMax attention per training step (forward + backward) on CPU.
+
+Target (issue 6): Sinkhorn attention with n_iter = 3 costs at most 1.3x SoftMax attention
+per training step at sequence length 256 (the Sinkformers paper: 3m25 vs 3m20 per epoch).
+
+Measured, interleaved, medians of ``--repeats`` after a warm-up, torch threads pinned:
+
+* ``layer``: one :class:`sinkflow.nn.MultiheadAttention` (batch 8, n = 256, embed 64, 4 heads),
+  loss = mean of the output, forward + backward;
+* ``model``: a training step (forward, backward, Adam step) of a one-block
+  :class:`sinkflow.nn.SequenceClassifier` (attention + MLP), the per-epoch cost the paper compares;
+* reference rows: torch's fused ``scaled_dot_product_attention``, a plain ``torch.softmax``
+  attention and a plain unrolled multiplicative Sinkhorn(3) (no checks, no error tracking),
+  to separate the price of the normalization from the price of the solver's bookkeeping.
+
+``--profile`` prints the top ops of the Sinkhorn layer step (torch.profiler).
+
+Usage: ``python benchmarks/bench_attention.py [--quick] [--threads 1] [--profile]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def _layer_step(normalization, n_iter, x):
+    from sinkflow.nn import MultiheadAttention
+
+    torch.manual_seed(0)
+    mha = MultiheadAttention(x.shape[-1], 4, normalization=normalization, n_iter=n_iter)
+
+    def step():
+        out, _ = mha(x, x, x, need_weights=False)
+        out.mean().backward()
+    return step
+
+
+def _reference_step(kind, x, heads=4):
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(x.shape[-1], 3 * x.shape[-1])
+    out_proj = torch.nn.Linear(x.shape[-1], x.shape[-1])
+    b, n, d = x.shape
+
+    def step():
+        q, k, v = proj(x).view(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+        if kind == "sdpa":
+            o = F.scaled_dot_product_attention(q, k, v)
+        else:
+            K = torch.softmax(q @ k.transpose(-1, -2) / (d // heads) ** 0.5, -1)
+            # Lower bound for an unrolled Sinkhorn(L): plain multiplicative column/row steps after
+            # the SoftMax row step, no checks, no error tracking (reference only, not for use:
+            # sinkflow.sinkhorn is the stable implementation).
+            for t in range(1, kind):
+                K = K / K.sum(-2, keepdim=True) if t % 2 else K / K.sum(-1, keepdim=True)
+            o = K @ v
+        out_proj(o.transpose(1, 2).reshape(b, n, d)).mean().backward()
+    return step
+
+
+def _model_step(normalization, n_iter, tokens, labels):
+    from sinkflow.nn import SequenceClassifier
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(64, tokens.shape[1], 8, dim=64, heads=4, normalization=normalization, n_iter=n_iter)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+
+    def step():
+        loss = F.cross_entropy(model(tokens), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
+def _time(step, warmup=2):
+    for _ in range(warmup):
+        step()
+
+    def once():
+        t0 = time.perf_counter()
+        step()
+        return time.perf_counter() - t0
+    return once
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--profile", action="store_true", help="profile the Sinkhorn layer step")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    repeats = args.repeats or (7 if args.quick else 21)
+    n, b, d = args.seq_len, args.batch, 64
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(b, n, d, generator=g)
+    tokens = torch.randint(0, 64, (b, n), generator=g)
+    labels = torch.randint(0, 8, (b,), generator=g)
+
+    cases = {
+        ("layer", "torch sdpa (reference)"): _reference_step("sdpa", x),
+        ("layer", "torch.softmax (reference)"): _reference_step(1, x),
+        ("layer", "plain unrolled sinkhorn(3) (reference)"): _reference_step(3, x),
+        ("layer", "softmax"): _layer_step("softmax", 1, x),
+        ("layer", "sinkhorn(1)"): _layer_step("sinkhorn", 1, x),
+        ("layer", "sinkhorn(3)"): _layer_step("sinkhorn", 3, x),
+        ("layer", "sinkhorn(5)"): _layer_step("sinkhorn", 5, x),
+        ("layer", "gaussian"): _layer_step("gaussian", 1, x),
+        ("model", "softmax"): _model_step("softmax", 1, tokens, labels),
+        ("model", "sinkhorn(3)"): _model_step("sinkhorn", 3, tokens, labels),
+        ("model", "gaussian"): _model_step("gaussian", 1, tokens, labels),
+    }
+    timers = {k: _time(v) for k, v in cases.items()}
+    samples = {k: [] for k in cases}
+    for _ in range(repeats):  # interleaved: load changes hit every case alike
+        for k, t in timers.items():
+            samples[k].append(t())
+    med = {k: statistics.median(v) for k, v in samples.items()}
+
+    print(f"\nTraining step (forward + backward), n = {n}, batch {b}, embed {d}, 4 heads, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {repeats} (interleaved)\n")
+    print("| case | variant | ms / step | x SoftMax |")
+    print("|---|---|---|---|")
+    for (case, variant), t in med.items():
+        ref = med[(case, "softmax")]
+        print(f"| {case} | {variant} | {1e3 * t:.2f} | {t / ref:.2f} |")
+    ratio = med[("layer", "sinkhorn(3)")] / med[("layer", "softmax")]
+    ratio_m = med[("model", "sinkhorn(3)")] / med[("model", "softmax")]
+    print(f"\nSinkhorn(3) / SoftMax per step: layer {ratio:.2f}x, model {ratio_m:.2f}x (target <= 1.3x)")
+
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        step = _layer_step("sinkhorn", 3, x)
+        step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                step()
+        print("\nProfile of 5 Sinkhorn(3) layer steps (self CPU time):\n")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
