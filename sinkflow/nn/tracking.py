@@ -163,13 +163,14 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
     try:
         for _ in range(n_draws):
             deltas = [eps * torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device, p.dtype) for p in params]
+            saved = [p.detach().clone() for p in params]  # (p + d) - d != p in floating point
             for p, d in zip(params, deltas):
                 p.add_(d)
             try:
                 out = model(inputs).float()
             finally:
-                for p, d in zip(params, deltas):
-                    p.sub_(d)
+                for p, s in zip(params, saved):
+                    p.copy_(s)
             num = float(((out - base) ** 2).sum()) / batch
             den = float(sum((d.float() ** 2).sum() for d in deltas))
             scores.append(num / den)
