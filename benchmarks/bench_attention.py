@@ -33,7 +33,7 @@ def _layer_step(normalization, n_iter, x):
     from sinkflow.nn import MultiheadAttention
 
     torch.manual_seed(0)
-    mha = MultiheadAttention(x.shape[-1], 4, normalization=normalization, n_iter=n_iter)
+    mha = MultiheadAttention(x.shape[-1], 4, normalization=normalization, n_iter=n_iter, device=x.device)
 
     def step():
         out, _ = mha(x, x, x, need_weights=False)
@@ -43,8 +43,8 @@ def _layer_step(normalization, n_iter, x):
 
 def _reference_step(kind, x, heads=4):
     torch.manual_seed(0)
-    proj = torch.nn.Linear(x.shape[-1], 3 * x.shape[-1])
-    out_proj = torch.nn.Linear(x.shape[-1], x.shape[-1])
+    proj = torch.nn.Linear(x.shape[-1], 3 * x.shape[-1], device=x.device)
+    out_proj = torch.nn.Linear(x.shape[-1], x.shape[-1], device=x.device)
     b, n, d = x.shape
 
     def step():
@@ -67,7 +67,8 @@ def _model_step(normalization, n_iter, tokens, labels):
     from sinkflow.nn import SequenceClassifier
 
     torch.manual_seed(0)
-    model = SequenceClassifier(64, tokens.shape[1], 8, dim=64, heads=4, normalization=normalization, n_iter=n_iter)
+    model = SequenceClassifier(64, tokens.shape[1], 8, dim=64, heads=4, normalization=normalization,
+                               n_iter=n_iter).to(tokens.device)
     opt = torch.optim.Adam(model.parameters(), 1e-3)
 
     def step():
@@ -78,13 +79,16 @@ def _model_step(normalization, n_iter, tokens, labels):
     return step
 
 
-def _time(step, warmup=2):
+def _time(step, device, warmup=2):
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         step()
 
     def once():
+        sync()
         t0 = time.perf_counter()
         step()
+        sync()
         return time.perf_counter() - t0
     return once
 
@@ -97,14 +101,16 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--profile", action="store_true", help="profile the Sinkhorn layer step")
+    ap.add_argument("--device", default="cpu", help="cpu (the target) or cuda")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (7 if args.quick else 21)
     n, b, d = args.seq_len, args.batch, 64
+    device = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(b, n, d, generator=g)
-    tokens = torch.randint(0, 64, (b, n), generator=g)
-    labels = torch.randint(0, 8, (b,), generator=g)
+    x = torch.randn(b, n, d, generator=g).to(device)
+    tokens = torch.randint(0, 64, (b, n), generator=g).to(device)
+    labels = torch.randint(0, 8, (b,), generator=g).to(device)
 
     cases = {
         ("layer", "torch sdpa (reference)"): _reference_step("sdpa", x),
@@ -119,7 +125,7 @@ def main(argv=None) -> int:
         ("model", "sinkhorn(3)"): _model_step("sinkhorn", 3, tokens, labels),
         ("model", "gaussian"): _model_step("gaussian", 1, tokens, labels),
     }
-    timers = {k: _time(v) for k, v in cases.items()}
+    timers = {k: _time(v, device) for k, v in cases.items()}
     samples = {k: [] for k in cases}
     for _ in range(repeats):  # interleaved: load changes hit every case alike
         for k, t in timers.items():
@@ -127,7 +133,7 @@ def main(argv=None) -> int:
     med = {k: statistics.median(v) for k, v in samples.items()}
 
     print(f"\nTraining step (forward + backward), n = {n}, batch {b}, embed {d}, 4 heads, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {repeats} (interleaved)\n")
+          f"torch {torch.__version__}, {device}, {torch.get_num_threads()} thread(s), median of {repeats} (interleaved)\n")
     print("| case | variant | ms / step | x SoftMax |")
     print("|---|---|---|---|")
     for (case, variant), t in med.items():
@@ -135,14 +141,14 @@ def main(argv=None) -> int:
         print(f"| {case} | {variant} | {1e3 * t:.2f} | {t / ref:.2f} |")
     ratio = med[("layer", "sinkhorn(3)")] / med[("layer", "softmax")]
     ratio_m = med[("model", "sinkhorn(3)")] / med[("model", "softmax")]
-    print(f"\nSinkhorn(3) / SoftMax per step: layer {ratio:.2f}x, model {ratio_m:.2f}x (target <= 1.3x)")
+    print(f"\nSinkhorn(3) / SoftMax per step: layer {ratio:.2f}x, model {ratio_m:.2f}x (target <= 1.3x on CPU)")
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         step = _layer_step("sinkhorn", 3, x)
         step()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])) as prof:
             for _ in range(5):
                 step()
         print("\nProfile of 5 Sinkhorn(3) layer steps (self CPU time):\n")

@@ -1,8 +1,8 @@
 """``sinkflow validate TASK``: train small Transformers with each attention normalization and
 check the papers' claims (doubly stochastic drift, accuracy vs n_iter, time, instability).
 
-Writes ``OUT/TASK_MODE.json`` (the report of :func:`sinkflow.nn.validation.run_validation`
-plus a summary table) and four figures ``OUT/TASK_MODE_{column_sums,accuracy_vs_n_iter,
+Writes ``OUT/TASK_MODE.json`` (the report of :func:`sinkflow.nn.validation.run_validation`,
+rewritten after every finished run with ``"complete": false`` until the task ends) and four figures ``OUT/TASK_MODE_{column_sums,accuracy_vs_n_iter,
 epoch_time,instability}.png``; prints the summary as a markdown table.
 
 Examples::
@@ -87,12 +87,18 @@ def run(args) -> int:
     for task in args.tasks:
         t0 = time.perf_counter()
         print(f"# {task} ({mode}, {args.device}, {torch.get_num_threads()} thread(s))", file=sys.stderr)
-        report = run_validation(task, args.attention, args.n_iter, args.seeds, device=args.device, quick=args.quick,
-                                amp=args.amp, epochs=args.epochs, track_kl=not args.no_kl, progress=True,
-                                log=lambda line: print(line, file=sys.stderr))
         stem = out / f"{task}_{mode}"
         path = stem.with_suffix(".json")
-        path.write_text(json.dumps(report, indent=1))
+
+        def save(report, path=path):  # after every run, so a time limit still leaves results
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(report, indent=1))
+            tmp.replace(path)
+
+        report = run_validation(task, args.attention, args.n_iter, args.seeds, device=args.device, quick=args.quick,
+                                amp=args.amp, epochs=args.epochs, track_kl=not args.no_kl, progress=True,
+                                log=lambda line: print(line, file=sys.stderr), on_run=save)
+        save(report)
         written = [path]
         if not args.no_figures:
             try:

@@ -1,5 +1,10 @@
-"""Torch modules for attention with SoftMax, Sinkhorn or Gaussian-kernel normalization, small models,
-generated data, training with doubly-stochasticity tracking (THEORY.md sections 5 and 8)."""
+"""Torch attention with SoftMax, Sinkhorn or Gaussian-kernel normalization, small models,
+generated data, and training that tracks doubly stochasticity (THEORY.md sections 5 and 8).
+
+Layers: :mod:`~sinkflow.nn.attention` (modules) -> :mod:`~sinkflow.nn.models` ->
+:mod:`~sinkflow.nn.data`, :mod:`~sinkflow.nn.tracking` -> :mod:`~sinkflow.nn.training` ->
+:mod:`~sinkflow.nn.validation` (the tasks behind ``sinkflow validate``).
+"""
 
 from sinkflow.nn.attention import (
     AttentionKernel,
@@ -9,17 +14,18 @@ from sinkflow.nn.attention import (
     register_normalization,
     scaled_attention,
 )
+from sinkflow.nn.models import AttentionBlock, PatchViT, SequenceClassifier, SetClassifier
+from sinkflow.nn.tracking import AttentionRecorder, StochasticitySummary, instability_score, stochasticity_summary
+from sinkflow.nn.training import TrainConfig, TrainingHistory, evaluate, train
 
 __all__ = [
-    "available_normalizations", "AttentionKernel", "MultiheadAttention", "attention_weights", "register_normalization",
-    "scaled_attention",
+    # attention modules
+    "MultiheadAttention", "AttentionKernel", "attention_weights", "scaled_attention",
+    "available_normalizations", "register_normalization",
+    # models
+    "AttentionBlock", "PatchViT", "SetClassifier", "SequenceClassifier",
+    # tracking
+    "AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score",
+    # training
+    "TrainConfig", "TrainingHistory", "train", "evaluate",
 ]
-from sinkflow.nn.models import AttentionBlock, PatchViT, SequenceClassifier, SetClassifier  # noqa: E402
-
-__all__ += ["AttentionBlock", "PatchViT", "SetClassifier", "SequenceClassifier"]
-from sinkflow.nn.tracking import AttentionRecorder, StochasticitySummary, instability_score, stochasticity_summary  # noqa: E402
-
-__all__ += ["AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score"]
-from sinkflow.nn.training import TrainConfig, TrainingHistory, evaluate, train  # noqa: E402
-
-__all__ += ["TrainConfig", "TrainingHistory", "train", "evaluate"]

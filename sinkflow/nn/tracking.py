@@ -100,7 +100,8 @@ class StochasticitySummary:
 def stochasticity_summary(K: torch.Tensor, with_kl: bool = True) -> StochasticitySummary:
     """Summarize how doubly stochastic attention matrices ``K (..., n, n)`` are.
 
-    Computed in float64 (the KL needs a converged Sinkhorn projection, tolerance 1e-9).
+    Computed in float64 on the matrices' device (the KL needs a converged Sinkhorn
+    projection, tolerance 1e-9).
 
     Examples
     --------
@@ -110,14 +111,14 @@ def stochasticity_summary(K: torch.Tensor, with_kl: bool = True) -> Stochasticit
     >>> s.column_deviation, s.kl < 1e-12, s.sorted_column_sums.tolist()
     (0.0, True, [1.0, 1.0, 1.0, 1.0])
     """
-    K = K.detach().to("cpu", torch.float64)
+    K = K.detach().to(torch.float64)
     if K.ndim < 2 or K.shape[-1] != K.shape[-2]:
         raise ValueError(f"attention matrices must be square (self-attention), got shape {tuple(K.shape)}")
     K = K.reshape(-1, *K.shape[-2:])
     # Uniform weights on square matrices: column error = mean_j |col sum_j - 1|, rows likewise.
     row, col = marginal_errors(K)
     kl = float(kl_to_sinkhorn(K).mean()) if with_kl else float("nan")
-    return StochasticitySummary(float(col.mean()), float(row.mean()), kl, sorted_column_sums(K).mean(0).numpy())
+    return StochasticitySummary(float(col.mean()), float(row.mean()), kl, sorted_column_sums(K).mean(0).cpu().numpy())
 
 
 def _attention_parameters(model: nn.Module):

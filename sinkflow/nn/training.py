@@ -139,7 +139,7 @@ def _probe(model, x, cfg, device):
     """Stochasticity of the first attention layer and instability score on the probe batch."""
     was_training = model.training
     model.eval()
-    with torch.no_grad(), AttentionRecorder(model) as rec, _autocast(device, cfg.amp):
+    with torch.no_grad(), AttentionRecorder(model, to_cpu=False) as rec, _autocast(device, cfg.amp):
         model(x)
     model.train(was_training)
     if rec.matrices:
@@ -211,10 +211,14 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
     loss0, acc0 = evaluate(model, train_data, device=device, amp=config.amp)
     record(loss0, acc0)
     epochs = range(1, config.epochs + 1)
+    bar = None
     if config.progress:
-        from tqdm.auto import tqdm
-
-        epochs = tqdm(epochs, desc="epochs", unit="ep", file=sys.stderr, leave=False)
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # a bare GPU machine may lack tqdm: train without a bar
+            pass
+        else:
+            epochs = bar = tqdm(epochs, desc="epochs", unit="ep", file=sys.stderr, leave=False)
     model.train()
     for _ in epochs:
         if device.type == "cuda":
@@ -236,8 +240,8 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
         record(float(total) / len(train_data), int(correct) / len(train_data))
-        if config.progress:
-            epochs.set_postfix(loss=f"{rec['loss'][-1]:.3f}", acc=f"{rec['test_accuracy'][-1]:.3f}",
+        if bar is not None:
+            bar.set_postfix(loss=f"{rec['loss'][-1]:.3f}", acc=f"{rec['test_accuracy'][-1]:.3f}",
                                coldev=f"{rec['column_deviation'][-1]:.3f}")
 
     scs = rec["sorted_column_sums"]

@@ -146,7 +146,8 @@ def _variants(attentions, n_iters):
 
 def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3, 5), seeds=(0, 1, 2),
                    device: str = "cpu", quick: bool = True, amp: bool = False, epochs: int | None = None,
-                   track_kl: bool = True, progress: bool = False, log: Callable[[str], None] | None = None) -> dict:
+                   track_kl: bool = True, progress: bool = False, log: Callable[[str], None] | None = None,
+                   on_run: Callable[[dict], None] | None = None) -> dict:
     """Train every (attention, n_iter, seed) on ``task``; return a JSON-ready report.
 
     Parameters
@@ -169,11 +170,14 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     track_kl, progress : bool
     log : callable, optional
         Receives one line per finished run.
+    on_run : callable, optional
+        Receives the partial report (``"complete": False``) after every run, e.g. to save it,
+        so a run cut short by a time limit still leaves its results.
 
     Returns
     -------
     dict
-        ``{"task", "mode", "config", "environment", "runs": [...], "summary": [...]}``; each
+        ``{"task", "mode", "complete", "config", "environment", "runs": [...], "summary": [...]}``; each
         run holds a :meth:`TrainingHistory.as_dict` under ``"history"``.
 
     Examples
@@ -189,6 +193,21 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     size = spec.quick if quick else spec.full
     if epochs is not None:
         size = dataclasses.replace(size, epochs=int(epochs))
+
+    def report(complete: bool) -> dict:
+        return {
+            "task": task, "description": spec.description, "mode": "quick" if quick else "full", "complete": complete,
+            "config": {"size": dataclasses.asdict(size), "attentions": list(attentions),
+                       "n_iters": [int(k) for k in n_iters], "seeds": [int(s) for s in seeds], "device": device,
+                       "amp": amp, "n_train": len(train_data), "n_test": len(test_data)},
+            "environment": {"torch": torch.__version__, "python": sys.version.split()[0], "platform": platform.platform(),
+                            "threads": torch.get_num_threads(),
+                            "gpu": torch.cuda.get_device_name(0) if str(device).startswith("cuda") else None},
+            "total_time": time.perf_counter() - t_start,
+            "runs": runs,
+            "summary": summarize(runs),
+        }
+
     train_data, test_data = spec.data(size, 0)
     runs = []
     t_start = time.perf_counter()
@@ -208,18 +227,9 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
                 log(f"{task} {run['variant']:<12} seed {seed}: test acc {hist.test_accuracy[-1]:.3f}, "
                     f"col dev {cd[0]:.3f}/{cd[min(1, len(cd) - 1)]:.3f}/{cd[-1]:.3f} (epoch 0/1/last), "
                     f"{np.median(hist.epoch_time) if len(hist.epoch_time) else float('nan'):.3f} s/epoch")
-    return {
-        "task": task, "description": spec.description, "mode": "quick" if quick else "full",
-        "config": {"size": dataclasses.asdict(size), "attentions": list(attentions), "n_iters": [int(k) for k in n_iters],
-                   "seeds": [int(s) for s in seeds], "device": device, "amp": amp,
-                   "n_train": len(train_data), "n_test": len(test_data)},
-        "environment": {"torch": torch.__version__, "python": sys.version.split()[0], "platform": platform.platform(),
-                        "threads": torch.get_num_threads(),
-                        "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None},
-        "total_time": time.perf_counter() - t_start,
-        "runs": runs,
-        "summary": summarize(runs),
-    }
+            if on_run is not None:
+                on_run(report(False))
+    return report(True)
 
 
 def _stats(values) -> dict:
