@@ -211,8 +211,9 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     train_data, test_data = spec.data(size, 0)
     runs = []
     t_start = time.perf_counter()
-    for attention, n_iter in _variants(attentions, n_iters):
-        for seed in seeds:
+    # Seeds outer, variants inner: a run cut short by a time limit still compares every variant.
+    for seed in seeds:
+        for attention, n_iter in _variants(attentions, n_iters):
             torch.manual_seed(seed)
             model = spec.model(size, train_data, attention, n_iter)
             cfg = TrainConfig(epochs=size.epochs, batch_size=size.batch_size, lr=size.lr, seed=seed, device=device,
