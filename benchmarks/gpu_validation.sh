@@ -6,7 +6,8 @@
 # What it does (each step under its own time limit; a failed step does not stop the next):
 #   0. environment: nvidia-smi, python, torch/CUDA; installs sinkflow without touching torch
 #      (pip install --no-deps -e .; falls back to PYTHONPATH when pip cannot build offline);
-#   1. GPU consistency checks (CPU vs CUDA outputs, bf16 autocast keeps float32 weights, masks) -> gpu_checks.json;
+#   1. GPU consistency checks (CPU vs CUDA outputs, bf16 autocast keeps float32 weights, masks) -> gpu_checks.json,
+#      and the CUDA tests of tests/test_nn.py (pytest -m gpu) -> gpu_tests.txt;
 #   2. per-step timing of SoftMax / Sinkhorn / Gaussian attention on CUDA (n = 256 and 1024) -> bench_*.md;
 #   3. sinkflow validate, full sizes, --device cuda: digits (the Sinkformers RQ1 plot and the n_iter
 #      table), digits-mean (the architecture where the drift fails), retrieval (length 1024, Skyformer-style),
@@ -79,6 +80,13 @@ for norm in ["softmax", "sinkhorn", "gaussian"]:
 json.dump(res, open(out_path, "w"), indent=1)
 print(json.dumps(res, indent=1))
 EOF
+
+if [[ $DEVICE == cuda ]] && "$PY" -c 'import pytest, hypothesis' >/dev/null 2>&1; then
+    say "1b. CUDA tests (pytest -m gpu)"
+    timeout 120 "$PY" -m pytest tests/test_nn.py -m gpu -q -p no:cacheprovider >"$OUT/gpu_tests.txt" 2>&1 \
+        || say "CUDA tests failed or timed out: $OUT/gpu_tests.txt"
+    tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
+fi
 
 say "2. attention step timing on $DEVICE"
 for n in 256 1024; do

@@ -317,3 +317,36 @@ def test_validate_cli_writes_a_report_and_figures(tmp_path):
     assert len(report["runs"][0]["history"]["column_deviation"]) == 2
     for suffix in ("column_sums", "accuracy_vs_n_iter", "epoch_time", "instability"):
         assert (tmp_path / f"digits_quick_{suffix}.png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------------------
+# CUDA (skipped without a device): the same code on the GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("normalization", NORMS)
+def test_cuda_module_matches_cpu_and_autocast_keeps_float32(normalization):
+    torch.manual_seed(0)
+    mha = MultiheadAttention(32, 4, normalization=normalization, n_iter=3)
+    x = _inputs(2, 50, 32, dtype=torch.float32)
+    kpm = torch.zeros(2, 50, dtype=torch.bool)
+    kpm[1, 40:] = True
+    out_cpu, _ = mha(x, x, x, key_padding_mask=kpm)
+    mha = mha.cuda()
+    out, w = mha(x.cuda(), x.cuda(), x.cuda(), key_padding_mask=kpm.cuda())
+    torch.testing.assert_close(out.cpu(), out_cpu, rtol=1e-4, atol=1e-5)  # TF32/ordering differences only
+    assert (w[1, :, 40:] == 0).all()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _, w16 = mha(x.cuda(), x.cuda(), x.cuda(), average_attn_weights=False)
+    assert w16.dtype == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_validation_run(tmp_path):
+    from sinkflow.nn.validation import run_validation
+
+    rep = run_validation("digits", ["softmax", "sinkhorn"], [3], seeds=[0], device="cuda", epochs=2, amp=True)
+    assert rep["environment"]["gpu"] and len(rep["runs"]) == 2
+    assert all(np.isfinite(r["history"]["loss"]).all() for r in rep["runs"])
