@@ -52,7 +52,8 @@ def _runs(report, variant):
 
 def _band(ax, x, ys, color, label):
     Y = np.asarray(ys, dtype=float)
-    ax.plot(x, np.median(Y, 0), color=color, label=label)
+    # Sinkhorn with L = 1 is SoftMax: dashed so both stay visible when they coincide.
+    ax.plot(x, np.median(Y, 0), color=color, label=label, ls="--" if label == "sinkhorn(1)" else "-")
     if len(Y) > 1:
         ax.fill_between(x, Y.min(0), Y.max(0), color=color, alpha=0.2, lw=0)
 
