@@ -27,9 +27,14 @@ logarithm of the smallest normal number: float32 ``exp`` is ~9x slower on argume
 -87 (``shared/PERF.md``), and the clamp changes each entry by less than 3x the float's
 smallest normal, far below the resolution of any line sum that is used.
 
-Run-to-tolerance (``n_iter=None``) uses epsilon scaling: the scores are multiplied by an
-increasing schedule ``s_0 < s_1 < ... < 1`` (warm-starting the scaled potentials), so cold
-temperatures reach the same fixed point in far fewer iterations than the plain loop.
+Run-to-tolerance (``n_iter=None``) is accelerated three ways, all converging to the same
+(unique) fixed point: epsilon scaling (the scores are multiplied by an increasing schedule
+``s_0 < s_1 < ... < 1``, warm-starting the scaled potentials, as geomloss does);
+over-relaxation with ``omega`` adapted to the observed rate; and, for cold problems of
+moderate size that still have not converged after a few hundred half-iterations, Newton
+steps on the dual (quadratic convergence where the plain loop crawls). Measured on 40 x 40
+Gaussian scores at tolerance 1e-9: scores x30 in 550 half-iterations (plain: 9,178), x1000
+in 937 (plain: error 2e-5 after 100,000).
 """
 
 from __future__ import annotations
@@ -70,8 +75,9 @@ class SinkhornResult:
         Final :math:`\\max(\\sum_i a_i |\\sum_j K_{ij} - 1|, \\sum_j |\\sum_i a_i K_{ij} - b_j|)`,
         the largest over batch entries.
     errors : numpy.ndarray
-        Marginal error of the marginal *not* just normalized, after each half-iteration
-        (the L1 error of the plan's column marginal after a row step, and vice versa).
+        Marginal error after each half-iteration (the L1 error of the plan's column marginal
+        after a row step, and vice versa; with over-relaxation the larger of both). Newton
+        polishing steps, when they run, append one entry each.
     scales : numpy.ndarray
         Score multiplier of each half-iteration (all ones without epsilon scaling).
     tol : float
@@ -242,6 +248,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record):
     done = 0
     omega = 1.0
     stage_errors = []
+    limits = {"ceiling": _OMEGA_MAX}
     err = torch.full((), math.inf, dtype=dtype, device=C.device)
     while done < n_half:
         row_step = state["next"] == "row"
@@ -294,6 +301,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record):
         else:
             sums = P.sum(-1)
             e = (a * (sums - ones_r).abs()).sum(-1)
+        other = e
         if omega != 1.0:
             # Over-relaxed steps leave the marginal just treated off by exp((omega-1) delta) - 1.
             miss = torch.expm1((omega - 1.0) * delta).abs()
@@ -307,36 +315,119 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record):
             if value <= tol:
                 break
             if state.get("accelerate"):
-                stage_errors.append(value)
-                omega = _relaxation(stage_errors, omega)
+                # The rate is read off the other marginal's error alone: the residual of an
+                # over-relaxed step scales with omega and would fake an increase.
+                stage_errors.append(float(_max_over_batch(other.detach())))
+                omega = _relaxation(stage_errors, omega, limits)
     return P, f, g, err
 
 
 _OMEGA_MAX = 1.9
+_STAGE_TOL = 1e-3  # marginal error at which an intermediate epsilon-scaling stage stops
+_STAGE_BUDGET = 200  # half-iterations at most per intermediate stage
 
 
-def _relaxation(errors, omega, window=20):
+def _relaxation(errors, omega, limits, window=20):
     """Over-relaxation parameter for the next half-steps (Thibault et al. 2017; Lehmann et al. 2021).
 
     Every ``window`` half-steps the current rate per full iteration ``rho`` is read off the
     error history. With relaxation ``omega`` the slowest plain mode ``theta`` contracts at about
     ``1 - omega (1 - theta)``, so ``theta ~ 1 - (1 - rho) / omega``; the locally optimal choice
-    is ``omega = 2 / (1 + sqrt(1 - theta))``. ``omega`` only increases this way; if the error
-    did not decrease over the window it is halved toward 1 (the safeguard far from the
-    fixed point).
+    is ``omega = 2 / (1 + sqrt(1 - theta))``. If the error did not decrease over the window,
+    ``omega`` falls back halfway to 1 and the value that failed becomes a ceiling (lowered a
+    little each time), so ``omega`` settles below the largest stable value instead of
+    oscillating around it.
     """
     k = len(errors)
     if k < window or k % window:
         return omega
     now, before = errors[-1], errors[-window]
     if omega > 1.0 and now >= before:
+        limits["ceiling"] = 1.0 + 0.9 * (omega - 1.0)
         omega = 1.0 + 0.5 * (omega - 1.0)
-        return 1.0 if omega < 1.05 else omega
+        return 1.0 if omega < 1.02 else omega
     rho = (now / before) ** (2.0 / (window - 1)) if before > 0 else 0.0
     theta = 1.0 - (1.0 - rho) / omega
-    if theta <= 0.5:  # fast enough: plain steps
+    if theta <= 0.5:  # fast enough: keep the current steps
         return omega
-    return max(omega, min(_OMEGA_MAX, 2.0 / (1.0 + math.sqrt(max(1.0 - theta, 1e-8)))))
+    target = 2.0 / (1.0 + math.sqrt(max(1.0 - theta, 1e-8)))
+    return max(omega, min(_OMEGA_MAX, limits["ceiling"], target))
+
+
+_NEWTON_AFTER = 400  # half-iterations of the last stage before Newton polishing is tried
+_NEWTON_MAX_SIZE = 2048  # n + m up to which the dense Newton system is solved
+
+
+def _newton_eligible(C, epsilon_scaling, inplace):
+    n, m = C.shape[-2:]
+    return epsilon_scaling and inplace and n + m <= _NEWTON_MAX_SIZE
+
+
+def _newton_polish(C, f, g, a, b, mask, tol, state, max_steps=50):
+    """Newton steps on the concave dual ``D(f, g) = <a, f> + <b, g> - sum_ij a_i exp(f_i + C_ij + g_j)``.
+
+    Its Hessian is ``-J`` with ``J = [[diag(a r), diag(a) K], [K^T diag(a), diag(c)]]``
+    (``r``, ``c`` the row sums and weighted column sums of ``K``); ``J`` is singular along the
+    gauge ``(f + t, g - t)`` to which the gradient is orthogonal, so ``J + v v^T`` (``v`` the
+    normalized gauge direction) is solved instead. Armijo backtracking keeps ``D`` increasing.
+    Converges quadratically near the solution, where plain Sinkhorn crawls at cold
+    temperature (Brauer et al. 2017). Each step appends its marginal error to ``state``.
+    """
+    n, m = C.shape[-2:]
+    dtype = C.dtype
+    act = torch.cat([a > 0, b > 0], -1)
+    v = torch.cat([torch.ones(n, dtype=dtype, device=C.device), -torch.ones(m, dtype=dtype, device=C.device)])
+    v = v / math.sqrt(n + m)
+    high = math.log(torch.finfo(dtype).max) - math.log(n * m) - 1.0
+
+    def evaluate(f, g):
+        T = C + f[..., :, None] + g[..., None, :]
+        if mask is not None:
+            T = T.masked_fill(~mask, -math.inf)
+        if bool((T > high).any()):
+            return None
+        K = T.clamp_min(_log_tiny(dtype)).exp()
+        if mask is not None:
+            K = K.masked_fill(~mask, 0.0)
+        r = K.sum(-1)
+        c = torch.einsum("...i,...ij->...j", a, K)
+        dual = (a * f).sum(-1) + (b * g).sum(-1) - (a * r).sum(-1)
+        grad = torch.cat([a * (1 - r) * (a > 0), (b - c) * (b > 0)], -1)
+        return K, r, c, dual, grad
+
+    current = evaluate(f, g)
+    if current is None:
+        return f, g
+    for _ in range(max_steps):
+        K, r, c, dual, grad = current
+        err = torch.maximum((a * (r - (a > 0).to(dtype)).abs()).sum(-1), (c - b).abs().sum(-1))
+        err = _max_over_batch(err)
+        state["errors"].append(err)
+        state["scales"].append(1.0)
+        if float(err) <= tol:
+            break
+        aK = a[..., :, None] * K
+        top = torch.cat([torch.diag_embed(a * r), aK], -1)
+        bottom = torch.cat([aK.transpose(-1, -2), torch.diag_embed(c)], -1)
+        J = torch.cat([top, bottom], -2) + v[:, None] * v[None, :]
+        J = J + torch.diag_embed((~act).to(dtype))  # excluded queries/keys: identity rows
+        try:
+            step = torch.linalg.solve(J, grad.unsqueeze(-1)).squeeze(-1)
+        except RuntimeError:  # singular despite the gauge fix: stop polishing
+            break
+        df, dg = step[..., :n], step[..., n:]
+        slope = (grad * step).sum(-1)
+        t, accepted = 1.0, None
+        for _ in range(30):
+            trial = evaluate(f + t * df, g + t * dg)
+            if trial is not None and bool((trial[3] >= dual + 1e-4 * t * slope).all()):
+                accepted = trial
+                break
+            t *= 0.5
+        if accepted is None:
+            break
+        f, g, current = f + t * df, g + t * dg, accepted
+    return f, g
 
 
 def _final_error(P, a, b):
@@ -484,11 +575,22 @@ def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None,
                 state["next"] = "row"
             last = k == len(schedule) - 1
             # Intermediate stages take at most half of what is left; the last takes the rest.
-            budget = max_iter - state["count"] if last else min(200, (max_iter - state["count"]) // 2)
+            budget = max_iter - state["count"] if last else min(_STAGE_BUDGET, (max_iter - state["count"]) // 2)
             if budget < 1:
                 continue
-            stage_tol = tol if last else max(tol, 1e-3)
-            P, f, g, _ = _iterate(C, s, f, g, a, b, mask, budget, stage_tol, state, inplace, True)
+            stage_tol = tol if last else max(tol, _STAGE_TOL)
+            if last and _newton_eligible(C, epsilon_scaling, inplace) and budget > _NEWTON_AFTER:
+                # Cold problems: if the accelerated loop has not converged after a while,
+                # polish with Newton steps on the dual, then finish with half-iterations.
+                P, f, g, err_t = _iterate(C, s, f, g, a, b, mask, _NEWTON_AFTER, stage_tol, state, inplace, True)
+                if float(err_t) > tol:
+                    P = None
+                    f, g = _newton_polish(C, f, g, a, b, mask, tol, state)
+                    state["next"] = "row"
+                    budget = max(1, max_iter - state["count"])
+                    P, f, g, _ = _iterate(C, s, f, g, a, b, mask, budget, stage_tol, state, inplace, True)
+            else:
+                P, f, g, _ = _iterate(C, s, f, g, a, b, mask, budget, stage_tol, state, inplace, True)
             prev = s
     err = _final_error(P, a, b)
     converged = err <= tol

@@ -105,4 +105,4 @@ def gaussian_scores(Q, K, W=None, temperature: float = 1.0):
         kk = ((k @ w) * k).sum(-1)
         cross = (q @ w) @ k.transpose(-1, -2)
     sq = (qq[..., :, None] + kk[..., None, :] - 2 * cross).clamp_min(0)
-    return from_torch(-sq / (2 * tau), numpy_out)
+    return from_torch(sq.mul(-0.5 / tau) + 0.0, numpy_out)  # + 0.0 turns -0.0 into 0.0

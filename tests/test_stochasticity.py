@@ -46,7 +46,9 @@ def test_bound_holds_per_iteration(n, m, seed, scale):
     e = run.errors[::2]
     e = e[e > 1e-12]
     if len(e) >= 6:
-        assert observed_rate(run.errors) <= birkhoff_hopf_rate(C) + 1e-6
+        # 2 x 2 kernels attain the bound exactly; 1e-3 relative covers the log-linear fit
+        # picking up rounding noise near the 1e-13 floor.
+        assert observed_rate(run.errors) <= birkhoff_hopf_rate(C) * (1 + 1e-3) + 1e-6
 
 
 def test_marginal_errors_of_doubly_stochastic_and_softmax():
