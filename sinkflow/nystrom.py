@@ -388,9 +388,19 @@ def newton_schulz_pinv(M, n_iter: int = 6):
     return from_torch(_newton_schulz(a, _check_iter(n_iter)), numpy_out)
 
 
+def _pinv_rtol(dtype) -> float:
+    """Default pseudo-inverse cutoff, sqrt(machine eps) relative to the largest eigenvalue.
+
+    Kernel entries carry rounding ~ eps (the squared distance is an expansion), so landmark-block
+    eigenvalues below ~sqrt(eps) are noise that 1/s amplifies: with LAPACK's m eps cutoff a
+    float64 Nyström broke Cbar~ <= Cbar by 1e-5 relative; at sqrt(eps) the violation stays ~1e-8.
+    """
+    return math.sqrt(torch.finfo(dtype).eps)
+
+
 def _core(block, inverse, n_iter, gamma, symmetric):
     if inverse == "pinv":
-        return torch.linalg.pinv(block, hermitian=symmetric)
+        return torch.linalg.pinv(block, hermitian=symmetric, rtol=_pinv_rtol(block.dtype))
     if symmetric:
         return _iterative_inverse(block, n_iter, gamma)
     return _newton_schulz(block, n_iter)
@@ -468,7 +478,8 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
         A count ``m`` (indices drawn uniformly over the ``N = n_q + n_k`` stacked points,
         independently per batch entry) or the indices themselves.
     inverse : {"pinv", "iterative"}
-        ``W = pinv(Cbar_JJ)`` (the theorem's estimator) or Skyformer's
+        ``W = pinv(Cbar_JJ)`` (the theorem's estimator; eigenvalues below ``sqrt(eps)`` times the
+        largest are dropped, as rounding noise of the kernel entries) or Skyformer's
         :func:`iterative_inverse` of ``Cbar_JJ + gamma I``.
     n_iter, gamma : int, float
         Iterations and ridge of the iterative inverse.
@@ -576,7 +587,7 @@ def _nystromformer_torch(q, k, m, inverse, n_iter):
     left = softmax(dot_scores(q, km, temperature=tau))
     block = softmax(dot_scores(qm, km, temperature=tau))
     right = softmax(dot_scores(qm, k, temperature=tau))
-    core = torch.linalg.pinv(block) if inverse == "pinv" else _newton_schulz(block, n_iter)
+    core = torch.linalg.pinv(block, rtol=_pinv_rtol(block.dtype)) if inverse == "pinv" else _newton_schulz(block, n_iter)
     return left, core, right
 
 
