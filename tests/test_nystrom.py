@@ -99,6 +99,8 @@ def test_gaussian_identity_C_equals_scaled_exponential_dot_products():
     C = sinkflow.kernelized_attention_matrix(Q, K)
     np.testing.assert_allclose(C, A / np.sqrt(dq)[:, None] / np.sqrt(dk)[None, :], rtol=1e-12)  # float64 rounding
     np.testing.assert_allclose(C, _gauss(Q, K), rtol=1e-12)
+    # The kernel is exp of sinkflow's Gaussian scores at temperature sqrt(p) (Skyformer's bandwidth).
+    np.testing.assert_allclose(C, np.exp(sinkflow.gaussian_scores(Q, K, temperature=sp)), rtol=1e-12)
     np.testing.assert_allclose(sinkflow.lifted_kernel(Q, K)[:30, 30:], C, rtol=1e-14)  # other matmul blocking
 
 
