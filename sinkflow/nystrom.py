@@ -543,6 +543,7 @@ def nystrom_attention(Q, K, V, landmarks, *, inverse: str = "pinv", n_iter: int 
     Returns
     -------
     array (..., n_q, d_v)
+        Same type, device and dtype as ``Q``; memory O(n m) besides the inputs.
 
     Examples
     --------

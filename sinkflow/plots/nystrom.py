@@ -21,7 +21,7 @@ import numpy as np
 
 from sinkflow.plots.registry import register
 
-__all__ = ["ErrorConfig", "DstatConfig", "FailureConfig", "ConditioningConfig"]
+__all__ = ["SweepConfig", "DstatConfig", "ConditioningConfig"]
 
 
 def _qk(n, p, scale, seed):
@@ -35,7 +35,9 @@ def _rel_norm(A, B):
 
 # --------------------------------------------------------------------------- (a) error vs landmarks
 @dataclass(frozen=True)
-class ErrorConfig:
+class SweepConfig:
+    """A landmark sweep on random queries and keys ``scale * N(0, I)`` (figures a and c)."""
+
     n: int = 128
     p: int = 32
     scale: float = 0.5
@@ -46,7 +48,7 @@ class ErrorConfig:
     seed: int = 0
 
 
-def compute_error(cfg: ErrorConfig) -> dict:
+def compute_error(cfg: SweepConfig) -> dict:
     import sinkflow
 
     Q, K = _qk(cfg.n, cfg.p, cfg.scale, cfg.seed)
@@ -74,7 +76,7 @@ def compute_error(cfg: ErrorConfig) -> dict:
                 d_stat=check.d_stat)
 
 
-def plot_error(data: dict, cfg: ErrorConfig):
+def plot_error(data: dict, cfg: SweepConfig):
     from sinkflow.plots.style import COLORS, new_figure
 
     fig, axes = new_figure(1, 1, width=4.6, height=3.3)
@@ -100,7 +102,7 @@ def plot_error(data: dict, cfg: ErrorConfig):
 
 
 register("nystrom_error_vs_landmarks", compute=compute_error, plot=plot_error,
-         quick=ErrorConfig(), full=ErrorConfig(n=512, landmarks=(2, 4, 8, 16, 32, 64, 128, 256, 512), trials=10),
+         quick=SweepConfig(), full=SweepConfig(n=512, landmarks=(2, 4, 8, 16, 32, 64, 128, 256, 512), trials=10),
          default=True,
          description="Nyström spectral error vs landmarks (Skyformer pinv/iterative, Nyströmformer, unlifted) "
                      "against lambda and the theorem's m")
@@ -170,19 +172,7 @@ register("nystrom_dstat", compute=compute_dstat, plot=plot_dstat, quick=DstatCon
 
 
 # --------------------------------------------------------------------------- (c) failure probability vs m
-@dataclass(frozen=True)
-class FailureConfig:
-    n: int = 32
-    p: int = 16
-    scale: float = 0.5
-    landmarks: tuple = (2, 4, 6, 8, 12, 16, 24, 32, 48)
-    trials: int = 40
-    eps: float = 0.1
-    delta: float = 0.1
-    seed: int = 0
-
-
-def compute_failure(cfg: FailureConfig) -> dict:
+def compute_failure(cfg: SweepConfig) -> dict:
     import sinkflow
 
     Q, K = _qk(cfg.n, cfg.p, cfg.scale, cfg.seed)
@@ -195,7 +185,7 @@ def compute_failure(cfg: FailureConfig) -> dict:
                 loewner_rate=rows[:, 3], relative_error=rows[:, 4], m_required=r.m_required, delta=cfg.delta)
 
 
-def plot_failure(data: dict, cfg: FailureConfig):
+def plot_failure(data: dict, cfg: SweepConfig):
     from sinkflow.plots.style import COLORS, new_figure
 
     fig, axes = new_figure(1, 1, width=4.4, height=3.1)
@@ -219,8 +209,9 @@ def plot_failure(data: dict, cfg: FailureConfig):
     return fig
 
 
-register("nystrom_failure_probability", compute=compute_failure, plot=plot_failure, quick=FailureConfig(),
-         full=FailureConfig(n=128, landmarks=(4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256), trials=200),
+register("nystrom_failure_probability", compute=compute_failure, plot=plot_failure,
+         quick=SweepConfig(n=32, p=16, landmarks=(2, 4, 6, 8, 12, 16, 24, 32, 48), trials=40),
+         full=SweepConfig(n=128, landmarks=(4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256), trials=200),
          default=False, description="Monte-Carlo failure probability of ||C - C~|| <= lambda vs landmarks, against delta")
 
 
