@@ -258,7 +258,7 @@ def _lifted64(Q, K):
         raise ValueError(f"the bound checks take one head: Q (n_q, p) and K (n_k, p), got {tuple(q.shape)} and {tuple(k.shape)}")
     q, k = q.detach().cpu().double(), k.detach().cpu().double()
     x = _stack(q, k)
-    return _kernel(x, x, q.shape[-1]).numpy(), q.shape[0]
+    return _kernel(x, x, q.shape[-1]).numpy(), q.shape[0], q.shape[-1]
 
 
 @dataclass(frozen=True, eq=False)
@@ -347,7 +347,7 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     m = _as_count(landmarks)
     trials = _check_trials(trials)
     _check_inverse(inverse)
-    Cbar, n_q = _lifted64(Q, K)
+    Cbar, n_q, _ = _lifted64(Q, K)
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
     return NystromErrors(errs, lows, highs, spectral_norm(Cbar[:n_q, n_q:], method=method),
@@ -515,8 +515,8 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
         raise ValueError(f"eps must be positive, got {eps}")
     if not (0 < delta < 1):
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
-    Cbar, n_q = _lifted64(Q, K)
-    N, p = Cbar.shape[0], int(np.shape(Q)[-1])
+    Cbar, n_q, p = _lifted64(Q, K)
+    N = Cbar.shape[0]
     norm_C = spectral_norm(Cbar[:n_q, n_q:], method=method)
     norm_Cbar = spectral_norm(Cbar, symmetric=True, method=method)
     lam = float(eps) * norm_C
@@ -560,7 +560,7 @@ def smallest_sufficient_landmarks(Q, K, eps: float = 0.1, delta: float = 0.1, tr
     >>> 1 <= m <= 64
     True
     """
-    Cbar, n_q = _lifted64(Q, K)
+    Cbar, n_q, _ = _lifted64(Q, K)
     trials = _check_trials(trials)
     lam = float(eps) * spectral_norm(Cbar[:n_q, n_q:], method=method)
     m_max = 8 * Cbar.shape[0] if m_max is None else int(m_max)

@@ -234,6 +234,8 @@ def test_check_reports_observed_error_and_loose_bound():
               for _ in range(5)]
     assert res.observed_error == pytest.approx(np.mean(direct), rel=1e-8)
     assert res.failures == sum(e > res.lam for e in direct)
+    on_torch = sinkflow.nystrom_check(torch.tensor(Q), torch.tensor(K), 20, eps=0.1, delta=0.1, trials=5, seed=3)
+    assert on_torch.observed_error == pytest.approx(res.observed_error, rel=1e-12)   # same float64 path
     m_obs = sinkflow.smallest_sufficient_landmarks(Q, K, 0.1, 0.1, trials=5, seed=3)
     assert m_obs is not None and res.m_required > 10 * m_obs   # measured looseness ~ 100-400
 

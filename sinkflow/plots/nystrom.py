@@ -165,8 +165,8 @@ def plot_dstat(data: dict, cfg: DstatConfig):
 
 
 register("nystrom_dstat", compute=compute_dstat, plot=plot_dstat, quick=DstatConfig(),
-         full=DstatConfig(sizes=(32, 64, 128, 256, 512, 1024), scales=(0.0625, 0.125, 0.25, 0.5, 0.75, 1.0, 1.5),
-                          n_fixed=256, trials=20),
+         full=DstatConfig(sizes=(32, 64, 128, 256, 512), scales=(0.0625, 0.125, 0.25, 0.5, 0.75, 1.0, 1.5),
+                          n_fixed=256, trials=10),
          default=False,
          description="statistical dimension, the theorem's m(eps, delta) and the observed sufficient m vs n and bandwidth")
 
