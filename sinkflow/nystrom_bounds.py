@@ -38,8 +38,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.linalg
-import scipy.sparse.linalg as spla
 import torch
 
 from sinkflow.nystrom import (
@@ -116,6 +114,8 @@ def spectral_norm(A, *, symmetric: bool = False, method: str = "auto", tol: floa
     >>> round(sinkflow.spectral_norm(np.diag([3.0, -4.0]), method="lanczos"), 12)
     4.0
     """
+    import scipy.sparse.linalg as spla  # lazy: 0.7 s of import time otherwise paid by `import sinkflow`
+
     a = _np64(A)
     if _use_dense(a.shape, method, dense_limit) or min(a.shape) < 3:
         if symmetric:
@@ -144,6 +144,8 @@ def extreme_eigenvalues(S, *, method: str = "auto", tol: float = 1e-12, dense_li
     >>> sinkflow.extreme_eigenvalues(np.diag([-1.0, 0.5, 2.0]))
     (-1.0, 2.0)
     """
+    import scipy.sparse.linalg as spla
+
     a = _np64(S, "S")
     if a.shape[0] != a.shape[1]:
         raise ValueError(f"S must be square, got {a.shape}")
@@ -171,6 +173,8 @@ def ridge_leverage_scores(Cbar, lam: float, method: str = "cholesky") -> np.ndar
     >>> sinkflow.ridge_leverage_scores(np.diag([1.0, 3.0]), 1.0)
     array([0.5 , 0.75])
     """
+    import scipy.linalg
+
     a = _np64(Cbar, "Cbar")
     lam = float(lam)
     if not lam > 0:
