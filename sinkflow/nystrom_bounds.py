@@ -546,8 +546,8 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
 
 
 def smallest_sufficient_landmarks(Q, K, eps: float = 0.1, delta: float = 0.1, trials: int = 20, *,
-                                  inverse: str = "pinv", seed=0, m_max: int | None = None,
-                                  method: str = "auto") -> int | None:
+                                  inverse: str = "pinv", n_iter: int = 6, gamma: float = 0.1, seed=0,
+                                  m_max: int | None = None, method: str = "auto") -> int | None:
     r"""Smallest ``m`` whose empirical failure rate :math:`P(\|C - \tilde C\|_2 > \lambda)` is ``<= delta``.
 
     Doubling from ``m = 1`` then bisection (the failure rate decreases with ``m`` up to
@@ -566,11 +566,13 @@ def smallest_sufficient_landmarks(Q, K, eps: float = 0.1, delta: float = 0.1, tr
     """
     Cbar, n_q, _ = _lifted64(Q, K)
     trials = _check_trials(trials)
+    _check_inverse(inverse)
     lam = float(eps) * spectral_norm(Cbar[:n_q, n_q:], method=method)
     m_max = 8 * Cbar.shape[0] if m_max is None else int(m_max)
 
     def ok(m):
-        errs, _, _ = _errors_from_lifted(Cbar, n_q, m, trials, inverse, 6, 0.1, np.random.default_rng(seed), method, False,
+        errs, _, _ = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma),
+                                         np.random.default_rng(seed), method, False,
                                          lifted=False)
         return (errs > lam).mean() <= delta
 
