@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+from sinkflow._backend import check_finite, check_float, exp_floor, from_torch, to_torch
 from sinkflow.normalizations import softmax
-from sinkflow.scores import dot_scores
+from sinkflow.scores import dot_scores, gaussian_scores
 
 __all__ = [
     "gaussian_kernel",
@@ -89,19 +89,15 @@ def _check_values(V, k):
 
 
 def _kernel(x, y, p):
-    """Gaussian kernel exp(-||x - y||^2 / (2 sqrt p)) on torch tensors (no checks).
+    """Gaussian kernel exp(-||x - y||^2 / (2 sqrt p)) on torch tensors.
 
-    Equals ``exp(gaussian_scores(x, y, temperature=sqrt(p)))`` (a test ties the two) but
-    works in place on the matmul output: one n x m buffer and four passes instead of
-    gaussian_scores' five temporaries, 3.5x faster at n = 4096 (it is the O(n^2) reference
-    of every benchmark here). The upper clamp at 0 is gaussian_scores' clamp of the squared
-    distance at 0; the lower one avoids float32 exp's ~9x slowdown below -87 (PERF.md) and
-    changes entries by less than the smallest normal float.
+    ``exp(gaussian_scores(x, y, temperature=sqrt(p)))``, exponentiated in place (one n x m
+    buffer), with the exp argument floored where float32 exp is fast (``exp_floor``).
     """
-    tau = math.sqrt(p)
-    s = (x * (1.0 / tau)) @ y.transpose(-1, -2)
-    s = s.sub_(0.5 / tau * (x * x).sum(-1)[..., :, None]).sub_(0.5 / tau * (y * y).sum(-1)[..., None, :])
-    return s.clamp_(min=math.log(torch.finfo(s.dtype).tiny), max=0.0).exp_()
+    s = gaussian_scores(x, y, temperature=math.sqrt(p))
+    if torch.is_grad_enabled() and s.requires_grad:
+        return s.clamp_min(exp_floor(s.dtype)).exp()
+    return s.clamp_min_(exp_floor(s.dtype)).exp_()
 
 
 def gaussian_kernel(X, Y, dim: int | None = None):
