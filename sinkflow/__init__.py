@@ -12,6 +12,16 @@ from sinkflow.stochasticity import (
     observed_rate,
     sorted_column_sums,
 )
+from sinkflow.energies import (
+    energy_0,
+    energy_inf,
+    energy_log_partition,
+    energy_sphere,
+    entropic_ot,
+    gradient_flow_error,
+    jacobian_asymmetry,
+)
+from sinkflow.particles import Trajectory, cluster_statistics, random_particles, simulate
 
 __version__ = "0.1.0"
 
@@ -23,4 +33,8 @@ __all__ = [
     # doubly stochasticity
     "MarginalErrors", "marginal_errors", "sorted_column_sums", "kl_to_sinkhorn",
     "hilbert_diameter", "birkhoff_hopf_rate", "asymptotic_rate", "observed_rate",
+    # particle flows and their energies (issue 3)
+    "simulate", "Trajectory", "random_particles", "cluster_statistics",
+    "energy_0", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
+    "gradient_flow_error", "jacobian_asymmetry",
 ]
