@@ -346,18 +346,19 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
         return Y / Y.norm(dim=1, keepdim=True) if sphere else Y
 
     # energy monitors use W / tau (the bilinear form of the scores)
-    W_energy = (W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau
+    W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).to(torch.float64)
 
     def energy(kind, Y):
-        Y = Y.detach()
+        Y = Y.detach().to(torch.float64)  # energies are theory checks: always float64
         if kind == "energy" and sphere:
-            return float(energy_sphere(Y, 1.0 / tau, a))
+            return float(energy_sphere(Y, 1.0 / tau, a64))
         if kind == "energy_0" or (kind == "energy" and attention in ("unnormalized",)):
-            return float(energy_0(Y, W_energy, a))
+            return float(energy_0(Y, W_energy, a64))
         if kind == "energy" and attention == "gaussian":
-            return float(-0.5 * torch.exp(torch.logsumexp(-0.5 * _gaussian_quadratic(Y, W_energy, a).reshape(-1), 0)))
-        return float(energy_inf(Y, W_energy, a, tol=1e-12))
+            return float(-0.5 * torch.exp(torch.logsumexp(-0.5 * _gaussian_quadratic(Y, W_energy, a64).reshape(-1), 0)))
+        return float(energy_inf(Y, W_energy, a64, tol=1e-12))
 
+    a64 = None if a is None else a.to(torch.float64) / a.to(torch.float64).sum()
     records: dict[str, list] = {}
     mtimes: list[float] = []
 
