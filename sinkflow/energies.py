@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from sinkflow._backend import check_finite, check_float, to_torch
-from sinkflow.fields import ATTENTIONS, attention_field
+from sinkflow.fields import attention_field, single_thread_if_small
 from sinkflow.normalizations import solve_sinkhorn
 
 __all__ = [
@@ -336,11 +336,12 @@ def gradient_flow_error(x, attention="sinkhorn", W=None, weights=None) -> float:
     Wt = _form(W, X).detach()
     require_symmetric(Wt, "gradient_flow_error")
     a = _weights(weights, X.detach())
-    F = _ENERGY_OF[attention](X, Wt, a)
-    (grad,) = torch.autograd.grad(F, X)
-    with torch.no_grad():
-        T = _field_fn(attention, Wt, a, None, weights is not None)(X.detach())
-        return float(torch.linalg.norm(T + grad / a[:, None]) / torch.linalg.norm(T))
+    with single_thread_if_small(X.shape[0], X.device):
+        F = _ENERGY_OF[attention](X, Wt, a)
+        (grad,) = torch.autograd.grad(F, X)
+        with torch.no_grad():
+            T = _field_fn(attention, Wt, a, None, weights is not None)(X.detach())
+    return float(torch.linalg.norm(T + grad / a[:, None]) / torch.linalg.norm(T))
 
 
 def jacobian_asymmetry(x, attention="sinkhorn", W=None, n_iter=None, weights=None) -> float:
@@ -384,7 +385,8 @@ def jacobian_asymmetry(x, attention="sinkhorn", W=None, n_iter=None, weights=Non
     a = _weights(weights, X)
     n, d = X.shape
     T = _field_fn(attention, Wt, a, n_iter, weights is not None)
-    J = torch.autograd.functional.jacobian(lambda z: T(z.reshape(n, d)).reshape(-1), X.reshape(-1))
+    with single_thread_if_small(n, X.device):
+        J = torch.autograd.functional.jacobian(lambda z: T(z.reshape(n, d)).reshape(-1), X.reshape(-1))
     J = J * a.repeat_interleave(d)[:, None] * n  # diag(a) J, scaled so uniform weights leave J unchanged
     return float(torch.linalg.norm(J - J.T) / torch.linalg.norm(J))
 

@@ -17,6 +17,7 @@ Large ``n`` switches to :mod:`sinkflow.lazy` (blocks of rows, never an ``n x n``
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,29 @@ ATTENTIONS = ("softmax", "sinkhorn", "unnormalized", "gaussian")
 
 #: Above this many bytes for one ``n x n`` matrix the field is evaluated block-wise.
 DENSE_BYTES_LIMIT = 512 * 2**20
+
+
+#: Problems with at most this many particles run on one CPU thread (see below).
+SMALL_N = 256
+
+
+@contextlib.contextmanager
+def single_thread_if_small(n: int, device) -> None:
+    """Run small CPU problems on one thread, restoring the setting afterwards.
+
+    For ``n <= SMALL_N`` torch's thread pool costs more than it saves, and on a loaded
+    machine its spin-waiting made small operations 10-150x slower (shared/PERF.md;
+    measured here: 100 sphere steps at n = 32 took 0.50 s on 2 threads, 0.09 s on 1).
+    """
+    if torch.device(device).type != "cpu" or n > SMALL_N or torch.get_num_threads() == 1:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def dense_limit(dtype: torch.dtype) -> int:

@@ -39,7 +39,7 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.energies import energy_0, energy_inf, energy_sphere
-from sinkflow.fields import ATTENTIONS, attention_field, dense_limit
+from sinkflow.fields import ATTENTIONS, attention_field, dense_limit, single_thread_if_small
 
 __all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS"]
 
@@ -377,44 +377,48 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
             else:
                 records.setdefault(m, []).append(energy(m, Y))
 
-    saved = [X.clone()]
-    times = [0.0]
-    iters = np.zeros(steps, dtype=int)
-    all_converged = True
+    from tqdm.auto import tqdm
+
     hh = float(h)
-    for k in tqdm(range(steps), disable=not progress, desc=f"{attention} flow", unit="step"):
-        v1, ev = field_at(X)
-        it, conv = ev.n_iter, ev.converged
-        if monitors and k % monitor_every == 0:
-            record(k, X, ev)
-        if integrator == "euler":
-            X = retract(X + hh * v1)
-        else:
-            v2, e2 = field_at(retract(X + 0.5 * hh * v1))
-            v3, e3 = field_at(retract(X + 0.5 * hh * v2))
-            v4, e4 = field_at(retract(X + hh * v3))
-            X = retract(X + (hh / 6) * (v1 + 2 * v2 + 2 * v3 + v4))
-            it += e2.n_iter + e3.n_iter + e4.n_iter
-            conv = conv and e2.converged and e3.converged and e4.converged
-        iters[k] = it
-        all_converged = all_converged and (conv or n_iter is not None)
-        if not bool(torch.isfinite(X).all()):
-            raise FloatingPointError(
-                f"the flow left the floating-point range at step {k + 1} (t = {(k + 1) * hh:g}); "
-                "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")
-        if (k + 1) % save_every == 0 or k + 1 == steps:
-            saved.append(X.clone())
-            times.append((k + 1) * hh)
-    if monitors and (not mtimes or mtimes[-1] != steps * hh):
-        record(steps, X, None)
-    positions = torch.stack(saved)
-    return Trajectory(
-        times=np.array(times), positions=from_torch(positions, numpy_out),
-        monitors={key: np.asarray(val, dtype=float) for key, val in records.items()},
-        monitor_times=np.array(mtimes), sinkhorn_iterations=iters if attention == "sinkhorn" else np.zeros(steps, dtype=int),
-        converged=bool(all_converged), attention=attention, integrator=integrator, manifold=manifold, h=hh,
-        n_iter=None if n_iter is None else int(n_iter), temperature=tau,
-        weights=from_torch(a, numpy_out), chunked=bool(chunked))
+    with single_thread_if_small(n, X.device):
+        saved = [X.clone()]
+        times = [0.0]
+        iters = np.zeros(steps, dtype=int)
+        all_converged = True
+        for k in tqdm(range(steps), disable=not progress, desc=f"{attention} flow", unit="step"):
+            v1, ev = field_at(X)
+            it, conv = ev.n_iter, ev.converged
+            if monitors and k % monitor_every == 0:
+                record(k, X, ev)
+            if integrator == "euler":
+                X = retract(X + hh * v1)
+            else:
+                v2, e2 = field_at(retract(X + 0.5 * hh * v1))
+                v3, e3 = field_at(retract(X + 0.5 * hh * v2))
+                v4, e4 = field_at(retract(X + hh * v3))
+                X = retract(X + (hh / 6) * (v1 + 2 * v2 + 2 * v3 + v4))
+                it += e2.n_iter + e3.n_iter + e4.n_iter
+                conv = conv and e2.converged and e3.converged and e4.converged
+            iters[k] = it
+            all_converged = all_converged and (conv or n_iter is not None)
+            if not bool(torch.isfinite(X).all()):
+                raise FloatingPointError(
+                    f"the flow left the floating-point range at step {k + 1} (t = {(k + 1) * hh:g}); "
+                    "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")
+            if (k + 1) % save_every == 0 or k + 1 == steps:
+                saved.append(X.clone())
+                times.append((k + 1) * hh)
+        if monitors and (not mtimes or mtimes[-1] != steps * hh):
+            record(steps, X, None)
+        positions = torch.stack(saved)
+        return Trajectory(
+            times=np.array(times), positions=from_torch(positions, numpy_out),
+            monitors={key: np.asarray(val, dtype=float) for key, val in records.items()},
+            monitor_times=np.array(mtimes), sinkhorn_iterations=iters if attention == "sinkhorn" else np.zeros(steps, dtype=int),
+            converged=bool(all_converged), attention=attention, integrator=integrator, manifold=manifold, h=hh,
+            n_iter=None if n_iter is None else int(n_iter), temperature=tau,
+            weights=from_torch(a, numpy_out), chunked=bool(chunked))
+
 
 
 def _gaussian_quadratic(Y, W, a):
