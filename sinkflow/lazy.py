@@ -184,16 +184,17 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
         col = torch.zeros(n, dtype=dtype, device=dev)
         for i0, i1 in _blocks(n, rows):
             T = S.block(i0, i1).add_(g[None, :])
-            if normalize:
+            if normalize:  # K = E / s row-wise; the division is folded into the two products below
                 m = T.amax(1, keepdim=True)
                 E = T.sub_(m).clamp_min_(lt).exp_()
-                s = E.sum(1, keepdim=True)
-                E = E.div_(s)
-                f_new[i0:i1] = -(m + torch.log(s)).squeeze(1)
+                s = E.sum(1)
+                f_new[i0:i1] = -(m.squeeze(1) + torch.log(s))
+                vel[i0:i1] = (E @ Vt) / s[:, None]
+                col += (a[i0:i1] / s) @ E
             else:
                 E = T.add_(f[i0:i1, None]).exp_()
-            vel[i0:i1] = E @ Vt
-            col += a[i0:i1] @ E
+                vel[i0:i1] = E @ Vt
+                col += a[i0:i1] @ E
         return (f_new if normalize else f), vel, col
 
     def col_pass(f):
