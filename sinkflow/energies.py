@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from sinkflow._backend import check_finite, check_float, to_torch
-from sinkflow.fields import attention_field, single_thread_if_small
+from sinkflow.fields import attention_field, check_matrix, check_weights, single_thread_if_small
 from sinkflow.normalizations import solve_sinkhorn
 
 __all__ = [
@@ -66,30 +66,13 @@ def _points(x, name="x"):
 
 
 def _form(W, X, name="W"):
-    d = X.shape[1]
-    if W is None:
-        return torch.eye(d, dtype=X.dtype, device=X.device)
-    Wt = to_torch(W, name, like=X)
-    if Wt.shape != (d, d):
-        raise ValueError(f"{name} must have shape ({d}, {d}) to act on points of dimension {d}, got {tuple(Wt.shape)}")
-    check_finite(Wt.detach(), name)
-    return Wt
+    Wt = check_matrix(W, name, X.shape[1], X)
+    return torch.eye(X.shape[1], dtype=X.dtype, device=X.device) if Wt is None else Wt
 
 
 def _weights(weights, X, name="weights"):
-    n = X.shape[0]
-    if weights is None:
-        return torch.full((n,), 1.0 / n, dtype=X.dtype, device=X.device)
-    a = to_torch(weights, name, like=X)
-    if a.shape != (n,):
-        raise ValueError(f"{name} must have shape ({n},), one per particle, got {tuple(a.shape)}")
-    check_finite(a, name)
-    if bool((a <= 0).any()):
-        raise ValueError(f"{name} must be positive (a particle of weight 0 is not in the measure; drop it)")
-    tol = 1e-10 if a.dtype == torch.float64 else 1e-5
-    if abs(float(a.sum()) - 1) > tol:
-        raise ValueError(f"{name} must sum to 1 (a probability measure), got sum {float(a.sum())!r}")
-    return a
+    a = check_weights(weights, X, name)
+    return torch.full((X.shape[0],), 1.0 / X.shape[0], dtype=X.dtype, device=X.device) if a is None else a
 
 
 def _scalar(t: torch.Tensor, numpy_out: bool):

@@ -24,12 +24,14 @@ from typing import Any
 
 import torch
 
+from sinkflow._backend import check_finite, to_torch
 from sinkflow.lazy import lazy_attention_field
 from sinkflow.normalizations import softmax, solve_sinkhorn
 from sinkflow.scores import dot_scores, gaussian_scores
 from sinkflow.stochasticity import marginal_errors
 
-__all__ = ["ATTENTIONS", "FieldEvaluation", "attention_field", "dense_limit"]
+__all__ = ["ATTENTIONS", "FieldEvaluation", "attention_field", "dense_limit", "check_matrix", "check_weights",
+           "single_thread_if_small"]
 
 ATTENTIONS = ("softmax", "sinkhorn", "unnormalized", "gaussian")
 
@@ -58,6 +60,33 @@ def single_thread_if_small(n: int, device) -> None:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def check_matrix(M, name: str, d: int, like: torch.Tensor) -> torch.Tensor | None:
+    """A ``(d, d)`` matrix as a finite tensor on ``like``'s device and dtype (``None`` stays ``None``)."""
+    if M is None:
+        return None
+    t = to_torch(M, name, like=like)
+    if t.shape != (d, d):
+        raise ValueError(f"{name} must have shape ({d}, {d}) to act on particles of dimension {d}, got {tuple(t.shape)}")
+    check_finite(t.detach(), name)
+    return t
+
+
+def check_weights(weights, like: torch.Tensor, name: str = "weights") -> torch.Tensor | None:
+    """Particle weights: shape ``(n,)``, positive, summing to 1 (``None`` stays ``None``)."""
+    if weights is None:
+        return None
+    n = like.shape[0]
+    a = to_torch(weights, name, like=like)
+    if a.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},), one per particle, got {tuple(a.shape)}")
+    check_finite(a, name)
+    if bool((a <= 0).any()):
+        raise ValueError(f"{name} must be positive (a particle of weight 0 is not in the measure; drop it)")
+    if abs(float(a.sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
+        raise ValueError(f"{name} must sum to 1 (a probability measure), got sum {float(a.sum())!r}")
+    return a
 
 
 def dense_limit(dtype: torch.dtype) -> int:

@@ -39,7 +39,7 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.energies import energy_0, energy_inf, energy_sphere
-from sinkflow.fields import ATTENTIONS, attention_field, dense_limit, single_thread_if_small
+from sinkflow.fields import ATTENTIONS, attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
 
 __all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS"]
 
@@ -186,16 +186,6 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
     return float(frac), int(count)
 
 
-def _check_matrix(M, name, d, like):
-    if M is None:
-        return None
-    t = to_torch(M, name, like=like)
-    if t.shape != (d, d):
-        raise ValueError(f"{name} must have shape ({d}, {d}) for particles in dimension {d}, got {tuple(t.shape)}")
-    check_finite(t, name)
-    return t
-
-
 def _check_choice(value, name, choices):
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
@@ -302,19 +292,10 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
     monitors = tuple(monitors)
     for m in monitors:
         _check_choice(m, "each monitor", MONITORS)
-    Wq, Wk, Wv = (_check_matrix(M, name, d, X) for M, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
+    Wq, Wk, Wv = (check_matrix(M, name, d, X) for M, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
     W = None if Wq is None and Wk is None else (Wq if Wq is not None else torch.eye(d, dtype=X.dtype, device=X.device)).T @ (
         Wk if Wk is not None else torch.eye(d, dtype=X.dtype, device=X.device))
-    a = None
-    if weights is not None:
-        a = to_torch(weights, "weights", like=X)
-        if a.shape != (n,):
-            raise ValueError(f"weights must have shape ({n},), one per particle, got {tuple(a.shape)}")
-        check_finite(a, "weights")
-        if bool((a <= 0).any()):
-            raise ValueError("weights must be positive (drop particles of weight 0)")
-        if abs(float(a.sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
-            raise ValueError(f"weights must sum to 1 (a probability measure), got sum {float(a.sum())!r}")
+    a = check_weights(weights, X)
     sphere = manifold == "sphere"
     if sphere:
         dev = float((X.norm(dim=1) - 1).abs().max())
