@@ -14,6 +14,7 @@ from sinkflow.stochasticity import (
 )
 from sinkflow.energies import (
     energy_0,
+    energy_gaussian,
     energy_inf,
     energy_log_partition,
     energy_sphere,
@@ -35,6 +36,6 @@ __all__ = [
     "hilbert_diameter", "birkhoff_hopf_rate", "asymptotic_rate", "observed_rate",
     # particle flows and their energies (issue 3)
     "simulate", "Trajectory", "random_particles", "cluster_statistics",
-    "energy_0", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
+    "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
     "gradient_flow_error", "jacobian_asymmetry",
 ]

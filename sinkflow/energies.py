@@ -39,9 +39,11 @@ import torch
 from sinkflow._backend import check_finite, check_float, to_torch
 from sinkflow.fields import attention_field, check_matrix, check_weights, single_thread_if_small
 from sinkflow.normalizations import solve_sinkhorn
+from sinkflow.scores import gaussian_scores
 
 __all__ = [
     "energy_0",
+    "energy_gaussian",
     "energy_inf",
     "energy_log_partition",
     "energy_sphere",
@@ -118,9 +120,40 @@ def energy_0(x, W=None, weights=None):
     """
     X, numpy_out = _points(x)
     Wt, a = _form(W, X), _weights(weights, X)
+    return _scalar(-0.5 * _pair_mass(X @ Wt @ X.T, a), numpy_out)
+
+
+def energy_gaussian(x, W=None, weights=None):
+    r"""Gaussian-kernel energy :math:`-	frac12 \sum_{ij} a_i a_j e^{-\|x_i - x_j\|_W^2 / 2}`.
+
+    The analogue of :math:`F^0` for Skyformer's kernel (the ``"energy"`` monitor of the
+    ``"gaussian"`` attention kind). Its gradient flow has values :math:`W(x_j - x_i)`, not
+    :math:`W x_j`, so the attention field is not exactly its gradient.
+
+    Parameters
+    ----------
+    x, W, weights
+        As in :func:`energy_0` (``W`` symmetric positive semi-definite).
+
+    Returns
+    -------
+    float or 0-d tensor
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> sinkflow.energy_gaussian(np.zeros((3, 2)))
+    -0.5
+    """
+    X, numpy_out = _points(x)
+    Wt, a = _form(W, X), _weights(weights, X)
+    return _scalar(-0.5 * _pair_mass(gaussian_scores(X, X, Wt), a), numpy_out)
+
+
+def _pair_mass(S, a):
+    r""":math:`\sum_{ij} a_i a_j e^{S_{ij}}`, log-sum-exp stable."""
     la = torch.log(a)
-    C = X @ Wt @ X.T + la[:, None] + la[None, :]
-    return _scalar(-0.5 * torch.exp(torch.logsumexp(C.reshape(-1), 0)), numpy_out)
+    return torch.exp(torch.logsumexp((S + la[:, None] + la[None, :]).reshape(-1), 0))
 
 
 def energy_log_partition(x, W=None, weights=None):
@@ -181,9 +214,7 @@ def energy_sphere(x, beta=1.0, weights=None):
         raise ValueError(f"beta must be positive, got {beta}")
     X, numpy_out = _points(x)
     a = _weights(weights, X)
-    la = torch.log(a)
-    C = float(beta) * (X @ X.T) + la[:, None] + la[None, :]
-    return _scalar(torch.exp(torch.logsumexp(C.reshape(-1), 0)) / (2 * float(beta)), numpy_out)
+    return _scalar(_pair_mass(float(beta) * (X @ X.T), a) / (2 * float(beta)), numpy_out)
 
 
 def entropic_ot(x, y, W=None, a=None, b=None, *, tol=1e-12, max_iter=50_000):
@@ -232,8 +263,8 @@ def entropic_ot(x, y, W=None, a=None, b=None, *, tol=1e-12, max_iter=50_000):
     res = solve_sinkhorn(C.detach(), None, tol, max_iter, a=a_, b=b_, warn=True)
     # pi_ij = a_i K_ij = a_i b_j exp(u_i + v_j + C_ij) with u = f, v = g - log b
     u, v = res.f, res.g - torch.log(b_)
-    la, lb = torch.log(a_), torch.log(b_)
-    mass = torch.exp(torch.logsumexp((u[:, None] + v[None, :] + C + la[:, None] + lb[None, :]).reshape(-1), 0))
+    lab = torch.log(a_)[:, None] + torch.log(b_)[None, :]
+    mass = torch.exp(torch.logsumexp((u[:, None] + v[None, :] + C + lab).reshape(-1), 0))
     value = (a_ * u).sum() + (b_ * v).sum() - mass + 1  # dual objective; mass == 1 at the optimum
     return _scalar(value, numpy_out)
 

@@ -14,7 +14,8 @@ Monitors follow py-pde's trackers: quantities recorded along the run, every
 
 ``"energy"``
     the energy of the flow: :math:`F^\infty` (sinkhorn), :math:`F^0` (unnormalized),
-    :math:`F^\infty` as a common yardstick for softmax, :math:`E_\beta` on the sphere
+    :math:`F^\infty` as a common yardstick for softmax, the Gaussian analogue of :math:`F^0`
+    (gaussian), :math:`E_\beta` on the sphere (which assumes :math:`Q = K = V = I`)
     (:mod:`sinkflow.energies`; evaluated with :math:`W = W_Q^T W_K / \tau`).
 ``"energy_inf"``, ``"energy_0"``
     :math:`F^\infty` or :math:`F^0` whatever the attention kind.
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
-from sinkflow.energies import energy_0, energy_inf, energy_sphere
+from sinkflow.energies import energy_0, energy_gaussian, energy_inf, energy_sphere
 from sinkflow.fields import ATTENTIONS, attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
 
 __all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS"]
@@ -336,7 +337,7 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
         if kind == "energy_0" or (kind == "energy" and attention in ("unnormalized",)):
             return float(energy_0(Y, W_energy, a64))
         if kind == "energy" and attention == "gaussian":
-            return float(-0.5 * torch.exp(torch.logsumexp(-0.5 * _gaussian_quadratic(Y, W_energy, a64).reshape(-1), 0)))
+            return float(energy_gaussian(Y, W_energy, a64))
         return float(energy_inf(Y, W_energy, a64, tol=1e-12))
 
     a64 = None if a is None else a.to(torch.float64) / a.to(torch.float64).sum()
@@ -399,12 +400,3 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
             converged=bool(all_converged), attention=attention, integrator=integrator, manifold=manifold, h=hh,
             n_iter=None if n_iter is None else int(n_iter), temperature=tau,
             weights=from_torch(a, numpy_out), chunked=bool(chunked))
-
-
-
-def _gaussian_quadratic(Y, W, a):
-    """||y_i - y_j||_W^2 - 2 log a_i a_j, for the Gaussian kernel's energy."""
-    WY = Y @ W
-    sq = (WY * Y).sum(1)
-    la = torch.log(a) if a is not None else torch.full((Y.shape[0],), -math.log(Y.shape[0]), dtype=Y.dtype, device=Y.device)
-    return (sq[:, None] + sq[None, :] - 2 * WY @ Y.T).clamp_min(0) - 2 * (la[:, None] + la[None, :])

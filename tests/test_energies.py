@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import sinkflow
 from sinkflow.energies import (
     energy_0,
+    energy_gaussian,
     energy_inf,
     energy_log_partition,
     energy_sphere,
@@ -145,6 +146,7 @@ def test_energy_inf_is_half_self_transport():
 def test_closed_forms_for_one_cluster():
     x = np.tile([[0.6, 0.8]], (5, 1))  # a Dirac mass at a unit vector
     assert energy_0(x) == pytest.approx(-0.5 * np.e)
+    assert energy_gaussian(x) == pytest.approx(-0.5)  # all distances 0
     assert energy_sphere(x, beta=3.0) == pytest.approx(np.exp(3.0) / 6)
     assert energy_log_partition(x) == pytest.approx(-0.5)
     assert entropic_ot(x, x) == pytest.approx(-1.0)  # only plan: cost -|x|^2, KL 0

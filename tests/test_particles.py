@@ -232,3 +232,10 @@ def test_non_finite_or_misshaped_start_is_rejected():
 def test_blow_up_is_reported_not_hidden():
     with pytest.raises(FloatingPointError, match="floating-point range"):
         sinkflow.simulate(10 * np.ones((3, 2)) + np.eye(3, 2), "unnormalized", h=1.0, steps=50)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "sinkhorn", "unnormalized", "gaussian"])
+def test_every_kind_records_a_finite_energy(attention):
+    traj = sinkflow.simulate(sinkflow.random_particles(8, 2, seed=7, scale=0.5), attention, h=0.05, steps=3,
+                             monitors=["energy", "energy_0", "energy_inf"])
+    assert all(np.isfinite(v).all() and v.shape == (4,) for v in traj.monitors.values())
