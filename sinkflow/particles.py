@@ -47,6 +47,8 @@ __all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "
 MONITORS = ("energy", "energy_inf", "energy_0", "marginal_errors", "clusters")
 INTEGRATORS = ("euler", "rk4")
 MANIFOLDS = ("euclidean", "sphere")
+#: Energy and cluster monitors build n x n float64 matrices: allowed up to this n.
+MAX_MONITOR_N = 8192
 
 
 @dataclass(frozen=True)
@@ -305,8 +307,10 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
                              "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
     if chunked is None:
         chunked = n > dense_limit(X.dtype)
-    if chunked and "clusters" in monitors and n > 8192:
-        raise ValueError(f"the clusters monitor needs an n x n comparison; n={n} is too large (use n <= 8192)")
+    dense_monitors = [m for m in monitors if m != "marginal_errors"]
+    if dense_monitors and n > MAX_MONITOR_N:
+        raise ValueError(f"monitors {dense_monitors} evaluate n x n float64 matrices; n={n} is too large "
+                         f"(n <= {MAX_MONITOR_N}); 'marginal_errors' works at any n")
     if warm_start is None:
         warm_start = n_iter is None
     tau = float(temperature)

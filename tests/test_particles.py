@@ -212,6 +212,7 @@ def test_chunked_simulation_matches_dense(attention):
     (dict(monitors=["entropy"]), "monitor"),
     (dict(n_iter=0), "n_iter"),
     (dict(temperature=0.0), "temperature"),
+    (dict(monitor_every=0), "monitor_every"),
 ])
 def test_bad_simulation_inputs_say_what_is_wrong(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -227,6 +228,11 @@ def test_non_finite_or_misshaped_start_is_rejected():
         sinkflow.simulate(np.zeros(4))
     with pytest.raises(TypeError, match="floating"):
         sinkflow.simulate(np.zeros((4, 2), dtype=int))
+
+
+def test_dense_monitors_refuse_huge_n_before_running():
+    with pytest.raises(ValueError, match="n x n"):
+        sinkflow.simulate(np.zeros((9000, 2)), steps=1, monitors=["energy"])
 
 
 def test_blow_up_is_reported_not_hidden():
