@@ -124,7 +124,7 @@ def energy_0(x, W=None, weights=None):
 
 
 def energy_gaussian(x, W=None, weights=None):
-    r"""Gaussian-kernel energy :math:`-	frac12 \sum_{ij} a_i a_j e^{-\|x_i - x_j\|_W^2 / 2}`.
+    r"""Gaussian-kernel energy :math:`-\tfrac12 \sum_{ij} a_i a_j e^{-\|x_i - x_j\|_W^2 / 2}`.
 
     The analogue of :math:`F^0` for Skyformer's kernel (the ``"energy"`` monitor of the
     ``"gaussian"`` attention kind). Its gradient flow has values :math:`W(x_j - x_i)`, not
