@@ -12,6 +12,17 @@ from sinkflow.stochasticity import (
     observed_rate,
     sorted_column_sums,
 )
+from sinkflow.energies import (
+    energy_0,
+    energy_gaussian,
+    energy_inf,
+    energy_log_partition,
+    energy_sphere,
+    entropic_ot,
+    gradient_flow_error,
+    jacobian_asymmetry,
+)
+from sinkflow.particles import Trajectory, cluster_statistics, random_particles, simulate
 
 from sinkflow.nystrom import (
     NystromFactors,
@@ -67,4 +78,8 @@ __all__ = [
     "LANDMARK_CONSTANT", "SHARP_LANDMARK_CONSTANT", "spectral_norm", "extreme_eigenvalues",
     "ridge_leverage_scores", "statistical_dimension", "beta_star", "landmarks_required", "binomial_interval",
     "NystromErrors", "nystrom_errors", "NystromCheck", "nystrom_check", "smallest_sufficient_landmarks",
+    # particle flows and their energies
+    "simulate", "Trajectory", "random_particles", "cluster_statistics",
+    "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
+    "gradient_flow_error", "jacobian_asymmetry",
 ]
