@@ -13,6 +13,7 @@ import sys
 
 COMMANDS = {
     "figures": ("sinkflow.cli_figures", "regenerate registered figures (quick by default)"),
+    "nystrom-check": ("sinkflow.cli_nystrom", "check Skyformer's Nyström spectral-norm bound on random or given Q, K"),
     "validate": ("sinkflow.cli_validate", "train small Transformers per attention normalization; JSON report + figures"),
 }
 

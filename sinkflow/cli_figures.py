@@ -19,6 +19,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never open windows from the command line
     from tqdm.auto import tqdm
 
     from sinkflow.plots.registry import registry, render

@@ -22,13 +22,19 @@ cannot have grown back into relevance. Both are checked at every half-iteration;
 either fails the solver re-exponentiates from ``C + f + g`` (the absorption trick of
 Schmitzer 2019). The result never contains NaN or inf, at any temperature.
 
-Exponent arguments are clamped at the smallest normal number's logarithm: float32 ``exp``
-is ~9x slower on arguments below -87 (``shared/PERF.md``), and the clamp changes each
-entry by less than the float's smallest normal.
+Exponent arguments (after subtracting the line maximum) are clamped one unit above the
+logarithm of the smallest normal number: float32 ``exp`` is ~9x slower on arguments below
+-87 (``shared/PERF.md``), and the clamp changes each entry by less than 3x the float's
+smallest normal, far below the resolution of any line sum that is used.
 
-Run-to-tolerance (``n_iter=None``) uses epsilon scaling: the scores are multiplied by an
-increasing schedule ``s_0 < s_1 < ... < 1`` (warm-starting the scaled potentials), so cold
-temperatures reach the same fixed point in far fewer iterations than the plain loop.
+Run-to-tolerance (``n_iter=None``) is accelerated three ways, all converging to the same
+(unique) fixed point: epsilon scaling (the scores are multiplied by an increasing schedule
+``s_0 < s_1 < ... < 1``, warm-starting the scaled potentials, as geomloss does);
+over-relaxation with ``omega`` adapted to the observed rate; and, for cold problems of
+moderate size that still have not converged after a few hundred half-iterations, Newton
+steps on the dual (quadratic convergence where the plain loop crawls). Measured on 40 x 40
+Gaussian scores at tolerance 1e-9: scores x30 in 550 half-iterations (plain: 9,178), x1000
+in 937 (plain: error 2e-5 after 100,000).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+from sinkflow._backend import check_finite, check_float, exp_floor, from_torch, to_torch
 
 __all__ = ["softmax", "sinkhorn", "solve_sinkhorn", "SinkhornResult", "SinkhornWarning"]
 
@@ -69,8 +75,9 @@ class SinkhornResult:
         Final :math:`\\max(\\sum_i a_i |\\sum_j K_{ij} - 1|, \\sum_j |\\sum_i a_i K_{ij} - b_j|)`,
         the largest over batch entries.
     errors : numpy.ndarray
-        Marginal error of the marginal *not* just normalized, after each half-iteration
-        (the L1 error of the plan's column marginal after a row step, and vice versa).
+        Marginal error after each half-iteration (the L1 error of the plan's column marginal
+        after a row step, and vice versa; with over-relaxation the larger of both). Newton
+        polishing steps, when they run, append one entry each.
     scales : numpy.ndarray
         Score multiplier of each half-iteration (all ones without epsilon scaling).
     tol : float
@@ -162,8 +169,7 @@ def _effective_weights(a, b, mask, shape):
 # numerical kernels
 
 
-def _log_tiny(dtype: torch.dtype) -> float:
-    return math.log(torch.finfo(dtype).tiny)
+_log_tiny = exp_floor
 
 
 def _exp_normalize(T, dim, weights, target, mask, inplace):
@@ -214,69 +220,211 @@ def _max_over_batch(e: torch.Tensor) -> torch.Tensor:
 def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record):
     """Run ``n_half`` half-iterations (or until ``tol``) on the problem with scores ``scale * C``.
 
-    ``state`` holds the half-step parity and counters across epsilon-scaling stages.
+    ``state`` holds the half-step parity and counters across epsilon-scaling stages. With
+    ``state["accelerate"]`` the steps are over-relaxed (``omega`` in [1, 2)), with ``omega``
+    set from the observed plain rate (see :func:`_relaxation`).
+
+    Each half-step costs one reduction and one scaling pass over ``P``: the line sums that
+    measure the error after a step are exactly those the next step divides by, so they are
+    kept (``sums``) rather than recomputed.
     """
     dtype = C.dtype
     finfo = torch.finfo(dtype)
     n, m = C.shape[-2], C.shape[-1]
-    # A line sum below `safe` may be polluted by flushed entries: take a log step instead.
-    safe = finfo.tiny / finfo.eps * max(n, m)
-    # Flushed entries may grow by exp(growth); re-exponentiate before they could matter.
-    growth_limit = math.log(finfo.eps / finfo.tiny) - math.log(max(n, m))
+    # Flushed entries are at most e * tiny (see _log_tiny). A line sum below `safe` may be
+    # polluted by them beyond rounding: take a log step instead.
+    safe = 3.0 * finfo.tiny / finfo.eps * max(n, m)
+    # Flushed entries may since have grown by exp(growth); re-exponentiate before they matter.
+    growth_limit = math.log(finfo.eps / (3.0 * finfo.tiny)) - math.log(max(n, m))
     active_rows = a > 0
     active_cols = b > 0
+    ones_r = active_rows.to(dtype)
     P = None
-    growth_f = torch.zeros_like(f)
-    growth_g = torch.zeros_like(g)
+    sums = None  # line sums of the current P along the next step's direction, if known
+    f_ref, g_ref = f, g  # potentials at the last exponentiation
     done = 0
+    omega = 1.0
+    stage_errors = []
+    limits = {"ceiling": _OMEGA_MAX}
     err = torch.full((), math.inf, dtype=dtype, device=C.device)
     while done < n_half:
         row_step = state["next"] == "row"
-        if P is None:
-            if row_step:
-                P, f = _row_step_log(C, scale, f, g, mask, inplace)
-            else:
-                P, g = _col_step_log(C, scale, f, a, b, mask, inplace)
-            growth_f.zero_(), growth_g.zero_()
-        elif row_step:
-            r = P.sum(-1)
-            if bool((r[active_rows] < safe).any()) or bool(growth_f.amax() + growth_g.amax() > growth_limit):
+        active = active_rows if row_step else active_cols
+        need_log = P is None
+        if not need_log:
+            if sums is None:
+                sums = P.sum(-1) if row_step else torch.einsum("...i,...ij->...j", a, P)
+            # One sync: smallest active line sum and how far flushed entries may have grown.
+            checks = torch.stack([
+                torch.where(active, sums, torch.full_like(sums, math.inf)).amin().detach(),
+                ((f - f_ref).amax() + (g - g_ref).amax()).detach(),
+            ]).tolist()
+            need_log = checks[0] < safe or checks[1] > growth_limit
+        if row_step:
+            if need_log:
                 P = None  # release before the log step allocates
-                P, f = _row_step_log(C, scale, f, g, mask, inplace)
-                growth_f, growth_g = torch.zeros_like(f), torch.zeros_like(g)
+                P, f_full = _row_step_log(C, scale, f, g, mask, inplace)
+                delta = f_full - f
+                f_ref, g_ref = f_full, g
+                factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
             else:
-                r = torch.where(active_rows, r, torch.ones_like(r))
-                P = P.div_(r[..., None]) if inplace else P / r[..., None]
+                r = torch.where(active, sums, torch.ones_like(sums))
                 delta = -torch.log(r)
-                f = f + delta
-                growth_f = growth_f + delta.clamp_min(0)
+                factor = torch.exp(omega * delta) if omega != 1.0 else 1.0 / r
+            if factor is not None:
+                P = P.mul_(factor[..., None]) if inplace else P * factor[..., None]
+            f = f + omega * delta
         else:
-            c = torch.einsum("...i,...ij->...j", a, P)
-            ratio = torch.where(active_cols, b / torch.where(active_cols, c, torch.ones_like(c)), torch.ones_like(c))
-            if bool((c[active_cols] < safe).any()) or bool(growth_f.amax() + growth_g.amax() > growth_limit):
+            if need_log:
                 P = None
-                P, g = _col_step_log(C, scale, f, a, b, mask, inplace)
-                growth_f, growth_g = torch.zeros_like(f), torch.zeros_like(g)
+                P, g_full = _col_step_log(C, scale, f, a, b, mask, inplace)
+                delta = g_full - g
+                f_ref, g_ref = f, g_full
+                factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
             else:
-                P = P.mul_(ratio[..., None, :]) if inplace else P * ratio[..., None, :]
-                delta = torch.log(ratio)
-                g = g + delta
-                growth_g = growth_g + delta.clamp_min(0)
+                c = torch.where(active, sums, torch.ones_like(sums))
+                delta = torch.where(active, torch.log(b) - torch.log(c), torch.zeros_like(c))
+                factor = torch.exp(omega * delta)
+            if factor is not None:
+                P = P.mul_(factor[..., None, :]) if inplace else P * factor[..., None, :]
+            g = g + omega * delta
         done += 1
         state["count"] += 1
         state["next"] = "col" if row_step else "row"
-        # Error of the marginal not just normalized (the other one is exact up to rounding).
+        # Error of the marginal not just normalized, from the sums the next step needs anyway.
         if row_step:
-            e = (torch.einsum("...i,...ij->...j", a, P) - b).abs().sum(-1)
+            sums = torch.einsum("...i,...ij->...j", a, P)
+            e = (sums - b).abs().sum(-1)
         else:
-            e = (a * (P.sum(-1) - active_rows.to(dtype)).abs()).sum(-1)
+            sums = P.sum(-1)
+            e = (a * (sums - ones_r).abs()).sum(-1)
+        other = e
+        if omega != 1.0:
+            # Over-relaxed steps leave the marginal just treated off by exp((omega-1) delta) - 1.
+            miss = torch.expm1((omega - 1.0) * delta).abs()
+            e = torch.maximum(e, (a * miss).sum(-1) if row_step else (b * miss).sum(-1))
         err = _max_over_batch(e.detach())
         if record:
             state["errors"].append(err)
             state["scales"].append(scale)
-        if tol is not None and state["check"] and float(err) <= tol:
-            break
+        if tol is not None and state["check"]:
+            value = float(err)
+            if value <= tol:
+                break
+            if state.get("accelerate"):
+                # The rate is read off the other marginal's error alone: the residual of an
+                # over-relaxed step scales with omega and would fake an increase.
+                stage_errors.append(float(_max_over_batch(other.detach())))
+                omega = _relaxation(stage_errors, omega, limits)
     return P, f, g, err
+
+
+_OMEGA_MAX = 1.9
+_STAGE_TOL = 1e-3  # marginal error at which an intermediate epsilon-scaling stage stops
+_STAGE_BUDGET = 200  # half-iterations at most per intermediate stage
+
+
+def _relaxation(errors, omega, limits, window=20):
+    """Over-relaxation parameter for the next half-steps (Thibault et al. 2017; Lehmann et al. 2021).
+
+    Every ``window`` half-steps the current rate per full iteration ``rho`` is read off the
+    error history. With relaxation ``omega`` the slowest plain mode ``theta`` contracts at about
+    ``1 - omega (1 - theta)``, so ``theta ~ 1 - (1 - rho) / omega``; the locally optimal choice
+    is ``omega = 2 / (1 + sqrt(1 - theta))``. If the error did not decrease over the window,
+    ``omega`` falls back halfway to 1 and the value that failed becomes a ceiling (lowered a
+    little each time), so ``omega`` settles below the largest stable value instead of
+    oscillating around it.
+    """
+    k = len(errors)
+    if k < window or k % window:
+        return omega
+    now, before = errors[-1], errors[-window]
+    if omega > 1.0 and now >= before:
+        limits["ceiling"] = 1.0 + 0.9 * (omega - 1.0)
+        omega = 1.0 + 0.5 * (omega - 1.0)
+        return 1.0 if omega < 1.02 else omega
+    rho = (now / before) ** (2.0 / (window - 1)) if before > 0 else 0.0
+    theta = 1.0 - (1.0 - rho) / omega
+    if theta <= 0.5:  # fast enough: keep the current steps
+        return omega
+    target = 2.0 / (1.0 + math.sqrt(max(1.0 - theta, 1e-8)))
+    return max(omega, min(_OMEGA_MAX, limits["ceiling"], target))
+
+
+_NEWTON_AFTER = 400  # half-iterations of the last stage before Newton polishing is tried
+_NEWTON_MAX_SIZE = 2048  # n + m up to which the dense Newton system is solved
+
+
+def _newton_eligible(C, epsilon_scaling, inplace):
+    n, m = C.shape[-2:]
+    return epsilon_scaling and inplace and n + m <= _NEWTON_MAX_SIZE
+
+
+def _newton_polish(C, f, g, a, b, mask, tol, state, max_steps=50):
+    """Newton steps on the concave dual ``D(f, g) = <a, f> + <b, g> - sum_ij a_i exp(f_i + C_ij + g_j)``.
+
+    Its Hessian is ``-J`` with ``J = [[diag(a r), diag(a) K], [K^T diag(a), diag(c)]]``
+    (``r``, ``c`` the row sums and weighted column sums of ``K``); ``J`` is singular along the
+    gauge ``(f + t, g - t)`` to which the gradient is orthogonal, so ``J + v v^T`` (``v`` the
+    normalized gauge direction) is solved instead. Armijo backtracking keeps ``D`` increasing.
+    Converges quadratically near the solution, where plain Sinkhorn crawls at cold
+    temperature (Brauer et al. 2017). Each step appends its marginal error to ``state``.
+    """
+    n, m = C.shape[-2:]
+    dtype = C.dtype
+    act = torch.cat([a > 0, b > 0], -1)
+    v = torch.cat([torch.ones(n, dtype=dtype, device=C.device), -torch.ones(m, dtype=dtype, device=C.device)])
+    v = v / math.sqrt(n + m)
+    high = math.log(torch.finfo(dtype).max) - math.log(n * m) - 1.0
+
+    def evaluate(f, g):
+        T = C + f[..., :, None] + g[..., None, :]
+        if mask is not None:
+            T = T.masked_fill(~mask, -math.inf)
+        if bool((T > high).any()):
+            return None
+        K = T.clamp_min(_log_tiny(dtype)).exp()
+        if mask is not None:
+            K = K.masked_fill(~mask, 0.0)
+        r = K.sum(-1)
+        c = torch.einsum("...i,...ij->...j", a, K)
+        dual = (a * f).sum(-1) + (b * g).sum(-1) - (a * r).sum(-1)
+        grad = torch.cat([a * (1 - r) * (a > 0), (b - c) * (b > 0)], -1)
+        return K, r, c, dual, grad
+
+    current = evaluate(f, g)
+    if current is None:
+        return f, g
+    for _ in range(max_steps):
+        K, r, c, dual, grad = current
+        err = torch.maximum((a * (r - (a > 0).to(dtype)).abs()).sum(-1), (c - b).abs().sum(-1))
+        err = _max_over_batch(err)
+        state["errors"].append(err)
+        state["scales"].append(1.0)
+        if float(err) <= tol:
+            break
+        aK = a[..., :, None] * K
+        top = torch.cat([torch.diag_embed(a * r), aK], -1)
+        bottom = torch.cat([aK.transpose(-1, -2), torch.diag_embed(c)], -1)
+        J = torch.cat([top, bottom], -2) + v[:, None] * v[None, :]
+        J = J + torch.diag_embed((~act).to(dtype))  # excluded queries/keys: identity rows
+        try:
+            step = torch.linalg.solve(J, grad.unsqueeze(-1)).squeeze(-1)
+        except RuntimeError:  # singular despite the gauge fix: stop polishing
+            break
+        df, dg = step[..., :n], step[..., n:]
+        slope = (grad * step).sum(-1)
+        t, accepted = 1.0, None
+        for _ in range(30):
+            trial = evaluate(f + t * df, g + t * dg)
+            if trial is not None and bool((trial[3] >= dual + 1e-4 * t * slope).all()):
+                accepted = trial
+                break
+            t *= 0.5
+        if accepted is None:
+            break
+        f, g, current = f + t * df, g + t * dg, accepted
+    return f, g
 
 
 def _final_error(P, a, b):
@@ -411,7 +559,8 @@ def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None,
         except RuntimeError as err:
             raise ValueError(f"init_g of shape {tuple(g0.shape)} does not broadcast to {tuple(g.shape)}") from err
         epsilon_scaling = False
-    state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None}
+    state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None,
+             "accelerate": n_iter is None and epsilon_scaling}
     if n_iter is not None:
         P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, int(n_iter), None, state, inplace, True)
     else:
@@ -422,9 +571,23 @@ def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None,
                 f, g = f * (s / prev), g * (s / prev)
                 state["next"] = "row"
             last = k == len(schedule) - 1
-            budget = max_iter - state["count"] if last else min(200, max(2, max_iter - state["count"] - 2))
-            stage_tol = tol if last else max(tol, 1e-3)
-            P, f, g, _ = _iterate(C, s, f, g, a, b, mask, budget, stage_tol, state, inplace, True)
+            # Intermediate stages take at most half of what is left; the last takes the rest.
+            budget = max_iter - state["count"] if last else min(_STAGE_BUDGET, (max_iter - state["count"]) // 2)
+            if budget < 1:
+                continue
+            stage_tol = tol if last else max(tol, _STAGE_TOL)
+            if last and _newton_eligible(C, epsilon_scaling, inplace) and budget > _NEWTON_AFTER:
+                # Cold problems: if the accelerated loop has not converged after a while,
+                # polish with Newton steps on the dual, then finish with half-iterations.
+                P, f, g, err_t = _iterate(C, s, f, g, a, b, mask, _NEWTON_AFTER, stage_tol, state, inplace, True)
+                if float(err_t) > tol:
+                    P = None
+                    f, g = _newton_polish(C, f, g, a, b, mask, tol, state)
+                    state["next"] = "row"
+                    budget = max(1, max_iter - state["count"])
+                    P, f, g, _ = _iterate(C, s, f, g, a, b, mask, budget, stage_tol, state, inplace, True)
+            else:
+                P, f, g, _ = _iterate(C, s, f, g, a, b, mask, budget, stage_tol, state, inplace, True)
             prev = s
     err = _final_error(P, a, b)
     converged = err <= tol

@@ -96,13 +96,15 @@ def gaussian_scores(Q, K, W=None, temperature: float = 1.0):
            [-2.]])
     """
     q, k, w, tau, numpy_out = _qkw(Q, K, W, temperature)
-    if w is None:
-        qq = (q * q).sum(-1)
-        kk = (k * k).sum(-1)
-        cross = q @ k.transpose(-1, -2)
-    else:
-        qq = ((q @ w) * q).sum(-1)
-        kk = ((k @ w) * k).sum(-1)
-        cross = (q @ w) @ k.transpose(-1, -2)
-    sq = (qq[..., :, None] + kk[..., None, :] - 2 * cross).clamp_min(0)
-    return from_torch(-sq / (2 * tau), numpy_out)
+    qw = q if w is None else q @ w
+    kw = k if w is None else k @ w
+    qq = (qw * q).sum(-1)
+    kk = (kw * k).sum(-1)
+    # Built in place on the one n x m buffer of the matrix product (no n x m temporaries).
+    grad_mode = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or (w is not None and w.requires_grad))
+    sq = qw @ k.transpose(-1, -2)
+    if grad_mode:
+        sq = (qq[..., :, None] + kk[..., None, :] - 2 * sq).clamp_min(0)
+        return from_torch(sq * (-0.5 / tau) + 0.0, numpy_out)
+    sq.mul_(-2.0).add_(qq[..., :, None]).add_(kk[..., None, :]).clamp_min_(0).mul_(-0.5 / tau).add_(0.0)
+    return from_torch(sq, numpy_out)  # + 0.0 above turns -0.0 into 0.0

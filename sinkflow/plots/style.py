@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import matplotlib
-
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = ["PALETTE", "COLORS", "style", "new_figure"]
 

@@ -1,0 +1,148 @@
+"""Euler steps of a Sinkhorn particle flow: sinkflow (torch float32 CPU) vs a plain numpy step.
+
+One step is ``x <- x + h K(x) x W_V^T`` with ``n_iter = 10`` warm-started Sinkhorn
+half-iterations (``d = 2``, ``W = W_V = I / 2``), the setting of shared/PERF.md. Prints a
+markdown table: steps per second of
+
+- ``sinkflow``: :func:`sinkflow.simulate` on a float32 torch tensor (block-wise evaluation,
+  :mod:`sinkflow.lazy`, switches on automatically above n ~ 11600 in float32);
+- ``numpy``: the research-script step (scipy ``logsumexp`` on the full ``n x n`` score
+  matrix, float32, same half-iteration convention and warm start),
+
+their ratio, and the peak resident memory of each case (``ru_maxrss`` of a fresh subprocess
+per case, so torch's allocations count; the imports alone take ~0.3 GiB of it). A last row
+runs one chunked step at n = 100000 (``n_iter=3``: three block passes of 1e10 exponentials
+each, ~1 minute per pass on a loaded core) to show the memory stays bounded.
+
+One torch / BLAS thread (reported). Medians over ``--repeats`` runs after one warm-up step.
+Usage: ``python benchmarks/bench_particles.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+N_ITER, H, D = 10, 0.1, 2
+W = np.eye(D) / 2
+
+
+def numpy_step(X, g, n_iter=N_ITER, h=H):
+    """The step as research scripts write it: full score matrix, scipy logsumexp, float32."""
+    from scipy.special import logsumexp
+
+    C = (X @ W) @ X.T
+    f = np.zeros(len(X), dtype=X.dtype)
+    for it in range(n_iter):
+        if it % 2 == 0:
+            f = -logsumexp(C + g[None, :], axis=1)
+        else:
+            g = -logsumexp(C + f[:, None], axis=0)
+    K = np.exp(f[:, None] + C + g[None, :])
+    return X + h * (K @ X) @ W.T, g
+
+
+def _particles(n):
+    return (np.random.default_rng(0).standard_normal((n, D)) * 0.5).astype(np.float32)
+
+
+def single(method, n, steps, repeats, n_iter):
+    """One case in its own process: returns steps/s (median) and peak RSS."""
+    import torch
+
+    import sinkflow
+
+    torch.set_num_threads(1)
+    x = _particles(n)
+    if method == "sinkflow":
+        xt = torch.from_numpy(x)
+
+        def run(k):
+            return sinkflow.simulate(xt, "sinkhorn", W_K=torch.tensor(W, dtype=torch.float32),
+                                     W_V=torch.tensor(W, dtype=torch.float32), h=H, steps=k, n_iter=n_iter,
+                                     warm_start=True)
+    else:
+        def run(k):
+            X, g = x, np.zeros(n, dtype=np.float32)
+            for _ in range(k):
+                X, g = numpy_step(X, g, n_iter)
+            return X
+
+    if repeats > 1:
+        run(1)  # warm-up (allocator, first-call overheads)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = run(steps)
+        rates.append(steps / (time.perf_counter() - t0))
+    extra = {}
+    if method == "sinkflow":
+        extra["chunked"] = bool(out.chunked)
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return {"rate": statistics.median(rates), "peak_gib": peak_gib, "threads": torch.get_num_threads(), **extra}
+
+
+def run_case(method, n, steps, repeats, n_iter=N_ITER):
+    cmd = [sys.executable, __file__, "--single", method, str(n), str(steps), str(repeats), str(n_iter)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def agreement(n=300):
+    """Max difference between one sinkflow step and one numpy step (same math, float64)."""
+    import sinkflow
+
+    x = _particles(n).astype(np.float64)
+    ours = sinkflow.simulate(x, "sinkhorn", W_K=W, W_V=W, h=H, steps=1, n_iter=N_ITER, warm_start=True).final
+    ref, _ = numpy_step(x, np.zeros(n))
+    return float(np.abs(ours - ref).max())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="n in {1000, 4000}, big case n = 20000")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--single", nargs=5, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.single:
+        method, n, steps, repeats, n_iter = args.single
+        print(json.dumps(single(method, int(n), int(steps), int(repeats), int(n_iter))))
+        return 0
+    sizes = (1000, 4000) if args.quick else (1000, 4000, 16000)
+    steps = {1000: 10, 4000: 3, 16000: 1}
+    big = 20000 if args.quick else 100000
+    print(f"sinkflow vs numpy step agreement (n=300, float64): max |diff| = {agreement():.2e}\n")
+    print(f"Euler steps/s, Sinkhorn n_iter={N_ITER} warm-started, d={D}, float32 CPU, 1 thread, "
+          f"median of {args.repeats}\n")
+    print("| n | sinkflow steps/s | numpy steps/s | ratio | sinkflow peak RSS (GiB) | numpy peak RSS (GiB) | chunked |")
+    print("|---|---|---|---|---|---|---|")
+    for n in sizes:
+        reps = args.repeats if n < 16000 else 1
+        ours = run_case("sinkflow", n, steps[n], reps)
+        if n < 16000:
+            ref = run_case("numpy", n, max(1, steps[n] // 2), reps)
+            rate, ratio, mem = f"{ref['rate']:.3g}", f"{ours['rate'] / ref['rate']:.1f}x", f"{ref['peak_gib']:.2f}"
+        else:  # several n x n float32 temporaries of 1 GiB each and minutes per step: skipped
+            rate, ratio, mem = "skipped", "-", "(~5 GiB est.)"
+        print(f"| {n} | {ours['rate']:.3g} | {rate} | {ratio} | {ours['peak_gib']:.2f} | {mem} | {ours['chunked']} |")
+    ours = run_case("sinkflow", big, 1, 1, n_iter=3)
+    print(f"| {big} (n_iter=3, one step) | {ours['rate']:.3g} ({1 / ours['rate']:.0f} s/step) | - | - | "
+          f"{ours['peak_gib']:.2f} | - | {ours['chunked']} |")
+    print(f"\ntorch threads: {ours['threads']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
