@@ -17,9 +17,16 @@ produced by one of
     :math:`K_{ij} = \exp(-\|q_i - k_j\|^2 / (2\sqrt p))` (:func:`sinkflow.gaussian_scores`
     with temperature :math:`\sqrt p`).
 
-More normalizations (Skyformer's lifted Nyström, Nyströmformer) plug in through
-:func:`register_normalization`: a normalization is a function
-``(q, k, v, mask, n_iter) -> (output, weights or None)`` on per-head tensors.
+``"skyformer"``
+    Skyformer: the Gaussian-kernel attention above approximated by lifted Nyström with
+    ``landmarks`` points and the iterative inverse (:func:`sinkflow.nystrom_attention`);
+    O(n m) memory, no attention matrix.
+``"nystromformer"``
+    Nyströmformer's segment-mean approximation of SoftMax attention
+    (:func:`sinkflow.nystromformer_attention`); no attention matrix.
+
+More normalizations plug in through :func:`register_normalization` (a function
+``(q, k, v, mask, n_iter) -> output`` on per-head tensors).
 
 Precision: scores and normalization always run in at least float32, with autocast
 disabled inside, so bf16/fp16 training keeps Sinkhorn and SoftMax stable; the product
@@ -103,7 +110,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
 
 
 def _weights_normalization(name: str) -> Callable:
-    def apply(q, k, v, mask, n_iter):
+    def apply(q, k, v, mask, n_iter, landmarks):
         K = attention_weights(q, k, name, n_iter=n_iter, mask=mask)
         return K, K
 
@@ -111,10 +118,60 @@ def _weights_normalization(name: str) -> Callable:
     return apply
 
 
+def _padding_masks(mask, n, m):
+    """Split an admissibility mask into query and key padding masks, or refuse."""
+    if mask is None:
+        return None, None
+    mask = torch.broadcast_to(mask, torch.broadcast_shapes(mask.shape, (n, m)))
+    keys = mask.any(-2, keepdim=True)  # (..., 1, m)
+    queries = mask.any(-1, keepdim=True)  # (..., n, 1)
+    if not bool(torch.equal(mask, queries & keys)):
+        raise NotImplementedError("Nyström attention supports key/query padding masks only (no causal or per-pair masks)")
+    return queries, keys
+
+
+def _landmark_generator(device):
+    """A generator seeded from torch's global RNG, so torch.manual_seed makes landmarks reproducible."""
+    seed = int(torch.randint(0, 2**62, (1,)))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _skyformer(q, k, v, mask, n_iter, landmarks):
+    from sinkflow.nystrom import nystrom_attention
+
+    dtype = _compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q32, k32, v32 = q.to(dtype), k.to(dtype), v.to(dtype)
+        queries, keys = _padding_masks(mask, q.shape[-2], k.shape[-2])
+        if keys is not None:  # the kernel is not normalized: removing a key = zeroing its value
+            v32 = v32 * keys.transpose(-1, -2).to(dtype)
+        m = min(int(landmarks), q.shape[-2] + k.shape[-2])
+        out = nystrom_attention(q32, k32, v32, m, inverse="iterative", generator=_landmark_generator(q.device))
+        if queries is not None:
+            out = out * queries.to(dtype)
+    return None, out
+
+
+def _nystromformer(q, k, v, mask, n_iter, landmarks):
+    from sinkflow.nystrom import nystromformer_attention
+
+    dtype = _compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        queries, keys = _padding_masks(mask, q.shape[-2], k.shape[-2])
+        if keys is not None and not bool(keys.all()):
+            raise NotImplementedError("Nyströmformer's segment means cannot exclude padded keys; use 'skyformer' or exact attention")
+        m = min(int(landmarks), q.shape[-2], k.shape[-2])
+        out = nystromformer_attention(q.to(dtype), k.to(dtype), v.to(dtype), m, inverse="iterative")
+        if queries is not None:
+            out = out * queries.to(dtype)
+    return None, out
+
+
 #: name -> function ``(q, k, v, mask, n_iter) -> (weights, output)``. Weight-producing
 #: normalizations return ``(K, K)`` (the product with V is done by :func:`scaled_attention`,
 #: after dropout); output-only ones (Nyström approximations) return ``(None, output)``.
 _NORMALIZATIONS: dict[str, Callable] = {name: _weights_normalization(name) for name in ("softmax", "sinkhorn", "gaussian")}
+_NORMALIZATIONS.update(skyformer=_skyformer, nystromformer=_nystromformer)
 
 
 
@@ -124,8 +181,8 @@ def available_normalizations() -> tuple[str, ...]:
     Examples
     --------
     >>> from sinkflow.nn import available_normalizations
-    >>> available_normalizations()[:3]
-    ('softmax', 'sinkhorn', 'gaussian')
+    >>> available_normalizations()[:5]
+    ('softmax', 'sinkhorn', 'gaussian', 'skyformer', 'nystromformer')
     """
     return tuple(_NORMALIZATIONS)
 
@@ -152,18 +209,19 @@ def register_normalization(name: str, fn: Callable, *, overwrite: bool = False) 
     if name in _NORMALIZATIONS and not overwrite:
         raise ValueError(f"normalization {name!r} is already registered (pass overwrite=True to replace it)")
 
-    def apply(q, k, v, mask, n_iter):
+    def apply(q, k, v, mask, n_iter, landmarks):
         return None, fn(q, k, v, mask, n_iter)
 
     _NORMALIZATIONS[name] = apply
 
 
 def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3, mask=None,
-                     dropout: float = 0.0, training: bool = False):
+                     dropout: float = 0.0, training: bool = False, landmarks: int = 64):
     r"""Per-head attention ``(output, weights)`` for ``q (..., n, p)``, ``k (..., m, p)``, ``v (..., m, p_v)``.
 
     ``weights`` is the normalized matrix before dropout (None for output-only
     normalizations); ``output = dropout(weights) @ v`` in the dtype of ``v``.
+    ``landmarks`` is the number of Nyström landmarks (``"skyformer"``, ``"nystromformer"``).
 
     Examples
     --------
@@ -178,7 +236,7 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
         fn = _NORMALIZATIONS[normalization]
     except KeyError:
         raise ValueError(f"unknown normalization {normalization!r}; known: {', '.join(_NORMALIZATIONS)}") from None
-    K, out = fn(q, k, v, mask, n_iter)
+    K, out = fn(q, k, v, mask, n_iter, landmarks)
     if K is None:
         return out.to(v.dtype), None
     Kd = F.dropout(K, dropout, training) if dropout > 0 and training else K
@@ -194,7 +252,7 @@ class AttentionKernel(nn.Module):
     :func:`scaled_attention`. :class:`sinkflow.nn.AttentionRecorder` hooks these modules.
     """
 
-    def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0):
+    def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0, landmarks: int = 64):
         super().__init__()
         if normalization not in _NORMALIZATIONS:
             raise ValueError(f"unknown normalization {normalization!r}; known: {', '.join(_NORMALIZATIONS)}")
@@ -202,16 +260,20 @@ class AttentionKernel(nn.Module):
             raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if isinstance(landmarks, bool) or not isinstance(landmarks, int) or landmarks < 1:
+            raise ValueError(f"landmarks must be a positive integer, got {landmarks!r}")
         self.normalization = normalization
         self.n_iter = n_iter
         self.dropout = dropout
+        self.landmarks = landmarks
 
     def forward(self, q, k, v, mask=None):
         return scaled_attention(q, k, v, self.normalization, n_iter=self.n_iter, mask=mask,
-                                dropout=self.dropout, training=self.training)
+                                dropout=self.dropout, training=self.training, landmarks=self.landmarks)
 
     def extra_repr(self) -> str:
         it = f", n_iter={self.n_iter}" if self.normalization == "sinkhorn" else ""
+        it += f", landmarks={self.landmarks}" if self.normalization in ("skyformer", "nystromformer") else ""
         return f"normalization={self.normalization!r}{it}, dropout={self.dropout}"
 
 
@@ -231,9 +293,12 @@ class MultiheadAttention(nn.Module):
     batch_first : bool
         ``(batch, seq, feature)`` inputs when True (the default here, unlike torch).
     normalization : str
-        ``"softmax"``, ``"sinkhorn"``, ``"gaussian"`` or a registered name.
+        ``"softmax"``, ``"sinkhorn"``, ``"gaussian"``, ``"skyformer"``, ``"nystromformer"``
+        or a registered name.
     n_iter : int
         Sinkhorn half-iterations (1 = SoftMax; the Sinkformer default for ViT is 3).
+    landmarks : int
+        Nyström landmarks of ``"skyformer"`` / ``"nystromformer"`` (capped by the sequence).
     device, dtype
         Factory arguments for the parameters.
 
@@ -260,7 +325,7 @@ class MultiheadAttention(nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  kdim: int | None = None, vdim: int | None = None, batch_first: bool = True,
-                 normalization: str = "softmax", n_iter: int = 3, device=None, dtype=None):
+                 normalization: str = "softmax", n_iter: int = 3, landmarks: int = 64, device=None, dtype=None):
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
@@ -273,7 +338,7 @@ class MultiheadAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias, **factory)
         self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.kernel = AttentionKernel(normalization, n_iter, dropout)
+        self.kernel = AttentionKernel(normalization, n_iter, dropout, landmarks)
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:

@@ -92,8 +92,14 @@ class TrainingHistory:
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        """JSON-ready dict of lists."""
-        return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()}
+        """JSON-ready dict of lists (NaN, e.g. no attention matrix to track, becomes None)."""
+        def clean(v):
+            if isinstance(v, np.ndarray):
+                v = v.tolist()
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            return None if isinstance(v, float) and not np.isfinite(v) else v
+        return {k: clean(v) for k, v in self.__dict__.items()}
 
 
 def _batches(n, batch_size, generator):
