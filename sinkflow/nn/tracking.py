@@ -139,7 +139,8 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
 
     with :math:`\delta` i.i.d. Gaussian of standard deviation ``eps`` on the query and key
     projection weights of every attention module (where the normalization acts), ``f`` the
-    model output on the batch ``inputs`` of size ``B`` (eval mode). For small ``eps`` it is
+    model output on the batch ``inputs`` of size ``B`` (eval mode, torch's random state reset to
+    ``seed`` before every forward pass, so random landmarks do not count). For small ``eps`` it is
     the mean squared directional derivative of the output along random weight
     directions; Skyformer reports its ratio to SoftMax (0.64-0.81 on LRA).
 
@@ -158,7 +159,14 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
     model.eval()
     params = _attention_parameters(model)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    base = model(inputs).float()
+    devices = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
+
+    def forward():  # same random state every call: Nyström landmarks must not count as instability
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return model(inputs).float()
+
+    base = forward()
     batch = base.shape[0]
     scores = []
     try:
@@ -168,7 +176,7 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
             for p, d in zip(params, deltas):
                 p.add_(d)
             try:
-                out = model(inputs).float()
+                out = forward()
             finally:
                 for p, s in zip(params, saved):
                     p.copy_(s)
