@@ -59,14 +59,20 @@ def _band(ax, x, ys, color, label):
 
 
 def plot_column_sums(report, variants=None):
-    """Sorted column sums per epoch (first seed of each variant) and mean |col sum - 1| per epoch."""
+    """Sorted column sums per epoch (first seed of each variant) and mean |col sum - 1| per epoch.
+
+    Variants without attention matrices (Nyström) are left out; a reused run (Sinkhorn
+    ``L = 1`` = SoftMax) appears only in the last panel.
+    """
     import matplotlib as mpl
 
     variants = [v for v in (variants or _variants(report))
                 if np.asarray(_runs(report, v)[0]["history"]["sorted_column_sums"]).size]
-    fig, axes = new_figure(len(variants) + 1, 1, width=2.9, height=2.6)
+    # A run reused from another variant (Sinkhorn L = 1 is SoftMax) gets no panel of its own.
+    panels = [v for v in variants if "reused_from" not in _runs(report, v)[0]]
+    fig, axes = new_figure(len(panels) + 1, 1, width=2.9, height=2.6)
     cmap = mpl.colormaps["viridis"]
-    for ax, v in zip(axes[0], variants):
+    for ax, v in zip(axes[0], panels):
         run = _runs(report, v)[0]
         S = np.asarray(run["history"]["sorted_column_sums"], dtype=float)
         E = len(S) - 1
@@ -79,9 +85,9 @@ def plot_column_sums(report, variants=None):
         ax.set_xlabel("key rank $j$ (sorted)")
         ax.set_ylabel(r"$\sum_i K_{ij}$")
         ax.legend(loc="upper left")
-    if variants:
+    if panels:
         sm = mpl.cm.ScalarMappable(cmap=cmap, norm=mpl.colors.Normalize(1, max(len(S) - 1, 1)))
-        fig.colorbar(sm, ax=axes[0, len(variants) - 1], label="epoch")
+        fig.colorbar(sm, ax=axes[0, len(panels) - 1], label="epoch")
     ax = axes[0, -1]
     colors = _colors(variants)
     for v in variants:
