@@ -111,15 +111,15 @@ run_task() {  # task budget_seconds extra-args...
 if [[ $DEVICE == cpu ]]; then EP_D=(--epochs 10); EP_R=(--epochs 2); else EP_D=(); EP_R=(); fi
 # The paper's plot and the n_iter table: SoftMax, Sinkhorn L = 3, 5, 9 (L = 1 is SoftMax), Gaussian; 3 seeds.
 # 30 epochs as in the paper's plot (the --full default is 60).
-run_task digits "${BUDGET_DIGITS:-150}" --attention softmax sinkhorn gaussian --n-iter 3 5 9 --seeds 0 1 2 --epochs 30 "${EP_D[@]}"
+run_task digits "${BUDGET_DIGITS:-150}" --attention softmax sinkhorn gaussian --n-iter 3 5 9 --seeds 0 1 2 --epochs 30 ${EP_D[@]+"${EP_D[@]}"}
 # The architecture where SoftMax attention moves away from doubly stochastic (no LN, mean pooling).
-run_task digits-mean "${BUDGET_DIGITS_MEAN:-45}" --attention softmax sinkhorn --n-iter 3 --seeds 0 1 2 --epochs 30 "${EP_D[@]}"
+run_task digits-mean "${BUDGET_DIGITS_MEAN:-45}" --attention softmax sinkhorn --n-iter 3 --seeds 0 1 2 --epochs 30 ${EP_D[@]+"${EP_D[@]}"}
 # Long sequences (n = 1025): Skyformer (Gaussian kernel, exact and Nyström) vs SoftMax, Nyströmformer, Sinkhorn;
 # instability scores (Skyformer reports 0.64-0.81x SoftMax on LRA).
 run_task retrieval "${BUDGET_RETRIEVAL:-130}" --attention softmax gaussian skyformer nystromformer sinkhorn --n-iter 3 \
-    --seeds 0 --no-kl --epochs 6 "${EP_R[@]}"
+    --seeds 0 --no-kl --epochs 6 ${EP_R[@]+"${EP_R[@]}"}
 # Point clouds (n = 512): Sinkformer's ModelNet experiment in spirit.
-run_task pointclouds "${BUDGET_POINTCLOUDS:-70}" --attention softmax sinkhorn gaussian --n-iter 3 --seeds 0 --no-kl --epochs 10 "${EP_R[@]}"
+run_task pointclouds "${BUDGET_POINTCLOUDS:-70}" --attention softmax sinkhorn gaussian --n-iter 3 --seeds 0 --no-kl --epochs 10 ${EP_R[@]+"${EP_R[@]}"}
 
 say "4. summary"
 {
