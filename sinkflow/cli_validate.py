@@ -32,7 +32,8 @@ def add_arguments(p) -> None:
     p.add_argument("tasks", nargs="+", choices=sorted(TASKS), metavar="TASK",
                    help=f"one or more of: {', '.join(sorted(TASKS))}")
     p.add_argument("--attention", nargs="+", default=["softmax", "sinkhorn"],
-                   help="normalizations (softmax, sinkhorn, gaussian, or registered names); default: softmax sinkhorn")
+                   help="normalizations: softmax, sinkhorn, gaussian, skyformer, nystromformer (or registered names); "
+                        "default: softmax sinkhorn")
     p.add_argument("--n-iter", nargs="+", type=int, default=[1, 3, 5],
                    help="Sinkhorn half-iterations to sweep (1 = SoftMax); default: 1 3 5")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="model seeds (default: 0 1 2)")
@@ -75,6 +76,15 @@ def run(args) -> int:
 
     from sinkflow.nn.validation import run_validation
 
+    from sinkflow.nn import available_normalizations
+
+    unknown = [a for a in args.attention if a not in available_normalizations()]
+    if unknown:
+        print(f"unknown attention(s) {unknown}; known: {', '.join(available_normalizations())}", file=sys.stderr)
+        return 2
+    if any(k < 1 for k in args.n_iter):
+        print("--n-iter values must be positive (Sinkhorn half-iterations)", file=sys.stderr)
+        return 2
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"--device {args.device} requested but torch {torch.__version__} sees no CUDA device", file=sys.stderr)
         return 2
