@@ -359,6 +359,7 @@ def test_validate_cli_writes_a_report_and_figures(tmp_path):
     assert len(report["runs"][0]["history"]["column_deviation"]) == 2
     for suffix in ("column_sums", "accuracy_vs_n_iter", "epoch_time", "instability"):
         assert (tmp_path / f"digits_quick_{suffix}.png").stat().st_size > 0
+    assert main(["validate", "digits", "--attention", "sparsemax", "--out", str(tmp_path)]) == 2
 
 
 # ----------------------------------------------------------------------------------------
