@@ -355,9 +355,9 @@ _NEWTON_AFTER = 400  # half-iterations of the last stage before Newton polishing
 _NEWTON_MAX_SIZE = 2048  # n + m up to which the dense Newton system is solved
 
 
-def _newton_eligible(C, epsilon_scaling, inplace):
+def _newton_eligible(C, accelerate, inplace):
     n, m = C.shape[-2:]
-    return epsilon_scaling and inplace and n + m <= _NEWTON_MAX_SIZE
+    return accelerate and inplace and n + m <= _NEWTON_MAX_SIZE
 
 
 def _newton_polish(C, f, g, a, b, mask, tol, state, max_steps=50):
@@ -512,10 +512,12 @@ def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None,
     init_g : array (..., m), optional
         Warm start for the column potential ``g`` (e.g. the previous step of a particle
         flow). The first half-iteration is a row step from it; with ``n_iter=None`` a warm
-        start skips epsilon scaling. Changes the result of a fixed ``n_iter``.
+        start skips the epsilon-scaling schedule (not the other accelerations). Changes the
+        result of a fixed ``n_iter``.
     epsilon_scaling : bool
-        Use the annealed schedule for ``n_iter=None`` (same fixed point, fewer iterations
-        at cold temperature).
+        Accelerate ``n_iter=None``: epsilon scaling, over-relaxation and Newton polishing
+        (same fixed point, far fewer iterations at cold temperature). ``False`` runs the
+        plain alternating loop.
     warn : bool
         Whether to warn when ``max_iter`` is reached before ``tol``.
 
@@ -551,6 +553,7 @@ def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None,
     inplace = not (torch.is_grad_enabled() and C.requires_grad)
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = torch.zeros(C.shape[:-2] + C.shape[-1:], dtype=C.dtype, device=C.device)
+    warm = False
     if init_g is not None:
         g0 = to_torch(init_g, "init_g", like=C).detach()
         check_finite(g0, "init_g")
@@ -558,13 +561,14 @@ def solve_sinkhorn(scores, n_iter=None, tol=1e-9, max_iter=20_000, *, mask=None,
             g = (g + g0).contiguous()
         except RuntimeError as err:
             raise ValueError(f"init_g of shape {tuple(g0.shape)} does not broadcast to {tuple(g.shape)}") from err
-        epsilon_scaling = False
+        warm = True
     state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None,
              "accelerate": n_iter is None and epsilon_scaling}
     if n_iter is not None:
         P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, int(n_iter), None, state, inplace, True)
     else:
-        schedule = _scaling_schedule(C, mask) if epsilon_scaling else [1.0]
+        # A warm start is already near the solution: no annealing, but the same acceleration.
+        schedule = _scaling_schedule(C, mask) if epsilon_scaling and not warm else [1.0]
         prev = None
         for k, s in enumerate(schedule):
             if prev is not None:

@@ -1,0 +1,17 @@
+"""Test-session settings: one thread everywhere.
+
+Results do not depend on it, but on a shared 2-core machine OpenMP/OpenBLAS spin-waiting
+made small linear algebra 10-150x slower with two threads (shared/PERF.md), and one
+thread keeps timings of the whole suite predictable.
+"""
+
+import os
+
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")  # inherited by notebook kernels and subprocesses
+
+import torch  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+torch.set_num_threads(1)
+_BLAS_LIMIT = threadpool_limits(1)
