@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -89,7 +89,6 @@ class TrainingHistory:
     kl: np.ndarray
     sorted_column_sums: np.ndarray
     instability: np.ndarray
-    extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """JSON-ready dict of lists (NaN, e.g. no attention matrix to track, becomes None)."""
