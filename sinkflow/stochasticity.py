@@ -73,7 +73,7 @@ def marginal_errors(K, a=None, b=None) -> MarginalErrors:
     a = torch.full((n,), 1.0 / n, dtype=t.dtype, device=t.device) if a is None else to_torch(a, "a", like=t)
     b = torch.full((m,), 1.0 / m, dtype=t.dtype, device=t.device) if b is None else to_torch(b, "b", like=t)
     row = (a * (t.sum(-1) - 1).abs()).sum(-1)
-    col = (torch.einsum("...i,...ij->...j", a.expand(t.shape[:-2] + (n,)), t) - b).abs().sum(-1)
+    col = ((a.unsqueeze(-2) @ t).squeeze(-2) - b).abs().sum(-1)
     if numpy_out:
         row, col = row.numpy(), col.numpy()
         if row.ndim == 0:
