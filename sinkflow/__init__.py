@@ -12,6 +12,22 @@ from sinkflow.stochasticity import (
     observed_rate,
     sorted_column_sums,
 )
+from sinkflow.heat import Barenblatt, GaussianMixture, GridHeatSolution, solve_heat_grid
+from sinkflow.heat_limit import (
+    HeatFlowResult,
+    barycentric_map,
+    heat_flow,
+    heat_reference,
+    heat_trajectory,
+    heat_velocity,
+)
+from sinkflow.distances import (
+    convergence_study,
+    fit_loglog_slope,
+    kde_l1,
+    moment_errors,
+    wasserstein2,
+)
 
 __version__ = "0.1.0"
 
@@ -23,4 +39,8 @@ __all__ = [
     # doubly stochasticity
     "MarginalErrors", "marginal_errors", "sorted_column_sums", "kl_to_sinkhorn",
     "hilbert_diameter", "birkhoff_hopf_rate", "asymptotic_rate", "observed_rate",
+    # heat-diffusion limit: references, rescaled flows, distances (issue 4)
+    "GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid",
+    "heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map", "HeatFlowResult",
+    "wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study",
 ]

@@ -63,7 +63,7 @@ class GaussianMixture:
     >>> import numpy as np
     >>> from sinkflow.heat import GaussianMixture
     >>> g = GaussianMixture.gaussian([0.0], [[1.0]])
-    >>> g.evolve(0.5).covs[0, 0, 0]
+    >>> float(g.evolve(0.5).covs[0, 0, 0])
     2.0
     >>> float(g.pdf(np.zeros((1, 1)))[0]).__round__(6)
     0.398942
@@ -194,7 +194,7 @@ class Barenblatt:
     >>> from sinkflow.heat import Barenblatt
     >>> b = Barenblatt(dim=1, time=1.0)
     >>> round(b.radius, 6), round(b.evolve(7.0).radius / b.radius, 6)  # radius ~ t^(1/(d+2))
-    (1.650954, 2.0)
+    (1.650964, 2.0)
     """
 
     dim: int = 1

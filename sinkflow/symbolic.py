@@ -129,7 +129,7 @@ def barenblatt_solves_porous_medium(dim: int = 1) -> SymbolicCheck:
     mass = sp.simplify(surface * sp.integrate((A - k_val * r ** 2) * r ** (d - 1), (r, 0, R)))
     vd = sp.pi ** (d / 2) / sp.gamma(d / 2 + 1)
     mass_formula = sp.Rational(2) / (d + 2) * vd * R ** d * A
-    details = {"alpha": sol_ab[alpha], "beta": sol_ab[beta], "k": k_val, "mass": mass,
+    details = {"alpha": sol_ab[alpha], "beta": sol_ab[beta], "k": k_val, "mass": mass, "A": A,
                "mass_formula_ok": bool(sp.simplify(mass - mass_formula) == 0),
                "rho": rho.subs(sol_ab).subs(k, k_val)}
     lhs = sp.Derivative(sp.Function("rho")(t, r), t)
