@@ -5,17 +5,22 @@ One attention layer, four normalizations. Tokens :math:`x_1..x_n\in\mathbb R^d`,
 
 .. math:: \dot x_i = v_\varepsilon(x_i) = -\frac{2}{\varepsilon}\sum_j K_{ij}\,(x_j - x_i),
 
-integrated with explicit Euler steps (a residual layer of step :math:`\varepsilon\,dt`
-per unit of the attention output, about :math:`t/dt` layers). Only :math:`K` changes:
+integrated with explicit Euler steps of size :math:`h \le dt`: each step is a residual
+attention layer :math:`x_i \leftarrow x_i + \frac{2h}{\varepsilon}\sum_j K_{ij}(x_i - x_j)`, and time
+:math:`t` takes :math:`t/h` layers. Only :math:`K` changes:
 
-============================  ============================================================  =========================================================
-``normalization``             :math:`K_{ij}`                                                 many-particle limit of the same layer
-============================  ============================================================  =========================================================
-``"sinkhorn"``                doubly stochastic, scores :math:`-|x_i-x_j|^2/(2\varepsilon)`   heat: :math:`\partial_t\rho = \Delta\rho` (B = x + (eps/2) grad log rho)
-``"softmax_gaussian"``        row SoftMax of the same scores                                  :math:`v = -2\nabla\log(\rho * G_\varepsilon)` (Tweedie), so :math:`\partial_t\rho = 2\Delta\rho` as :math:`\varepsilon\to 0`
-``"softmax_dot"``             row SoftMax of :math:`\langle x_i, x_j\rangle/\varepsilon`      none: :math:`B - x` does not vanish, :math:`|v|\sim 1/\varepsilon`
-``"unnormalized"``            :math:`\frac1n (2\pi\varepsilon)^{-d/2} e^{-|x_i-x_j|^2/(2\varepsilon)}`  :math:`v = -2\nabla(\rho*G_\varepsilon)`, so :math:`\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)`
-============================  ============================================================  =========================================================
+* ``"sinkhorn"``: :math:`K` doubly stochastic from the scores :math:`-|x_i-x_j|^2/(2\varepsilon)`.
+  Limit: the heat equation :math:`\partial_t\rho = \Delta\rho`, because
+  :math:`B_\varepsilon(x) = x + (\varepsilon/2)\nabla\log\rho(x) + O(\varepsilon^2)`.
+* ``"softmax_gaussian"``: row SoftMax of the same scores. :math:`v = -2\nabla\log(\rho*G_\varepsilon)`
+  (Tweedie, a smoothed score), so :math:`\partial_t\rho = 2\Delta\rho` as :math:`\varepsilon\to 0`.
+* ``"softmax_dot"``: row SoftMax of :math:`\langle x_i, x_j\rangle/\varepsilon`. No limit:
+  :math:`B - x` does not vanish, :math:`|v|\sim 1/\varepsilon` (for :math:`\mathcal N(m, s)` in 1D,
+  :math:`B(x) = m + s x/\varepsilon`; the mean-field variance contracts toward :math:`\varepsilon`, and
+  the particles to a cloud of size :math:`O(\sqrt\varepsilon)`).
+* ``"unnormalized"``: :math:`K_{ij} = \frac1n (2\pi\varepsilon)^{-d/2} e^{-|x_i-x_j|^2/(2\varepsilon)}`.
+  :math:`v = -2\nabla(\rho*G_\varepsilon)`, so :math:`\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)`
+  (porous medium, exponent 2).
 
 The scaling :math:`2/\varepsilon` is the one that makes the Sinkhorn layer a heat flow,
 and it is kept for the contrasts so that only the normalization differs (the question
@@ -114,6 +119,10 @@ def _velocity(x: torch.Tensor, eps: float, normalization: str, g=None, tol=1e-6,
     else:
         C = gaussian_scores(x, x, temperature=eps)
         if normalization == "sinkhorn":
+            if g is None:
+                # Cold start from the symmetric approximation K_ij ~ G_ij / sqrt((G1)_i (G1)_j):
+                # measured 20x fewer iterations than epsilon scaling (n = 2000, eps = 0.02-0.05).
+                g = -0.5 * torch.logsumexp(C, dim=-1)
             res = solve_sinkhorn(C, tol=tol, max_iter=max_iter, init_g=g, warn=False)
             K = res.attention
             info = (res.g, res.n_iter, res.marginal_error, res.converged)
@@ -426,7 +435,7 @@ class BarycentricMapResult:
     normalization: str
 
 
-def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", *, tol: float = 1e-11) -> BarycentricMapResult:
+def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", *, tol: float = 1e-9) -> BarycentricMapResult:
     r"""Check :math:`B_\varepsilon(x) = x + (\varepsilon/2)\nabla\log\rho(x) + O(\varepsilon^2)` on a 1D grid.
 
     The density is discretized on ``grid`` (weights :math:`\propto\rho(y_j)`), the kernel
@@ -442,7 +451,7 @@ def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", 
     eps : float
     normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
     tol : float
-        Sinkhorn tolerance.
+        Sinkhorn tolerance (the map's error from it is ~``3 tol / eps`` relative).
 
     Returns
     -------
@@ -452,7 +461,7 @@ def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", 
     --------
     >>> import numpy as np, sinkflow
     >>> rho = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
-    >>> r = sinkflow.barycentric_map(rho, np.linspace(-7, 7, 281), eps=0.05)
+    >>> r = sinkflow.barycentric_map(rho, np.linspace(-7, 7, 141), eps=0.05)
     >>> bool(r.error < 0.1)   # (B - x)/(eps/2) ~ -x, error O(eps)
     True
     """
@@ -476,7 +485,9 @@ def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", 
         logw = np.log(w)
     if normalization == "sinkhorn":
         # K_ij = w_j k_eps(y_i, y_j): rows sum to 1, sum_i w_i K_ij = w_j
-        K = solve_sinkhorn(C, tol=tol, a=w, b=w, warn=False).attention
+        # symmetric cold start (as in the flows): e^{g_j} ~ sqrt(w_j / local kernel mass)
+        g0 = 0.5 * (np.log(np.maximum(w, 1e-300)) - np.logaddexp.reduce(C, axis=1))
+        K = solve_sinkhorn(C, tol=tol, a=w, b=w, init_g=g0, warn=False).attention
     elif normalization == "unnormalized":
         # Riemann sum of int G_eps(x - y) (y - x) rho(y) dy
         K = np.exp(C) * (2 * math.pi * eps) ** -0.5 * rho[None, :] * (y[1] - y[0])
