@@ -413,7 +413,7 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
     crop = tuple(slice(p, p + s) for p, s in zip(pads, shape))
     for k, t in enumerate(times):
         G = F * np.exp(-xi2 * t)
-        sol = np.fft.irfftn(G, s=padded.shape) if d > 1 else np.fft.irfft(G, n=padded.shape[0])
+        sol = np.fft.irfftn(G, s=padded.shape, axes=tuple(range(d))) if d > 1 else np.fft.irfft(G, n=padded.shape[0])
         out[k] = sol[crop]
     return GridHeatSolution(axes=axes, times=times, density=out, periodization_error=periodization_error,
                             boundary_mass=boundary_mass, spectral_tail=spectral_tail)
