@@ -255,23 +255,23 @@ def _loglog_panel(ax, x, errors, slope, color, label):
 def plot_convergence(data, cfg):
     from sinkflow.plots.style import COLORS, new_figure
 
-    fig, axes = new_figure(3, 1, width=3.0, height=2.8)
+    fig, axes = new_figure(3, 1, width=3.5, height=2.8)
     a, b, c = axes[0]
     _loglog_panel(a, data["eps"], data["eps_errors"], data["eps_slope"], COLORS["sinkhorn"], "Sinkhorn")
     a.set_xlabel(r"$\varepsilon$")
     a.set_ylabel(r"$|\mathrm{Var}_t - \mathrm{Var}_0 - 2t| / (\mathrm{Var}_0 + 2t)$")
-    a.set_title(rf"bias in $\varepsilon$ ($n = {cfg.n_for_eps}$, expected order 1)")
+    a.set_title(rf"bias in $\varepsilon$ ($n = {cfg.n_for_eps}$; order 1 expected)")
     a.legend()
     _loglog_panel(b, data["n"], data["n_errors"], data["n_slope"], COLORS["sinkhorn"], "Sinkhorn")
     _loglog_panel(b, data["n"], data["floor_errors"], data["floor_slope"], COLORS["reference"], "i.i.d.")
     b.set_xlabel("$n$")
     b.set_ylabel(r"$W_2(\mu^n_t, \rho_t)$")
-    b.set_title(rf"Monte Carlo in $n$ ($\varepsilon = {cfg.eps_for_n:g}$, expected $-1/2$)")
+    b.set_title(rf"Monte Carlo in $n$ ($\varepsilon = {cfg.eps_for_n:g}$; $-1/2$ expected)")
     b.legend()
     _loglog_panel(c, data["dt"], data["dt_errors"], data["dt_slope"], COLORS["sinkhorn"], "Sinkhorn")
     c.set_xlabel(r"$dt$")
     c.set_ylabel("relative variance change vs fine step")
-    c.set_title(rf"explicit Euler ($\varepsilon = {data['eps_dt']:g}$, expected order 1)")
+    c.set_title(rf"Euler step ($\varepsilon = {data['eps_dt']:g}$; order 1 expected)")
     c.legend()
     return fig
 
