@@ -270,7 +270,7 @@ def plot_convergence(data, cfg):
     b.legend()
     _loglog_panel(c, data["dt"], data["dt_errors"], data["dt_slope"], COLORS["sinkhorn"], "Sinkhorn")
     c.set_xlabel(r"$dt$")
-    c.set_ylabel("relative variance change vs fine step")
+    c.set_ylabel(r"rel. variance error vs fine $dt$")
     c.set_title(rf"Euler step ($\varepsilon = {data['eps_dt']:g}$; order 1 expected)")
     c.legend()
     return fig
