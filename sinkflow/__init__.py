@@ -58,6 +58,22 @@ from sinkflow.nystrom_bounds import (
     spectral_norm,
     statistical_dimension,
 )
+from sinkflow.heat import Barenblatt, GaussianMixture, GridHeatSolution, solve_heat_grid
+from sinkflow.heat_limit import (
+    HeatFlowResult,
+    barycentric_map,
+    heat_flow,
+    heat_reference,
+    heat_trajectory,
+    heat_velocity,
+)
+from sinkflow.distances import (
+    convergence_study,
+    fit_loglog_slope,
+    kde_l1,
+    moment_errors,
+    wasserstein2,
+)
 
 __version__ = "0.1.0"
 
@@ -82,4 +98,8 @@ __all__ = [
     "simulate", "Trajectory", "random_particles", "cluster_statistics",
     "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
     "gradient_flow_error", "jacobian_asymmetry",
+    # heat-diffusion limit: references, rescaled flows, distances
+    "GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid",
+    "heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map", "HeatFlowResult",
+    "wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study",
 ]
