@@ -12,6 +12,7 @@ from sinkflow.stochasticity import (
     observed_rate,
     sorted_column_sums,
 )
+from sinkflow.sweeps import SweepError, plot_sweep, sweep
 
 __version__ = "0.1.0"
 
@@ -23,4 +24,6 @@ __all__ = [
     # doubly stochasticity
     "MarginalErrors", "marginal_errors", "sorted_column_sums", "kl_to_sinkhorn",
     "hilbert_diameter", "birkhoff_hopf_rate", "asymptotic_rate", "observed_rate",
+    # parameter sweeps (experiments live in sinkflow.experiments)
+    "sweep", "plot_sweep", "SweepError",
 ]

@@ -13,6 +13,7 @@ import sys
 
 COMMANDS = {
     "figures": ("sinkflow.cli_figures", "regenerate registered figures (quick by default)"),
+    "sweep": ("sinkflow.cli_sweep", "run a parameter sweep from a TOML/JSON config (Dask or sequential, cached)"),
 }
 
 
