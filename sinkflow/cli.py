@@ -13,6 +13,7 @@ import sys
 
 COMMANDS = {
     "figures": ("sinkflow.cli_figures", "regenerate registered figures (quick by default)"),
+    "docs": ("sinkflow.cli_docs", "build the documentation with Sphinx (warnings are errors; --quick skips notebooks)"),
     "sweep": ("sinkflow.cli_sweep", "run a parameter sweep from a TOML/JSON config (Dask or sequential, cached)"),
 }
 

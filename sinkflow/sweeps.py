@@ -542,7 +542,8 @@ def sweep(grid, fn, executor="dask", *, cache_dir: str | os.PathLike | None = ".
 
 
 def plot_sweep(df, x: str, y: str | list[str], hue: str | None = None, *, ax=None, logx: bool = False,
-               logy: bool = False, labels: Mapping[str, str] | None = None, band: bool = True):
+               logy: bool = False, labels: Mapping[str, str] | None = None, colors: Mapping | None = None,
+               band: bool = True):
     r"""Plot a sweep table: ``y`` against ``x``, one line per ``hue`` value, in the sinkflow style.
 
     Rows sharing ``(hue, x)`` (e.g. several seeds) are averaged; with ``band`` their
@@ -562,6 +563,9 @@ def plot_sweep(df, x: str, y: str | list[str], hue: str | None = None, *, ax=Non
         Logarithmic axes.
     labels : dict, optional
         Axis and legend labels per column (mathtext welcome, e.g. ``{"scale": r"$s$"}``).
+    colors : dict, optional
+        Colour per ``hue`` value (or per ``y`` column without ``hue``); by default the
+        sinkflow palette in order.
     band : bool
         Shade the min-max range over repeated rows.
 
@@ -590,18 +594,21 @@ def plot_sweep(df, x: str, y: str | list[str], hue: str | None = None, *, ax=Non
             fig, axes = new_figure(1, 1, width=4.0, height=3.0)
             ax = axes[0, 0]
         fig = ax.figure
+        colors = dict(colors or {})
         groups = [(None, df)] if hue is None else list(df.groupby(hue, sort=True))
         styles = ["-", "--", ":", "-."]
         for gi, (hv, sub) in enumerate(groups):
-            color = PALETTE[gi % len(PALETTE)]
             for yi, col in enumerate(ys):
+                # without hue, each column gets a colour; with hue, each hue value does
+                key, k = (col, yi) if hue is None else (hv, gi)
+                color = colors.get(key, PALETTE[k % len(PALETTE)])
                 stats = sub.groupby(x, sort=True)[col].agg(["mean", "min", "max", "count"])
                 name = labels.get(col, col)
                 if hue is not None:
                     hue_label = f"{labels.get(hue, hue)} = {hv}"
                     name = hue_label if len(ys) == 1 else f"{name}, {hue_label}"
-                ax.plot(stats.index, stats["mean"], styles[yi % len(styles)], marker="o", ms=3, color=color,
-                        label=name)
+                linestyle = "-" if hue is None else styles[yi % len(styles)]
+                ax.plot(stats.index, stats["mean"], linestyle, marker="o", ms=3, color=color, label=name)
                 if band and (stats["count"] > 1).any():
                     ax.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.2, lw=0)
         ax.set_xlabel(labels.get(x, x))

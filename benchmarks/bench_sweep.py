@@ -1,0 +1,103 @@
+"""Sweep throughput: sequential vs a Dask LocalCluster, on a real experiment.
+
+Runs the same grid (64 points by default) once sequentially in this process and once on
+a LocalCluster of ``--workers`` single-threaded worker processes, without the cache, and
+prints a markdown table: wall time, median time per point, and the speedup, both with
+the cluster's start-up included ("cold") and on an already running cluster ("warm").
+Every process computes with one thread (``torch.set_num_threads(1)`` here; the Dask nanny
+sets ``OMP_NUM_THREADS=1`` in the workers), so the speedup measures process parallelism.
+
+The experiment is selectable, e.g. after the heat-limit issue lands::
+
+    python benchmarks/bench_sweep.py --experiment sinkflow.experiments:sinkhorn_convergence \\
+        --grid '{"n": [320, 384], "scale": [0.5, 1.0, 1.5, 2.0], "seed": [0, 1, 2, 3, 4, 5, 6, 7]}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_EXPERIMENT = "sinkflow.experiments:sinkhorn_convergence"
+# 64 points of about 0.3-0.8 s each (1 thread): the O(n^3) Hilbert diameter dominates.
+DEFAULT_GRID = {"n": [320, 384], "scale": [0.5, 1.0, 1.5, 2.0], "seed": list(range(8))}
+QUICK_GRID = {"n": [160, 192], "scale": [0.5, 1.0], "seed": list(range(4))}
+
+
+def _point_seconds(cache: Path) -> list[float]:
+    return [json.loads(p.read_text())["seconds"] for p in cache.rglob("*.json")]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="'module:function' (default: %(default)s)")
+    ap.add_argument("--grid", help="grid as JSON (dict of lists or list of dicts); default: 64 Sinkhorn points")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="16 small points (a smoke test of the benchmark)")
+    args = ap.parse_args(argv)
+
+    import torch
+    from distributed import Client, LocalCluster
+
+    from sinkflow.sweeps import expand_grid, sweep
+
+    torch.set_num_threads(1)
+    grid = json.loads(args.grid) if args.grid else (QUICK_GRID if args.quick else DEFAULT_GRID)
+    n_points = len(expand_grid(grid))
+    load_before = os.getloadavg()[0]
+    tmp = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
+    rows = []
+    try:
+        # Fresh caches per run: timing every point, and keeping their per-point times.
+        t0 = time.perf_counter()
+        seq = sweep(grid, args.experiment, executor="sequential", cache_dir=tmp / "seq", progress=False)
+        t_seq = time.perf_counter() - t0
+        per_point = statistics.median(_point_seconds(tmp / "seq"))
+        rows.append(("sequential (this process)", 1, t_seq, per_point, 1.0))
+
+        t0 = time.perf_counter()
+        cold = sweep(grid, args.experiment, executor="dask", n_workers=args.workers, cache_dir=tmp / "cold",
+                     progress=False)
+        t_cold = time.perf_counter() - t0
+        rows.append((f"dask LocalCluster, cold (start-up included)", args.workers, t_cold,
+                     statistics.median(_point_seconds(tmp / "cold")), t_seq / t_cold))
+
+        t0 = time.perf_counter()
+        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+        client.run(lambda: __import__("sinkflow.experiments"))  # workers import torch + sinkflow once
+        t_start = time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            warm = sweep(grid, args.experiment, executor=client, cache_dir=tmp / "warm", progress=False)
+            t_warm = time.perf_counter() - t0
+        finally:
+            client.close()
+            cluster.close()
+        rows.append((f"dask LocalCluster, warm (start-up {t_start:.1f} s excluded)", args.workers, t_warm,
+                     statistics.median(_point_seconds(tmp / "warm")), t_seq / t_warm))
+        same = seq.equals(cold) and seq.equals(warm)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"experiment `{args.experiment}`, {n_points} points, torch threads per process = 1, "
+          f"{os.cpu_count()} CPUs, 1-min load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after "
+          "(other processes share the cores when it exceeds 0)")
+    print()
+    print("| executor | workers | wall time (s) | median s / point | speedup vs sequential |")
+    print("|---|---|---|---|---|")
+    for name, workers, wall, med, speedup in rows:
+        print(f"| {name} | {workers} | {wall:.1f} | {med:.3f} | {speedup:.2f}x |")
+    print()
+    print(f"tables identical across executors: {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
