@@ -20,7 +20,6 @@ import sinkflow  # noqa: E402
 
 QUICK = os.environ.get("SINKFLOW_DOCS_QUICK", "0") == "1"
 os.environ.setdefault("SINKFLOW_QUICK", "1")  # notebooks executed by the docs build run small
-os.environ.setdefault("MPLBACKEND", "Agg")
 
 project = "sinkflow"
 author = "sinkflow developers"
