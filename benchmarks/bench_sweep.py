@@ -58,15 +58,14 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         seq = sweep(grid, args.experiment, executor="sequential", cache_dir=tmp / "seq", progress=False)
         t_seq = time.perf_counter() - t0
-        per_point = statistics.median(_point_seconds(tmp / "seq"))
-        rows.append(("sequential (this process)", 1, t_seq, per_point, 1.0))
+        rows.append(("sequential (this process)", 1, t_seq, _point_seconds(tmp / "seq"), 1.0))
 
         t0 = time.perf_counter()
         cold = sweep(grid, args.experiment, executor="dask", n_workers=args.workers, cache_dir=tmp / "cold",
                      progress=False)
         t_cold = time.perf_counter() - t0
-        rows.append((f"dask LocalCluster, cold (start-up included)", args.workers, t_cold,
-                     statistics.median(_point_seconds(tmp / "cold")), t_seq / t_cold))
+        rows.append(("dask LocalCluster, cold (start-up included)", args.workers, t_cold,
+                     _point_seconds(tmp / "cold"), t_seq / t_cold))
 
         t0 = time.perf_counter()
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
@@ -81,7 +80,7 @@ def main(argv=None) -> int:
             client.close()
             cluster.close()
         rows.append((f"dask LocalCluster, warm (start-up {t_start:.1f} s excluded)", args.workers, t_warm,
-                     statistics.median(_point_seconds(tmp / "warm")), t_seq / t_warm))
+                     _point_seconds(tmp / "warm"), t_seq / t_warm))
         same = seq.equals(cold) and seq.equals(warm)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -90,10 +89,13 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} CPUs, 1-min load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after "
           "(other processes share the cores when it exceeds 0)")
     print()
-    print("| executor | workers | wall time (s) | median s / point | speedup vs sequential |")
-    print("|---|---|---|---|---|")
-    for name, workers, wall, med, speedup in rows:
-        print(f"| {name} | {workers} | {wall:.1f} | {med:.3f} | {speedup:.2f}x |")
+    # efficiency = time spent inside the points / (workers x wall time): 1 = no overhead or
+    # idle worker; per-point times above the sequential ones mean the cores were shared.
+    print("| executor | workers | wall time (s) | median s / point | sum of point times (s) | efficiency | speedup |")
+    print("|---|---|---|---|---|---|---|")
+    for name, workers, wall, times, speedup in rows:
+        print(f"| {name} | {workers} | {wall:.1f} | {statistics.median(times):.3f} | {sum(times):.1f} | "
+              f"{sum(times) / (workers * wall):.2f} | {speedup:.2f}x |")
     print()
     print(f"tables identical across executors: {same}")
     return 0

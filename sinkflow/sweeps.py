@@ -518,9 +518,8 @@ def sweep(grid, fn, executor="dask", *, cache_dir: str | os.PathLike | None = ".
             for i in range(len(points)) if i not in results}
     t0 = time.perf_counter()
     if jobs:
-        run = _run_sequential if isinstance(executor, str) and executor == "sequential" else None
-        if run is not None:
-            results.update(run(jobs, progress, on_error, cache_dir))
+        if isinstance(executor, str) and executor == "sequential":
+            results.update(_run_sequential(jobs, progress, on_error, cache_dir))
         else:
             results.update(_run_dask(executor, jobs, progress, on_error, cache_dir, n_workers, threads_per_worker))
     seconds = time.perf_counter() - t0

@@ -57,3 +57,10 @@ def test_every_notebook_has_a_page(html):
 def test_bibliography_is_rendered(html):
     text = (html / "references.html").read_text()
     assert "Sinkformers" in text and "Skyformer" in text
+
+
+def test_docs_command_says_where_the_sources_are_missing(tmp_path, capsys):
+    from sinkflow.cli import main
+
+    assert main(["docs", "--quick", "--source", str(tmp_path)]) == 2
+    assert "no Sphinx project" in capsys.readouterr().err
