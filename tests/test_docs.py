@@ -4,7 +4,6 @@ generated parts follow the code: every public name, every registered figure, eve
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 

@@ -156,8 +156,6 @@ def _fence(text: str, lang: str = "python") -> str:
 
 def write_gallery(srcdir: Path, logger) -> dict[str, list[str]]:
     """Render every registered figure (quick mode) and write its page; returns name -> image files."""
-    import dataclasses
-
     from sinkflow.plots.registry import registry, render
 
     folder = srcdir / "gallery"
@@ -178,18 +176,16 @@ def write_gallery(srcdir: Path, logger) -> dict[str, list[str]]:
             stamp.write_text(fingerprint)
             rows = _manifest_rows(images, name)
         files[name] = [r[2] for r in rows]
-        cfg = spec.quick
         page = [f"# `{name}`", "", spec.description or "", "",
                 f"Quick configuration (`sinkflow figures {name}`; `--full` for the publication size):", "",
-                _fence(repr(cfg)), ""]
+                _fence(repr(spec.quick)), ""]
         for f in files[name]:
             page += [f"```{{image}} _images/{f}", f":alt: {name}", "```", ""]
         if rows:
             page += ["| file | config hash | data checksum | file sha256 |", "|---|---|---|---|"]
             page += [f"| `{r[2]}` | `{r[3]}` | `{r[4]}` | `{r[5]}` |" for r in rows]
             page += ["", "(see [reproducibility](../reproducibility.md) for what these hashes mean)", ""]
-        full = dataclasses.asdict(spec.full) if spec.full is not spec.quick else None
-        if full is not None:
+        if spec.full is not spec.quick:
             page += ["Full configuration:", "", _fence(repr(spec.full)), ""]
         page += [f"## Experiment: `{spec.compute.__module__}.{spec.compute.__qualname__}`", "",
                  _fence(_source(spec.compute)), "",
