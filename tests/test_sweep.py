@@ -292,3 +292,16 @@ def test_cli_bad_configs_get_clear_errors(tmp_path, capsys, text, match):
     config.write_text(text)
     assert main(["sweep", str(config), "--executor", "sequential", "--quiet"]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_cli_sweep_takes_a_json_list_of_points(tmp_path):
+    from sinkflow.cli import main
+
+    config = tmp_path / "points.json"
+    config.write_text(json.dumps({"experiment": EXPERIMENT, "executor": "sequential",
+                                  "points": [{"n": 8, "scale": 1.0}, {"n": 12, "scale": 3.0}],
+                                  "out": str(tmp_path / "out" / "table.csv")}))
+    assert main(["sweep", str(config), "--no-cache", "--quiet"]) == 0
+    table = pd.read_csv(tmp_path / "out" / "table.csv")
+    assert table[["n", "scale"]].values.tolist() == [[8, 1.0], [12, 3.0]]
+    assert not (tmp_path / ".sinkflow_cache").exists()
