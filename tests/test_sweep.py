@@ -294,9 +294,10 @@ def test_cli_bad_configs_get_clear_errors(tmp_path, capsys, text, match):
     assert match in capsys.readouterr().err
 
 
-def test_cli_sweep_takes_a_json_list_of_points(tmp_path):
+def test_cli_sweep_takes_a_json_list_of_points(tmp_path, monkeypatch):
     from sinkflow.cli import main
 
+    monkeypatch.chdir(tmp_path)  # where the default cache folder would appear
     config = tmp_path / "points.json"
     config.write_text(json.dumps({"experiment": EXPERIMENT, "executor": "sequential",
                                   "points": [{"n": 8, "scale": 1.0}, {"n": 12, "scale": 3.0}],
@@ -304,4 +305,6 @@ def test_cli_sweep_takes_a_json_list_of_points(tmp_path):
     assert main(["sweep", str(config), "--no-cache", "--quiet"]) == 0
     table = pd.read_csv(tmp_path / "out" / "table.csv")
     assert table[["n", "scale"]].values.tolist() == [[8, 1.0], [12, 3.0]]
-    assert not (tmp_path / ".sinkflow_cache").exists()
+    assert not (tmp_path / ".sinkflow_cache").exists()  # --no-cache: nothing written
+    assert main(["sweep", str(config), "--quiet"]) == 0
+    assert len(list((tmp_path / ".sinkflow_cache").rglob("*.json"))) == 2
