@@ -3,6 +3,8 @@
 Environment:
 - ``SINKFLOW_DOCS_QUICK=1``: notebooks are not executed (CI's quick build); the gallery
   is still rendered, from the figures' quick configurations.
+- ``SINKFLOW_DOCS_FIGURES=0`` (``sinkflow docs --skip-figures``): gallery images are not
+  rendered (only cached, up-to-date ones are shown); pages and code are built as usual.
 - ``SINKFLOW_QUICK`` (default ``1`` here): the mode notebooks run in when executed.
 """
 

@@ -27,6 +27,8 @@ def build_command(source: Path, out: Path, builder: str = "html", fresh: bool = 
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
                    help="do not execute the notebooks (CI check); the gallery is still rendered")
+    p.add_argument("--skip-figures", action="store_true",
+                   help="do not render gallery images (pages and code still built; cached images still shown)")
     p.add_argument("--out", help="output folder (default: docs/_build/html)")
     p.add_argument("--fresh", action="store_true", help="rebuild every page (ignore Sphinx's saved environment)")
     p.add_argument("--source", help="docs source folder (default: the checkout's docs/)")
@@ -40,6 +42,8 @@ def run(args) -> int:
         return 2
     out = Path(args.out) if args.out else source / "_build" / "html"
     env = {**os.environ, "SINKFLOW_DOCS_QUICK": "1" if args.quick else os.environ.get("SINKFLOW_DOCS_QUICK", "0")}
+    if args.skip_figures:
+        env["SINKFLOW_DOCS_FIGURES"] = "0"
     t0 = time.perf_counter()
     rc = subprocess.call(build_command(source, out, fresh=args.fresh), env=env)
     status = "built" if rc == 0 else "FAILED (warnings are errors)"

@@ -1,5 +1,8 @@
 """The documentation builds without a warning (quick mode: notebooks not executed), and the
-generated parts follow the code: every public name, every registered figure, every notebook."""
+generated parts follow the code: every public name, every registered figure, every notebook.
+
+The default build skips rendering the gallery images (tests/test_reproducibility.py runs every
+figure already); the slow test builds the gallery with its images, as ``sinkflow docs --quick``."""
 
 from __future__ import annotations
 
@@ -14,14 +17,17 @@ pytest.importorskip("sphinx")
 pytest.importorskip("myst_nb")
 
 
-@pytest.fixture(scope="module")
-def html(tmp_path_factory):
+def _build(out, *extra):
     from sinkflow.cli import main
 
-    out = tmp_path_factory.mktemp("html")
     # -W: any warning (broken reference, bad docstring markup, unknown figure) fails the build
-    assert main(["docs", "--quick", "--fresh", "--out", str(out)]) == 0
+    assert main(["docs", "--quick", "--fresh", "--out", str(out), *extra]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def html(tmp_path_factory):
+    return _build(tmp_path_factory.mktemp("html"), "--skip-figures")
 
 
 def test_docs_build_warning_free_in_quick_mode(html):
@@ -37,7 +43,7 @@ def test_api_reference_lists_every_public_name(html):
     assert not missing, f"not in the API reference: {missing}"
 
 
-def test_gallery_has_a_page_and_an_image_per_registered_figure(html):
+def _gallery_pages(html):
     from sinkflow.plots.registry import registry
 
     for name, spec in registry().items():
@@ -45,6 +51,17 @@ def test_gallery_has_a_page_and_an_image_per_registered_figure(html):
         text = re.sub(r"<[^>]+>", "", page)  # highlighted code is split into spans
         for fn in (spec.compute, spec.plot):
             assert f"def {fn.__name__}(" in text, f"{name}: the source of {fn.__name__} is not shown"
+        yield name, page
+
+
+def test_gallery_has_a_page_with_the_code_of_every_registered_figure(html):
+    assert all(page for _, page in _gallery_pages(html))
+
+
+@pytest.mark.slow
+def test_gallery_shows_an_image_of_every_registered_figure(tmp_path):
+    html = _build(tmp_path)
+    for name, page in _gallery_pages(html):
         assert re.search(r"<img[^>]+_images/" + re.escape(name), page), f"{name}: no image"
 
 

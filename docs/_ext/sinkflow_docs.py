@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import os
 import pkgutil
 import shutil
 import textwrap
@@ -154,8 +155,13 @@ def _fence(text: str, lang: str = "python") -> str:
     return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}\n"
 
 
-def write_gallery(srcdir: Path, logger) -> dict[str, list[str]]:
-    """Render every registered figure (quick mode) and write its page; returns name -> image files."""
+def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str, list[str]]:
+    """Render every registered figure (quick mode) and write its page; returns name -> image files.
+
+    Images are cached in ``gallery/_images`` by :func:`_spec_fingerprint`. With
+    ``render_images=False`` only up-to-date cached images are shown; the pages (code,
+    configuration) are written all the same.
+    """
     from sinkflow.plots.registry import registry, render
 
     folder = srcdir / "gallery"
@@ -167,20 +173,26 @@ def write_gallery(srcdir: Path, logger) -> dict[str, list[str]]:
         stamp = images / f".{name}.fingerprint"
         fingerprint = _spec_fingerprint(spec)
         rows = _manifest_rows(images, name)
-        if not (stamp.exists() and stamp.read_text() == fingerprint and rows
-                and all((images / r[2]).exists() for r in rows)):
+        fresh = (stamp.exists() and stamp.read_text() == fingerprint and rows
+                 and all((images / r[2]).exists() for r in rows))
+        if not fresh and render_images:
             logger.info(f"[sinkflow] rendering gallery figure {name} (quick)")
-            for old in images.glob(f"{name}*"):
-                old.unlink()
+            for r in rows:
+                (images / r[2]).unlink(missing_ok=True)
             render(name, mode="quick", out=images, formats=("png",))
             stamp.write_text(fingerprint)
             rows = _manifest_rows(images, name)
+        elif not fresh:
+            rows = []  # a stale image is not shown
         files[name] = [r[2] for r in rows]
         page = [f"# `{name}`", "", spec.description or "", "",
                 f"Quick configuration (`sinkflow figures {name}`; `--full` for the publication size):", "",
                 _fence(repr(spec.quick)), ""]
         for f in files[name]:
             page += [f"```{{image}} _images/{f}", f":alt: {name}", "```", ""]
+        if not files[name]:
+            page += [f"*The image is not rendered in this build (`sinkflow docs --skip-figures`); "
+                     f"`sinkflow figures {name}` makes it.*", ""]
         if rows:
             page += ["| file | config hash | data checksum | file sha256 |", "|---|---|---|---|"]
             page += [f"| `{r[2]}` | `{r[3]}` | `{r[4]}` | `{r[5]}` |" for r in rows]
@@ -269,6 +281,11 @@ class FiguresDirective(Directive):
             return [para]
         out = []
         for name in names:
+            if not files[name]:  # image not rendered in this build: a link only
+                para = nodes.paragraph()
+                para += nodes.Text("Figure ")
+                para += _figure_ref(name)
+                out.append(para)
             for f in files[name][:1]:
                 fig = nodes.figure()
                 fig += nodes.image(uri=f"/gallery/_images/{f}", alt=name)
@@ -305,7 +322,8 @@ def _generate(app, config=None):
     logger = logging.getLogger(__name__)
     src = Path(app.srcdir)
     write_api(src)
-    app.sinkflow_gallery = write_gallery(src, logger)
+    render_images = os.environ.get("SINKFLOW_DOCS_FIGURES", "1") != "0"
+    app.sinkflow_gallery = write_gallery(src, logger, render_images=render_images)
     write_notebooks(src)
     write_cli(src)
 
