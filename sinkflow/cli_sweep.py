@@ -38,8 +38,14 @@ def load_config(path) -> dict:
     if not path.is_file():
         raise ValueError(f"sweep config {path} does not exist")
     if path.suffix == ".toml":
-        import tomllib
-
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise ValueError("reading TOML needs Python >= 3.11 or `pip install tomli`; "
+                                 "or write the config as JSON") from None
         try:
             config = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as err:
