@@ -421,14 +421,17 @@ def _run_dask(executor, jobs, progress, on_error, cache_dir, n_workers, threads_
 
 
 def _check_executor(executor):
-    if isinstance(executor, str):
-        if executor in ("dask", "sequential") or re.match(r"^([a-z]+://)?[\w.\-\[\]:]+:\d+$", executor):
-            return
+    if isinstance(executor, str) and executor == "sequential":
+        return
+    if isinstance(executor, str) and executor != "dask" and not re.match(r"^([a-z]+://)?[\w.\-\[\]:]+:\d+$", executor):
         raise ValueError(f"executor must be 'dask' (a local cluster), 'sequential', a dask Client or a scheduler "
                          f"address such as 'tcp://127.0.0.1:8786', got {executor!r}")
-    from distributed import Client
-
-    if not isinstance(executor, Client):
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ImportError(f"executor={executor!r} needs dask.distributed: pip install 'sinkflow[sweep]' "
+                          "(or use executor='sequential')") from None
+    if not isinstance(executor, (str, Client)):
         raise TypeError(f"executor must be a string or a dask.distributed.Client, got {type(executor).__name__}")
 
 
@@ -491,8 +494,10 @@ def sweep(grid, fn, executor="dask", *, cache_dir: str | os.PathLike | None = ".
     >>> bool((df.observed_rate <= df.birkhoff_hopf_rate).all())
     True
     """
-    import pandas as pd
-
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("sinkflow.sweep returns a pandas table: pip install 'sinkflow[sweep]'") from None
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
     _check_executor(executor)
