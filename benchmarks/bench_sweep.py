@@ -34,6 +34,25 @@ def _point_seconds(cache: Path) -> list[float]:
     return [json.loads(p.read_text())["seconds"] for p in cache.rglob("*.json")]
 
 
+_SPIN = "import time; t = time.perf_counter(); s = sum(range(30_000_000)); print(time.perf_counter() - t)"
+
+
+def available_parallelism(workers: int) -> float:
+    """Throughput of ``workers`` concurrent CPU-bound processes relative to one (= workers on idle cores).
+
+    On a shared machine this is what any process-parallel speedup is bounded by.
+    """
+    import subprocess
+    import sys
+
+    def run(k):
+        procs = [subprocess.Popen([sys.executable, "-c", _SPIN], stdout=subprocess.PIPE, text=True) for _ in range(k)]
+        return max(float(p.communicate()[0]) for p in procs)
+
+    one = run(1)
+    return workers * one / run(workers)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="'module:function' (default: %(default)s)")
@@ -51,6 +70,7 @@ def main(argv=None) -> int:
     grid = json.loads(args.grid) if args.grid else (QUICK_GRID if args.quick else DEFAULT_GRID)
     n_points = len(expand_grid(grid))
     load_before = os.getloadavg()[0]
+    parallel_before = available_parallelism(args.workers)
     tmp = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     rows = []
     try:
@@ -98,6 +118,9 @@ def main(argv=None) -> int:
               f"{sum(times) / (workers * wall):.2f} | {speedup:.2f}x |")
     print()
     print(f"tables identical across executors: {same}")
+    print(f"available parallelism ({args.workers} concurrent CPU-bound processes vs 1, pure Python): "
+          f"{parallel_before:.2f}x before / {available_parallelism(args.workers):.2f}x after "
+          f"(= {args.workers} on idle cores; the speedup above cannot exceed it)")
     return 0
 
 
