@@ -380,24 +380,25 @@ def _run_dask(executor, jobs, progress, on_error, cache_dir, n_workers, threads_
         owned = [client]
     try:
         _announce(client, progress)
-        # A sliding window of submitted points (twice the cluster's threads) keeps every
-        # worker busy, and lets a failure stop the sweep cleanly: nothing new is submitted,
-        # the points in flight finish (and are cached), then the error is raised.
+        # A sliding window of submitted points (twice the cluster's threads, re-read as
+        # workers join or leave, e.g. an adaptive dask-jobqueue cluster) keeps every worker
+        # busy and lets a failure stop the sweep cleanly: nothing new is submitted, the points
+        # in flight finish (and are cached), then the error is raised.
         pending = iter(jobs.items())
-        window = 2 * max(1, sum(client.nthreads().values()))
         futures, out, failed = {}, {}, None
+        ac = as_completed()
 
-        def submit_next(ac=None):
-            for i, args in pending:
-                fut = client.submit(_run_point, *args, pure=False)
-                futures[fut] = i
-                if ac is not None:
-                    ac.add(fut)
-                return
+        def top_up():
+            window = max(4, 2 * sum(client.nthreads().values()))
+            while len(futures) < window:
+                nxt = next(pending, None)
+                if nxt is None:
+                    return
+                fut = client.submit(_run_point, *nxt[1], pure=False)
+                futures[fut] = nxt[0]
+                ac.add(fut)
 
-        for _ in range(window):
-            submit_next()
-        ac = as_completed(list(futures))
+        top_up()
         with _progress_bar(len(jobs), progress, "sweep (dask)") as bar:
             for fut in ac:
                 i = futures.pop(fut)
@@ -409,7 +410,7 @@ def _run_dask(executor, jobs, progress, on_error, cache_dir, n_workers, threads_
                     else:
                         out[i] = err
                 if failed is None:
-                    submit_next(ac)
+                    top_up()
                 bar.update()
         if failed is not None:
             i, err = failed

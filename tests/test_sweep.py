@@ -308,3 +308,9 @@ def test_cli_sweep_takes_a_json_list_of_points(tmp_path, monkeypatch):
     assert not (tmp_path / ".sinkflow_cache").exists()  # --no-cache: nothing written
     assert main(["sweep", str(config), "--quiet"]) == 0
     assert len(list((tmp_path / ".sinkflow_cache").rglob("*.json"))) == 2
+
+
+def test_a_scheduler_address_reaches_an_existing_cluster(tmp_path, client):
+    address = client.scheduler.address  # as given by dask-jobqueue, Kubernetes or `dask scheduler`
+    df = sweep({"x": [1, 2], "calls_dir": str(tmp_path)}, counted, executor=address, cache_dir=None, progress=False)
+    assert df["square"].tolist() == [1, 4] and df.attrs["executor"] == address
