@@ -10,7 +10,7 @@ sets ``OMP_NUM_THREADS=1`` in the workers), so the speedup measures process para
 The experiment is selectable, e.g. after the heat-limit issue lands::
 
     python benchmarks/bench_sweep.py --experiment sinkflow.experiments:sinkhorn_convergence \\
-        --grid '{"n": [320, 384], "scale": [0.5, 1.0, 1.5, 2.0], "seed": [0, 1, 2, 3, 4, 5, 6, 7]}'
+        --grid '{"n": [448, 512], "scale": [0.5, 1.0, 1.5, 2.0], "seed": [0, 1, 2, 3, 4, 5, 6, 7]}'
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 DEFAULT_EXPERIMENT = "sinkflow.experiments:sinkhorn_convergence"
-# 64 points of about 0.3-0.8 s each (1 thread): the O(n^3) Hilbert diameter dominates.
-DEFAULT_GRID = {"n": [320, 384], "scale": [0.5, 1.0, 1.5, 2.0], "seed": list(range(8))}
+# 64 points of about 0.5-0.9 s each (1 thread, idle machine): the O(n^3) Hilbert diameter dominates.
+DEFAULT_GRID = {"n": [448, 512], "scale": [0.5, 1.0, 1.5, 2.0], "seed": list(range(8))}
 QUICK_GRID = {"n": [160, 192], "scale": [0.5, 1.0], "seed": list(range(4))}
 
 
