@@ -18,6 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+
+# One thread per process, here as in the Dask workers (whose nanny sets the same variables):
+# set before numpy/torch are imported, so BLAS pools are single-threaded too.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 import shutil
 import statistics
 import tempfile
@@ -62,9 +67,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from distributed import Client, LocalCluster
 
-    from sinkflow.sweeps import expand_grid, sweep
+    from sinkflow.sweeps import expand_grid, local_client, sweep
 
     torch.set_num_threads(1)
     grid = json.loads(args.grid) if args.grid else (QUICK_GRID if args.quick else DEFAULT_GRID)
@@ -88,8 +92,7 @@ def main(argv=None) -> int:
                      _point_seconds(tmp / "cold"), t_seq / t_cold))
 
         t0 = time.perf_counter()
-        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
-        client = Client(cluster)
+        client = local_client(n_workers=args.workers)  # the cluster executor="dask" makes
         client.run(lambda: __import__("sinkflow.experiments"))  # workers import torch + sinkflow once
         t_start = time.perf_counter() - t0
         try:
@@ -98,7 +101,7 @@ def main(argv=None) -> int:
             t_warm = time.perf_counter() - t0
         finally:
             client.close()
-            cluster.close()
+            client.cluster.close()
         rows.append((f"dask LocalCluster, warm (start-up {t_start:.1f} s excluded)", args.workers, t_warm,
                      _point_seconds(tmp / "warm"), t_seq / t_warm))
         same = seq.equals(cold) and seq.equals(warm)
