@@ -74,6 +74,7 @@ from sinkflow.distances import (
     moment_errors,
     wasserstein2,
 )
+from sinkflow.sweeps import SweepError, plot_sweep, sweep
 
 __version__ = "0.1.0"
 
@@ -102,4 +103,6 @@ __all__ = [
     "GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid",
     "heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map", "HeatFlowResult",
     "wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study",
+    # parameter sweeps (experiments live in sinkflow.experiments)
+    "sweep", "plot_sweep", "SweepError",
 ]

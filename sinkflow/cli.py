@@ -15,6 +15,8 @@ COMMANDS = {
     "figures": ("sinkflow.cli_figures", "regenerate registered figures (quick by default)"),
     "nystrom-check": ("sinkflow.cli_nystrom", "check Skyformer's Nyström spectral-norm bound on random or given Q, K"),
     "validate": ("sinkflow.cli_validate", "train small Transformers per attention normalization; JSON report + figures"),
+    "docs": ("sinkflow.cli_docs", "build the documentation with Sphinx (warnings are errors; --quick skips notebooks)"),
+    "sweep": ("sinkflow.cli_sweep", "run a parameter sweep from a TOML/JSON config (Dask or sequential, cached)"),
 }
 
 

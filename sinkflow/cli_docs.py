@@ -1,0 +1,51 @@
+"""``sinkflow docs``: build the documentation with Sphinx, warnings as errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["docs_source", "build_command", "add_arguments", "run"]
+
+
+def docs_source() -> Path:
+    """The ``docs/`` folder of the checkout sinkflow is imported from (an editable install)."""
+    import sinkflow
+
+    return Path(sinkflow.__file__).resolve().parents[1] / "docs"
+
+
+def build_command(source: Path, out: Path, builder: str = "html", fresh: bool = False) -> list[str]:
+    """The ``sphinx-build`` call: ``-W --keep-going`` makes every warning fail the build (all reported)."""
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", builder, str(source), str(out)]
+    return cmd + (["-E"] if fresh else [])
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="do not execute the notebooks (CI check); the gallery is still rendered")
+    p.add_argument("--skip-figures", action="store_true",
+                   help="do not render gallery images (pages and code still built; cached images still shown)")
+    p.add_argument("--out", help="output folder (default: docs/_build/html)")
+    p.add_argument("--fresh", action="store_true", help="rebuild every page (ignore Sphinx's saved environment)")
+    p.add_argument("--source", help="docs source folder (default: the checkout's docs/)")
+
+
+def run(args) -> int:
+    source = Path(args.source) if args.source else docs_source()
+    if not (source / "conf.py").is_file():
+        print(f"sinkflow docs: no Sphinx project at {source} (the docs ship with a source checkout: "
+              "pip install -e . from a clone)", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else source / "_build" / "html"
+    env = {**os.environ, "SINKFLOW_DOCS_QUICK": "1" if args.quick else os.environ.get("SINKFLOW_DOCS_QUICK", "0")}
+    if args.skip_figures:
+        env["SINKFLOW_DOCS_FIGURES"] = "0"
+    t0 = time.perf_counter()
+    rc = subprocess.call(build_command(source, out, fresh=args.fresh), env=env)
+    status = "built" if rc == 0 else "FAILED (warnings are errors)"
+    print(f"sinkflow docs: {status} in {time.perf_counter() - t0:.0f} s -> {out / 'index.html'}", file=sys.stderr)
+    return rc
