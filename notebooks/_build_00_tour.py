@@ -150,9 +150,52 @@ fig = sinkflow.plot_sweep(df, x="scale", y="n_iter", hue="n", logy=True,
 plt.show()"""),
     md("""The colder the scores (larger $s$), the closer $\\sigma_2(P)^2$ gets to 1 and the more
 iterations Sinkhorn needs: that is why `solve_sinkhorn` anneals cold problems with
-epsilon scaling by default.
+epsilon scaling by default."""),
+    md("""## 7. Tokens as particles: a Wasserstein gradient flow
 
-## Exercises
+A residual attention layer is an Euler step $x_i \\leftarrow x_i + h \\sum_j K_{ij} W_V x_j$.
+With a symmetric $W$ and $W_V = W$, Sinkhorn attention is the gradient flow of
+$F^\\infty = \\tfrac12 \\mathrm{OT}_1(\\mu, \\mu)$: the field equals $-n\\nabla F^\\infty$, and
+the energy decreases. SoftMax is no gradient flow: its Jacobian is not symmetric."""),
+    code("""W = np.diag([1.0, -1.0]) / 2
+x0 = sinkflow.random_particles(12 if QUICK else 40, 2, seed=0)
+traj = sinkflow.simulate(x0, "sinkhorn", W_Q=W, W_V=W, h=0.1, steps=10 if QUICK else 40, monitors=["energy"])
+print("positions", traj.positions.shape, "energy decreasing:", bool(np.all(np.diff(traj.monitors["energy"]) <= 1e-12)))
+print("field = -n grad F (Sinkhorn), relative error:", sinkflow.gradient_flow_error(x0, "sinkhorn", W))
+print("Jacobian asymmetry: Sinkhorn", sinkflow.jacobian_asymmetry(x0, "sinkhorn", W),
+      " SoftMax", sinkflow.jacobian_asymmetry(x0, "softmax", W))"""),
+    md("""## 8. The heat-diffusion limit
+
+Rescale attention (kernel $e^{-|x-y|^2/(2\\varepsilon)}$, velocity
+$-\\tfrac{2}{\\varepsilon}\\sum_j K_{ij}(x_j - x_i)$): Sinkhorn particles then follow the heat
+equation, so a standard Gaussian spreads to variance $1 + 2t$. SoftMax with dot-product
+scores has no such limit."""),
+    code("""x0 = np.random.default_rng(1).normal(size=(300 if QUICK else 1000, 1))
+for normalization in ("sinkhorn", "softmax_dot"):
+    xt = sinkflow.heat_flow(x0, t=0.2, eps=0.1, dt=0.02, normalization=normalization)
+    # The heat equation adds 2t to the variance of whatever sample it starts from.
+    print(f"{normalization:12s} variance at t = 0.2: {xt.var():.3f} (start {x0.var():.3f}, heat {x0.var() + 2 * 0.2:.3f})")"""),
+    md("""## 9. Nyström attention and its error bound (Skyformer)
+
+`nystrom_check` answers: for my $Q, K$, this many landmarks give this spectral error, and
+the theorem asks for that many."""),
+    code("""Q, K = rng.normal(scale=0.5, size=(2, 64, 16))
+check = sinkflow.nystrom_check(Q, K, landmarks=16, eps=0.1, delta=0.1, trials=5)
+print(f"observed error {check.observed_error:.3f}, lambda {check.lam:.3f}, d_stat {check.d_stat:.1f}, "
+      f"theorem asks for m >= {check.m_required:.0f}, failure rate {check.failure_rate:.2f}")"""),
+    md("""## 10. Attention modules and training
+
+`sinkflow.nn.MultiheadAttention` is a drop-in for `torch.nn.MultiheadAttention` whose
+normalization is a switch; `sinkflow validate digits --quick` trains the Sinkformers probe
+and plots how the attention drifts toward (or away from) double stochasticity."""),
+    code("""import torch
+from sinkflow.nn import MultiheadAttention
+
+mha = MultiheadAttention(16, 2, normalization="sinkhorn", n_iter=5)
+tokens = torch.randn(3, 10, 16)
+out, weights = mha(tokens, tokens, tokens)
+print(out.shape, "column sums of one attention map:", weights[0].sum(0)[:4])"""),
+    md("""## Exercises
 
 1. Replace `dot_scores` by `gaussian_scores` in section 1. Sinkhorn's result does not change
    (up to the tolerance) while SoftMax's does. Why? (Hint: the theory page on normalizations,

@@ -255,7 +255,7 @@ class Barenblatt:
         return np.asarray(self.center)
 
     def covariance(self) -> np.ndarray:
-        """``R^2/(d+4) I`` per unit mass (|x|^2/R^2 is Beta(d/2, 2) distributed)."""
+        """``R^2/(d+4) I`` per unit mass (``|x|^2/R^2`` is Beta(d/2, 2) distributed)."""
         return self.radius ** 2 / (self.dim + 4) * np.eye(self.dim)
 
     def sample(self, n: int, seed=None) -> np.ndarray:
@@ -279,7 +279,7 @@ class GridHeatSolution:
         Grid coordinates per dimension (the input grid; padding is cropped away).
     times : numpy.ndarray
         The requested times.
-    density : numpy.ndarray, shape (len(times), *grid shape)
+    density : numpy.ndarray, shape ``(len(times), *grid_shape)``
         :math:`\\rho_0 * G_{2t}` on the grid.
     periodization_error : float
         Upper bound on the mass that wraps around the padded periodic box (Gaussian tail
@@ -306,7 +306,7 @@ class GridHeatSolution:
         return self.periodization_error + self.boundary_mass + self.spectral_tail
 
     def mesh(self) -> np.ndarray:
-        """Grid points as an array of shape (*grid shape, d)."""
+        """Grid points as an array of shape ``(*grid_shape, d)``."""
         return np.stack(np.meshgrid(*self.axes, indexing="ij"), axis=-1)
 
 

@@ -6,6 +6,7 @@ or small arrays. That is all :func:`sinkflow.sweep` needs; any importable functi
 this shape is an experiment, named on the command line as ``"module:function"``.
 """
 
+from sinkflow.experiments.heat import heat_limit_point
 from sinkflow.experiments.sinkhorn import sinkhorn_convergence
 
-__all__ = ["sinkhorn_convergence"]
+__all__ = ["sinkhorn_convergence", "heat_limit_point"]

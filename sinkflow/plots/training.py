@@ -59,7 +59,7 @@ def _band(ax, x, ys, color, label):
 
 
 def plot_column_sums(report, variants=None):
-    """Sorted column sums per epoch (first seed of each variant) and mean |col sum - 1| per epoch.
+    """Sorted column sums per epoch (first seed of each variant) and mean ``|col sum - 1|`` per epoch.
 
     Variants without attention matrices (Nyström) are left out; a reused run (Sinkhorn
     ``L = 1`` = SoftMax) appears only in the last panel.
@@ -201,10 +201,14 @@ def _compute_column_sums(cfg: ColumnSumsConfig) -> dict:
     return report
 
 
+def _plot_column_sums(data: dict, cfg: "ColumnSumsConfig"):
+    return plot_column_sums(data)
+
+
 register(
     "training_column_sums",
     compute=_compute_column_sums,
-    plot=lambda data, cfg: plot_column_sums(data),
+    plot=_plot_column_sums,
     quick=ColumnSumsConfig(),
     full=ColumnSumsConfig(attentions=("softmax", "sinkhorn"), seeds=(0, 1, 2), epochs=30, quick=False),
     default=False,
