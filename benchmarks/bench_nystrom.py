@@ -23,7 +23,6 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -32,6 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import sinkflow  # noqa: E402
+from _timing import timed  # noqa: E402  (benchmarks/_timing.py)
 
 P, M = 64, 128
 
@@ -49,16 +49,6 @@ def _runner(method, n):
         return lambda: sinkflow.kernelized_attention(Q, K, V)
     inverse = "pinv" if method == "nystrom pinv" else "iterative"
     return lambda: sinkflow.nystrom_attention(Q, K, V, idx, inverse=inverse)
-
-
-def timed(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def _status_mib(field):

@@ -18,7 +18,6 @@ after a warm-up. Usage: ``python benchmarks/bench_sinkhorn.py [--quick]``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import ot
 import torch
 
 import sinkflow
+from _timing import timed  # benchmarks/_timing.py
 
 
 def problem(n, d, temperature, seed=0):
@@ -36,16 +36,6 @@ def problem(n, d, temperature, seed=0):
     x, y = rng.normal(size=(n, d)), rng.normal(size=(n, d))
     cost = ot.dist(x, y)
     return cost / (temperature * np.median(cost))
-
-
-def timed(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def speed_table(sizes, dims, repeats, half_iterations=20):

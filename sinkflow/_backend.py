@@ -5,12 +5,31 @@ torch.from_numpy shares memory, so the round trip costs nothing beyond the solve
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["to_torch", "from_torch", "is_torch", "check_finite", "check_float", "exp_floor"]
+__all__ = ["to_torch", "from_torch", "is_torch", "check_finite", "check_float", "exp_floor", "torch_threads"]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int = 1):
+    """Run a block on ``n`` torch threads, restoring the previous setting afterwards.
+
+    Small problems gain nothing from torch's thread pool, and on a loaded machine its
+    spin-waiting made small operations 10-150x slower (shared/PERF.md).
+    """
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def exp_floor(dtype: torch.dtype) -> float:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sinkflow._backend import check_finite, to_torch
+from sinkflow._backend import check_finite, to_torch, torch_threads
 from sinkflow.lazy import lazy_attention_field
 from sinkflow.normalizations import softmax, solve_sinkhorn
 from sinkflow.scores import dot_scores, gaussian_scores
@@ -50,15 +50,11 @@ def single_thread_if_small(n: int, device) -> None:
     machine its spin-waiting made small operations 10-150x slower (shared/PERF.md;
     measured here: 100 sphere steps at n = 32 took 0.50 s on 2 threads, 0.09 s on 1).
     """
-    if torch.device(device).type != "cpu" or n > SMALL_N or torch.get_num_threads() == 1:
+    if torch.device(device).type != "cpu" or n > SMALL_N:
         yield
         return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def check_matrix(M, name: str, d: int, like: torch.Tensor) -> torch.Tensor | None:

@@ -183,17 +183,12 @@ class ColumnSumsConfig:
 
 
 def _compute_column_sums(cfg: ColumnSumsConfig) -> dict:
-    import torch
-
+    from sinkflow._backend import torch_threads
     from sinkflow.nn.validation import run_validation
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small models: one thread is fastest and deterministic
-    try:
+    with torch_threads(1):  # small models: one thread is fastest and deterministic
         report = run_validation(cfg.task, cfg.attentions, cfg.n_iters, cfg.seeds, quick=cfg.quick, epochs=cfg.epochs,
                                 track_kl=False)
-    finally:
-        torch.set_num_threads(threads)
     report = {k: report[k] for k in ("task", "config", "runs")}
     for r in report["runs"]:
         r.pop("wall_time")
