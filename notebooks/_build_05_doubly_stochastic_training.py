@@ -1,4 +1,4 @@
-"""Generate notebooks/05_doubly_stochastic_training.ipynb (no outputs): python notebooks/_build_05.py"""
+"""Generate notebooks/05_doubly_stochastic_training.ipynb (no outputs): python notebooks/_build_05_doubly_stochastic_training.py"""
 
 from pathlib import Path
 
