@@ -104,16 +104,27 @@ def iteration_table(n=40, tol=1e-9, budget=100_000):
 
 
 _MEMORY_CHILD = """
-import resource, sys, numpy as np, torch, sinkflow
+import sys, threading, time, psutil, torch, sinkflow
 torch.set_num_threads(1)
 n = int(sys.argv[1])
 torch.manual_seed(0)
 C = torch.rand(n, n, dtype=torch.float32).mul_(-10.0)  # scores built in place: no temporaries
-warm = sinkflow.sinkhorn(C[:8, :8], n_iter=4)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+sinkflow.sinkhorn(C[:8, :8], n_iter=4)
+proc = psutil.Process()
+base = proc.memory_info().rss
+peak = [base]
+done = threading.Event()
+def sample():  # resident memory every 0.5 ms (ru_maxrss would report the import-time peak)
+    while not done.is_set():
+        peak[0] = max(peak[0], proc.memory_info().rss)
+        time.sleep(0.0005)
+t = threading.Thread(target=sample)
+t.start()
 K = sinkflow.sinkhorn(C, n_iter=20)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print((after - before) * 1024 / (n * n * 4))
+peak[0] = max(peak[0], proc.memory_info().rss)
+done.set()
+t.join()
+print((peak[0] - base) / (n * n * 4))
 """
 
 

@@ -217,6 +217,8 @@ def _row_softmax(T, mask):
 
 
 def _row_step_log(C, scale, f, g, mask, inplace_ok):
+    if scale == 1.0 and not bool(g.detach().any()):
+        return _row_softmax(C, mask)  # cold start: SoftMax of the scores, no shifted copy
     T = torch.add(g[..., None, :], C, alpha=scale) if scale != 1.0 else C + g[..., None, :]
     return _row_softmax(T, mask)
 
