@@ -482,14 +482,20 @@ class _UnrolledSinkhorn(torch.autograd.Function):
     def backward(ctx, grad, _gf, _gg):
         a, b = ctx.saved_tensors
         b_inv = torch.where(b > 0, 1.0 / torch.where(b > 0, b, torch.ones_like(b)), torch.zeros_like(b))
-        grad = grad.clone()  # one buffer, updated in place through all half-steps
+        # The first half-step writes a fresh contiguous buffer (never the incoming gradient,
+        # which autograd may share); later ones update it in place.
+        fresh = True
         for P, factor, row_step in reversed(ctx.trace):
             if row_step:
-                s = torch.linalg.vecdot(grad, P, dim=-1)
-                grad.sub_(s[..., :, None]).mul_(factor[..., :, None])
+                s = torch.linalg.vecdot(grad, P, dim=-1)[..., :, None]
+                grad = torch.sub(grad.contiguous(), s) if fresh else grad.sub_(s)
+                grad.mul_(factor[..., :, None])
             else:
-                s = torch.linalg.vecdot(grad, P, dim=-2) * b_inv
-                grad.addcmul_(a[..., :, None], s[..., None, :], value=-1.0).mul_(factor[..., None, :])
+                s = (torch.linalg.vecdot(grad, P, dim=-2) * b_inv)[..., None, :]
+                grad = (torch.addcmul(grad.contiguous(), a[..., :, None], s, value=-1.0) if fresh
+                        else grad.addcmul_(a[..., :, None], s, value=-1.0))
+                grad.mul_(factor[..., None, :])
+            fresh = False
         return grad, None, None, None, None, None, None, None, None, None
 
 

@@ -65,7 +65,8 @@ def dot_scores(Q, K, W=None, temperature: float = 1.0):
     q, k, w, tau, numpy_out = _qkw(Q, K, W, temperature)
     if w is not None:
         q = q @ w
-    return from_torch((q @ k.transpose(-1, -2)) / tau, numpy_out)
+    C = q @ k.transpose(-1, -2)
+    return from_torch(C if tau == 1.0 else C / tau, numpy_out)  # no n x m pass for tau = 1
 
 
 def gaussian_scores(Q, K, W=None, temperature: float = 1.0):
