@@ -169,33 +169,6 @@ def _effective_weights(a, b, mask, shape):
 # numerical kernels
 
 
-_log_tiny = exp_floor
-
-
-def _exp_normalize(T, dim, weights, target, mask, inplace):
-    """Exponentiate ``T`` and scale lines along ``dim`` to sum (weighted) to ``target``.
-
-    Returns ``(P, log_scale)`` with ``P = exp(T + log_scale)`` along ``dim``'s lines;
-    lines with no admissible entry (or zero target) are all-zero with log_scale 0.
-    """
-    mx = T.amax(dim=dim, keepdim=True)
-    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
-    E = T.sub_(mx) if inplace else T - mx
-    E = E.clamp_min_(_log_tiny(T.dtype)).exp_() if inplace else E.clamp_min(_log_tiny(T.dtype)).exp()
-    if mask is not None:
-        E = E.masked_fill_(~mask, 0.0) if inplace else E.masked_fill(~mask, 0.0)
-    if weights is None:
-        s = E.sum(dim, keepdim=True)
-    else:  # weighted column sums as a matrix product: no n x m temporary
-        s = (weights.unsqueeze(-2) @ E)
-    ok = (s > 0) & (target > 0)
-    s_safe = torch.where(ok, s, torch.ones_like(s))
-    factor = torch.where(ok, target / s_safe, torch.zeros_like(s))
-    P = E.mul_(factor) if inplace else E * factor
-    log_scale = torch.where(ok, torch.log(torch.where(ok, target, torch.ones_like(target))) - torch.log(s_safe) - mx, torch.zeros_like(s))
-    return P, log_scale.squeeze(dim)
-
-
 def _row_softmax(T, mask):
     """Row SoftMax of ``T`` (torch's fused kernel) and the log scaling ``f = -logsumexp``.
 
@@ -216,19 +189,36 @@ def _row_softmax(T, mask):
     return P, f
 
 
-def _row_step_log(C, scale, f, g, mask, inplace_ok):
+def _row_step_log(C, scale, g, mask):
     if scale == 1.0 and not bool(g.detach().any()):
         return _row_softmax(C, mask)  # cold start: SoftMax of the scores, no shifted copy
     T = torch.add(g[..., None, :], C, alpha=scale) if scale != 1.0 else C + g[..., None, :]
     return _row_softmax(T, mask)
 
 
-def _col_step_log(C, scale, f, a, b, mask, inplace_ok):
+def _col_step_log(C, scale, f, a, b, mask):
+    """Column step in the log domain: ``g_j = log b_j - logsumexp_i(log a_i + s C_ij + f_i)``.
+
+    Returns ``(P, g)``; columns with no admissible entry (or ``b_j = 0``) are zero, ``g_j = 0``.
+    """
     T = torch.add(f[..., :, None], C, alpha=scale) if scale != 1.0 else C + f[..., :, None]
     if mask is not None:
-        T = T.masked_fill_(~mask, -math.inf) if inplace_ok else T.masked_fill(~mask, -math.inf)
-    P, g_new = _exp_normalize(T, -2, a, b[..., None, :], mask, inplace_ok)
-    return P, g_new
+        T = T.masked_fill_(~mask, -math.inf)  # T is a fresh buffer
+    inplace = not T.requires_grad  # amax's backward needs T unmodified
+    mx = T.amax(dim=-2, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    E = T.sub_(mx) if inplace else T - mx
+    E = E.clamp_min_(exp_floor(T.dtype)).exp_() if inplace else E.clamp_min(exp_floor(T.dtype)).exp()
+    if mask is not None:
+        E = E.masked_fill_(~mask, 0.0) if inplace else E.masked_fill(~mask, 0.0)
+    c = a.unsqueeze(-2) @ E  # weighted column sums as a matrix product: no n x m temporary
+    target = b[..., None, :]
+    ok = (c > 0) & (target > 0)
+    c_safe = torch.where(ok, c, torch.ones_like(c))
+    factor = torch.where(ok, target / c_safe, torch.zeros_like(c))
+    P = E.mul_(factor) if inplace else E * factor
+    g = torch.where(ok, torch.log(torch.where(ok, target, torch.ones_like(target))) - torch.log(c_safe) - mx, torch.zeros_like(c))
+    return P, g.squeeze(-2)
 
 
 def _colsum(a, P):
@@ -257,7 +247,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
     dtype = C.dtype
     finfo = torch.finfo(dtype)
     n, m = C.shape[-2], C.shape[-1]
-    # Flushed entries are at most e * tiny (see _log_tiny). A line sum below `safe` may be
+    # Flushed entries are at most e * tiny (see exp_floor). A line sum below `safe` may be
     # polluted by them beyond rounding: take a log step instead.
     safe = 3.0 * finfo.tiny / finfo.eps * max(n, m)
     # Flushed entries may since have grown by exp(growth); re-exponentiate before they matter.
@@ -290,7 +280,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
         if row_step:
             if need_log:
                 P = None  # release before the log step allocates
-                P, f_full = _row_step_log(C, scale, f, g, mask, inplace)
+                P, f_full = _row_step_log(C, scale, g, mask)
                 delta = f_full - f
                 f_ref, g_ref = f_full, g
                 factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
@@ -304,7 +294,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
         else:
             if need_log:
                 P = None
-                P, g_full = _col_step_log(C, scale, f, a, b, mask, inplace)
+                P, g_full = _col_step_log(C, scale, f, a, b, mask)
                 delta = g_full - g
                 f_ref, g_ref = f, g_full
                 factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
@@ -415,7 +405,7 @@ def _newton_polish(C, f, g, a, b, mask, tol, state, max_steps=50):
             T = T.masked_fill(~mask, -math.inf)
         if bool((T > high).any()):
             return None
-        K = T.clamp_min(_log_tiny(dtype)).exp()
+        K = T.clamp_min(exp_floor(dtype)).exp()
         if mask is not None:
             K = K.masked_fill(~mask, 0.0)
         r = K.sum(-1)

@@ -363,7 +363,6 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
             else:
                 records.setdefault(m, []).append(energy(m, Y))
 
-    from tqdm.auto import tqdm
 
     hh = float(h)
     with single_thread_if_small(n, X.device):

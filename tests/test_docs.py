@@ -1,7 +1,7 @@
 """The documentation builds without a warning (quick mode: notebooks not executed), and the
 generated parts follow the code: every public name, every registered figure, every notebook.
 
-The default build skips rendering the gallery images (tests/test_reproducibility.py runs every
+The default build skips rendering the gallery images (tests/test_figures.py runs every
 figure already); the slow test builds the gallery with its images, as ``sinkflow docs --quick``."""
 
 from __future__ import annotations

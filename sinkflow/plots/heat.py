@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from sinkflow._backend import torch_threads
 from sinkflow.distances import convergence_study, fit_loglog_slope, wasserstein2
