@@ -115,6 +115,9 @@ class SinkhornResult:
 
 def _prepare(scores, mask, a, b):
     numpy_out = not isinstance(scores, torch.Tensor)
+    if numpy_out and not np.issubdtype(np.asarray(scores).dtype, np.floating):
+        raise TypeError(f"scores must have a floating dtype, got numpy {np.asarray(scores).dtype}; convert "
+                        "explicitly (e.g. x.astype(float)) so precision is your choice.")
     C = to_torch(scores, "scores")
     check_float(C, "scores")
     if C.ndim < 2:
@@ -139,27 +142,32 @@ def _prepare(scores, mask, a, b):
 
 
 def _weights(w, size, C, name, what):
+    dtype = _compute_dtype(C.dtype)
     if w is None:
-        return torch.full((size,), 1.0 / size, dtype=C.dtype, device=C.device)
+        return torch.full((size,), 1.0 / size, dtype=dtype, device=C.device)
     w = to_torch(w, name).to(device=C.device)
     check_float(w, name)
-    w = w.to(C.dtype)
     if w.ndim == 0 or w.shape[-1] != size:
         raise ValueError(f"weights {name} must have last dimension {size} (one per {what}), got shape {tuple(w.shape)}")
     check_finite(w, name)
     if bool((w < 0).any()):
         raise ValueError(f"weights {name} must be non-negative")
-    total = w.sum(-1)
-    if not bool(torch.allclose(total, torch.ones_like(total), rtol=0, atol=1e-6 if w.dtype != torch.float64 else 1e-10)):
+    total = w.double().sum(-1)  # checked in the precision the weights were given in
+    atol = 1e-10 if w.dtype == torch.float64 else max(1e-6, 4 * torch.finfo(w.dtype).eps)
+    if not bool(torch.allclose(total, torch.ones_like(total), rtol=0, atol=atol)):
         raise ValueError(f"weights {name} must sum to 1 along the last dimension (sums: {total.detach().cpu().numpy()})")
-    return w
+    return w.to(dtype)
 
 
 def _effective_weights(a, b, mask, shape):
     """Broadcast weights to the batch; queries (keys) with no admissible key (query) get 0."""
     batch = shape[:-2]
-    a = torch.broadcast_to(a, batch + a.shape[-1:]).clone()
-    b = torch.broadcast_to(b, batch + b.shape[-1:]).clone()
+    try:
+        a = torch.broadcast_to(a, batch + a.shape[-1:]).clone()
+        b = torch.broadcast_to(b, batch + b.shape[-1:]).clone()
+    except RuntimeError as err:
+        raise ValueError(f"weights a {tuple(a.shape)} and b {tuple(b.shape)} must broadcast to the batch shape "
+                         f"{tuple(batch)} of the scores {tuple(shape)}") from err
     if mask is not None:
         a = a * mask.any(-1)
         b = b * mask.any(-2)
@@ -817,10 +825,15 @@ def _solve_to_tolerance(C, f, g, a, b, mask, tol, max_iter, state, inplace, sche
         ratio = 1.0 if prev is None else scale / prev
         last = k == len(scales) - 1
         left = max_iter - state["count"]
-        # Intermediate stages take at most half of what is left; the last takes the rest.
-        budget = max(left if last else left // 2, 1)
+        # Intermediate stages take at most half of what is left; the last takes the rest (at
+        # least one half-step, so that the result belongs to the unscaled scores).
+        budget = max(left, 1) if last else (left - 1) // 2
+        if budget < 1:
+            k += 1
+            continue
         stage_tol = tol if last else _stage_tolerance(tol, scale)
         state["next"] = "row"
+        state.pop("stalled", None)
         P, f_k, g_k, _ = _solve_stage(C, scale, f * ratio, g * ratio, a, b, mask, stage_tol, budget, state, inplace)
         if "stalled" in state and prev is not None and ratio > 1.1 and splits < _MAX_SPLITS:
             del state["stalled"]
@@ -936,7 +949,6 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     C, mask, a, b, numpy_out = _prepare(scores, mask, a, b)
     out_dtype = C.dtype
     C = C.to(_compute_dtype(out_dtype))
-    a, b = a.to(C.dtype), b.to(C.dtype)
     _check_counts(n_iter, max_iter)
     tol = _resolve_tolerance(tol, out_dtype, C.shape, warn and n_iter is None)
     a, b = _effective_weights(a, b, mask, C.shape)

@@ -419,11 +419,11 @@ def _pinv_rtol(dtype) -> float:
     return math.sqrt(torch.finfo(dtype).eps)
 
 
-def _core(block, inverse, n_iter, gamma, symmetric):
+def _core(block, inverse, n_iter, gamma, symmetric, init="official"):
     if inverse == "pinv":
         return torch.linalg.pinv(block, hermitian=symmetric, rtol=_pinv_rtol(block.dtype))
     if symmetric:
-        return _iterative_inverse(block, n_iter, gamma)
+        return _iterative_inverse(block, n_iter, gamma, init)
     return _newton_schulz(block, n_iter)
 
 
@@ -466,7 +466,7 @@ class NystromFactors:
         return self.left @ (self.core @ (self.right @ V))
 
 
-def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator, lift):
+def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator, lift, init="official"):
     _check_inverse(inverse)
     n_q, n_k, p = q.shape[-2], k.shape[-2], q.shape[-1]
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
@@ -475,7 +475,7 @@ def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator
         idx = _landmark_indices(landmarks, n_q + n_k, batch, q.device, replace, generator)
         xj = _gather_rows(x, idx)
         left, block, right = _kernel(q, xj, p), _kernel(xj, xj, p), _kernel(xj, k, p)
-        core = _core(block, inverse, n_iter, gamma, symmetric=True)
+        core = _core(block, inverse, n_iter, gamma, symmetric=True, init=init)
     else:
         # Uniform Nyström on the unlifted (non-symmetric) kernel: columns K_J, rows Q_J.
         if n_q != n_k:
@@ -488,7 +488,7 @@ def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator
 
 
 def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, gamma: float = 0.1,
-                    replace: bool = True, generator=None, lift: bool = True) -> NystromFactors:
+                    replace: bool = True, generator=None, lift: bool = True, init: str = "official") -> NystromFactors:
     r"""Skyformer's lifted Nyström factors :math:`\tilde C = \kappa(Q, X_J)\, W\, \kappa(X_J, K)`.
 
     Parameters
@@ -504,6 +504,8 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
         :func:`iterative_inverse` of ``Cbar_JJ + gamma I``.
     n_iter, gamma : int, float
         Iterations and ridge of the iterative inverse.
+    init : {"official", "norms"}
+        Start of the iterative inverse (see :func:`iterative_inverse`); Skyformer's own by default.
     replace : bool
         Sample with replacement (default, as in the theorem).
     generator : int, numpy.random.Generator or torch.Generator, optional
@@ -511,6 +513,14 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
     lift : bool
         ``False`` gives the uniform Nyström on the unlifted kernel instead:
         :math:`\kappa(Q, K_J)\, \kappa(Q_J, K_J)^{+}\, \kappa(Q_J, K)` with ``J`` in ``range(n)``.
+
+    Notes
+    -----
+    Bandwidth: queries and keys are scaled by :math:`p^{-1/4}` for head dimension ``p``.
+    Skyformer's official code hard-codes :math:`32^{-1/4}` whatever the head dimension (its
+    models use ``p = 32``); for another ``p``, multiply ``Q`` and ``K`` by
+    :math:`(p / 32)^{1/4}` to reproduce it. Its iterative inverse, ridge 0.1 and row-sum
+    normalization are reproduced exactly (``inverse="iterative"``, ``init="official"``).
 
     Returns
     -------
@@ -528,7 +538,7 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
     """
     q, k, numpy_out = _check_pair(Q, K)
     left, core, right, idx = _skyformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), float(gamma),
-                                              replace, generator, lift)
+                                              replace, generator, lift, init)
     return NystromFactors(*(from_torch(t, numpy_out) for t in (left, core, right, idx)), inverse)
 
 
@@ -547,7 +557,7 @@ def nystrom_matrix(Q, K, landmarks, **kwargs):
 
 
 def nystrom_attention(Q, K, V, landmarks, *, inverse: str = "pinv", n_iter: int = 6, gamma: float = 0.1,
-                      replace: bool = True, generator=None, lift: bool = True):
+                      replace: bool = True, generator=None, lift: bool = True, init: str = "official"):
     r"""Skyformer attention :math:`\tilde C V` in O(n m p + m^3), never forming :math:`\tilde C`.
 
     Parameters as in :func:`nystrom_factors`; ``V`` has shape (..., n_k, d_v).
@@ -570,7 +580,7 @@ def nystrom_attention(Q, K, V, landmarks, *, inverse: str = "pinv", n_iter: int 
     q, k, numpy_out = _check_pair(Q, K)
     v = _check_values(V, k)
     left, core, right, _ = _skyformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), float(gamma),
-                                            replace, generator, lift)
+                                            replace, generator, lift, init)
     return from_torch(left @ (core @ (right @ v)), numpy_out)
 
 

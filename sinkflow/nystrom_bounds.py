@@ -317,6 +317,12 @@ def _check_trials(trials):
     return int(trials)
 
 
+def _check_landmarks_fit(m, N):
+    if m > N:
+        raise ValueError(f"landmarks={m} exceeds the N = {N} stacked queries and keys; at most N landmarks "
+                         f"(m = N draws every point on average; the exact lifted kernel needs all N)")
+
+
 def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pinv", n_iter: int = 6,
                    gamma: float = 0.1, seed=0, method: str = "auto", progress: bool = False) -> NystromErrors:
     r"""Exact spectral errors of ``trials`` independent lifted-Nyström draws (float64).
@@ -352,6 +358,7 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     trials = _check_trials(trials)
     _check_inverse(inverse)
     Cbar, n_q, _ = _lifted64(Q, K)
+    _check_landmarks_fit(m, Cbar.shape[0])
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
     return NystromErrors(errs, lows, highs, spectral_norm(Cbar[:n_q, n_q:], method=method),
@@ -521,6 +528,7 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     Cbar, n_q, p = _lifted64(Q, K)
     N = Cbar.shape[0]
+    _check_landmarks_fit(m, N)
     norm_C = spectral_norm(Cbar[:n_q, n_q:], method=method)
     norm_Cbar = spectral_norm(Cbar, symmetric=True, method=method)
     lam = float(eps) * norm_C
