@@ -56,7 +56,7 @@ def check_float(x: torch.Tensor, name: str) -> None:
         )
 
 
-def check_finite(x: torch.Tensor, name: str) -> None:
+def check_finite(x: torch.Tensor, name: str, hint: str = "") -> None:
     # Fast path: one reduction (isfinite(x).all() was 50x slower than a sum on CPU). A NaN or
     # inf anywhere makes the sum non-finite; a sum that merely overflows falls through to the
     # exact check below and passes.
@@ -64,7 +64,7 @@ def check_finite(x: torch.Tensor, name: str) -> None:
         return
     if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} has {bad} non-finite entries (NaN or inf); use a mask to exclude entries.")
+        raise ValueError(f"{name} has {bad} non-finite entries (NaN or inf)" + (f"; {hint}" if hint else ""))
 
 
 def to_torch(x: Any, name: str = "input", *, dtype: torch.dtype | None = None, like: torch.Tensor | None = None) -> torch.Tensor:

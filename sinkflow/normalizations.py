@@ -29,12 +29,21 @@ smallest normal, far below the resolution of any line sum that is used.
 
 Run-to-tolerance (``n_iter=None``) is accelerated three ways, all converging to the same
 (unique) fixed point: epsilon scaling (the scores are multiplied by an increasing schedule
-``s_0 < s_1 < ... < 1``, warm-starting the scaled potentials, as geomloss does);
-over-relaxation with ``omega`` adapted to the observed rate; and, for cold problems of
-moderate size that still have not converged after a few hundred half-iterations, Newton
-steps on the dual (quadratic convergence where the plain loop crawls). Measured on 40 x 40
-Gaussian scores at tolerance 1e-9: scores x30 in 550 half-iterations (plain: 9,178), x1000
-in 937 (plain: error 2e-5 after 100,000).
+``s_0 < s_1 < ... < 1``, factor 4 between stages, warm-starting the scaled potentials, as
+geomloss does; each stage solved to a tolerance that tightens with the multiplier);
+over-relaxation with ``omega`` adapted to the observed rate; and Newton steps on the dual
+whenever the observed rate predicts more than a few hundred further half-iterations. The
+Newton system is Jacobi-scaled (tiny masses no longer make it singular) and gauge-fixed,
+and solved densely for small problems, by a sparse factorization when the plan is nearly
+sparse (cold problems, any size) and by conjugate gradients otherwise. A stage that stalls
+is split in two. Measured on 40 x 40 Gaussian scores at tolerance 1e-9: scores x30 in 466
+half-iterations (plain: 9,178); on POT's cold 1D test problem (100 bins, ``reg = 1e-3``)
+in 544 half-iterations and 54 Newton steps, where the plain loop stalls at error 2e-3.
+
+Precision: the default tolerance follows the dtype (:func:`default_tolerance`); float16 and
+bfloat16 are solved in float32. A solve that cannot reach its tolerance says so (a
+:class:`SinkhornWarning`, ``converged=False``) as soon as its rate shows it, instead of
+spinning to ``max_iter``.
 """
 
 from __future__ import annotations
@@ -113,6 +122,9 @@ class SinkhornResult:
 # input checks
 
 
+_MASK_HINT = "use a mask (True = admissible) to exclude entries"
+
+
 def _prepare(scores, mask, a, b):
     numpy_out = not isinstance(scores, torch.Tensor)
     if numpy_out and not np.issubdtype(np.asarray(scores).dtype, np.floating):
@@ -133,9 +145,9 @@ def _prepare(scores, mask, a, b):
             mask = torch.broadcast_to(mask, C.shape)
         except RuntimeError as err:
             raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to scores {tuple(C.shape)}") from err
-        check_finite(C.detach().masked_fill(~mask, 0.0), "scores (unmasked entries)")
+        check_finite(C.detach().masked_fill(~mask, 0.0), "scores (unmasked entries)", _MASK_HINT)
     else:
-        check_finite(C.detach(), "scores")
+        check_finite(C.detach(), "scores", _MASK_HINT)
     a = _weights(a, n, C, "a", "queries")
     b = _weights(b, m, C, "b", "keys")
     return C, mask, a, b, numpy_out
@@ -901,9 +913,14 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     mask : bool array broadcastable to ``scores``, optional
         ``True`` = admissible pair. Excluded entries are exactly 0; a query with no
         admissible key gets a zero row and weight 0 (the others are renormalized),
-        likewise for keys.
+        likewise for keys. Key padding therefore gives the ``m - pads`` real keys weight
+        ``1 / (m - pads)`` each: after a column step (even ``n_iter``) their columns sum to
+        ``n / (m - pads)``. The Sinkformers NLP code keeps ``1 / m`` for every key, so its
+        columns sum to 1: multiply by ``(m - pads) / n`` to compare (rows agree after odd
+        ``n_iter``).
     a, b : arrays of shape (..., n) and (..., m), optional
-        Query and key weights (non-negative, summing to 1); uniform by default.
+        Query and key weights (non-negative, summing to 1 in their own precision);
+        uniform by default.
     init_g : array (..., m), optional
         Warm start for the column potential ``g`` (e.g. the previous step of a particle
         flow). The first half-iteration is a row step from it; with ``n_iter=None`` a warm
