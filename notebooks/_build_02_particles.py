@@ -8,7 +8,7 @@ cells = [
     nbf.v4.new_markdown_cell(r"""# Tokens as particles: attention flows and Wasserstein gradient flows
 
 A residual self-attention layer moves every token $x_i$ by one explicit Euler step,
-$x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j$ (THEORY.md section 2). This notebook shows
+$x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j$ (docs/theory/gradient_flows.md). This notebook shows
 
 1. the same particles under **SoftMax** ($K^1$) and **Sinkhorn** ($K^\infty$) attention;
 2. that Sinkhorn attention is a Wasserstein **gradient flow**: with $W$ symmetric and $W_V = W$,

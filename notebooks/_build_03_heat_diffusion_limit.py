@@ -24,7 +24,7 @@ md(r"""
 **What this notebook shows.** Rescale attention so the kernel is $e^{-|x-y|^2/(2\varepsilon)}$ and
 the values are $-(x_j - x_i)$; stack about $1/\varepsilon$ layers. With **Sinkhorn** (doubly
 stochastic) normalization the tokens then move like samples of the **heat equation**
-$\partial_t\rho = \Delta\rho$ (THEORY.md section 4, Sinkformers). We
+$\partial_t\rho = \Delta\rho$ (docs/theory/heat_limit.md, Sinkformers). We
 
 1. derive, with sympy, why the doubly stochastic barycentric map is
    $B_\varepsilon(x) = x + \tfrac{\varepsilon}{2}\nabla\log\rho(x) + O(\varepsilon^2)$, and what SoftMax gives instead;
@@ -51,7 +51,7 @@ from sinkflow.plots import heat as heat_figs
 from sinkflow.plots.style import style
 
 QUICK = os.environ.get("SINKFLOW_QUICK", "0") == "1"
-torch.set_num_threads(1)  # small dense ops: one thread is fastest on a shared machine (PERF.md)
+torch.set_num_threads(1)  # small dense ops: one thread is fastest on a shared machine (docs/performance.md)
 """)
 
 md(r"""

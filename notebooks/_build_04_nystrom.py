@@ -13,7 +13,7 @@ md(r"""
 
 Skyformer (Chen et al., NeurIPS 2021) replaces SoftMax by the Gaussian kernel
 $C_{ij} = \exp(-\|q_i - k_j\|^2 / (2\sqrt p))$ and approximates it with a Nyström method on the
-PSD *lifted* matrix $\bar C = \kappa([Q;K],[Q;K])$ (THEORY.md section 6). Its theorem: with
+PSD *lifted* matrix $\bar C = \kappa([Q;K],[Q;K])$ (docs/theory/nystrom.md). Its theorem: with
 $\lambda = \varepsilon\|C\|_2$ and $m \ge \frac{56}{3}\frac{d_{stat}}{\beta}\log\frac{4n}{\delta}$ uniform
 landmarks, $\|C - \tilde C\|_2 \le \lambda$ with probability $1-\delta$.
 

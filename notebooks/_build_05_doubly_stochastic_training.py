@@ -10,7 +10,7 @@ cells = [
 
 Sinkformers (Sander et al., 2022, RQ1) observe that in a trained SoftMax Transformer the **column sums**
 of the attention matrix approach 1 as epochs pass: SoftMax attention drifts toward the doubly stochastic
-matrices that Sinkhorn attention produces by construction (THEORY.md section 5). This notebook reproduces
+matrices that Sinkhorn attention produces by construction (docs/theory/training.md). This notebook reproduces
 the paper's plot on a laptop with scikit-learn's 8x8 digits and a one-layer, one-head, attention-only ViT
 (2x2 patches, 16 tokens + a class token), then shows that the claim is **conditional on the architecture**
 (without LayerNorm and with mean pooling the drift goes the other way), sweeps Sinkhorn's number of

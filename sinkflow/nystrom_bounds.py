@@ -1,4 +1,4 @@
-r"""Spectral-norm error of Skyformer's Nyström and the theorem that bounds it (THEORY.md 6).
+r"""Spectral-norm error of Skyformer's Nyström and the theorem that bounds it (docs/theory/nystrom.md).
 
 Notation: :math:`\bar C = \kappa(X, X)`, :math:`X = [Q; K]`, :math:`N = n_q + n_k` points
 (:math:`N = 2n` for self-attention), :math:`C = \bar C_{1:n_q, n_q+1:N}`, landmark
@@ -26,7 +26,7 @@ Write :math:`\bar C = B B^T`, :math:`\psi_i = (B^T B + \lambda I)^{-1/2} b_i` (s
 :math:`L` and variance :math:`\sigma^2`, both :math:`\le R/m` with :math:`R = N \max_i l_i = d_{stat}/\beta^\star`,
 gives :math:`P(\|Y - P\| \ge t) \le 2N \exp(-m t^2 / (2R(1 + t/3)))`, so
 :math:`m \ge \frac{2(1+t/3)}{t^2} R \log(2N/\delta) = \frac{28}{3} R \log(4n/\delta)` suffices
-(:data:`SHARP_LANDMARK_CONSTANT`). THEORY.md's :math:`56/3` (:data:`LANDMARK_CONSTANT`,
+(:data:`SHARP_LANDMARK_CONSTANT`). The theory page's :math:`56/3` (:data:`LANDMARK_CONSTANT`,
 the default) is what the same argument gives with the cruder bounds :math:`L, \sigma^2 \le 2R/m`
 (:math:`\frac{4(1+t/3)}{t^2} = 56/3` at :math:`t = 1/2`): valid, twice as many landmarks as
 needed. Only the lower tail is needed, so even :math:`\log(2n/\delta)` would do.
@@ -67,7 +67,7 @@ __all__ = [
     "smallest_sufficient_landmarks",
 ]
 
-#: The theorem's constant c in m >= c (d_stat / beta) log(4n / delta) (THEORY.md section 6).
+#: The theorem's constant c in m >= c (d_stat / beta) log(4n / delta) (docs/theory/nystrom.md).
 LANDMARK_CONSTANT = 56.0 / 3.0
 #: The constant the same matrix-Bernstein argument gives with tight summand and variance bounds.
 SHARP_LANDMARK_CONSTANT = 28.0 / 3.0
@@ -468,7 +468,7 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
                   loewner_tol: float = 1e-6, progress: bool = False) -> NystromCheck:
     r"""Check Skyformer's spectral-norm theorem on given queries and keys.
 
-    ``C`` is the kernelized attention matrix of THEORY.md section 6 (queries and keys
+    ``C`` is the kernelized attention matrix of docs/theory/nystrom.md (queries and keys
     scaled by :math:`p^{-1/4}`, unit Gaussian bandwidth). Draws ``trials`` landmark sets
     of size ``landmarks``, measures the exact :math:`\|C - \tilde C\|_2` and the extreme
     eigenvalues of :math:`\bar C - \tilde{\bar C}`, and compares with

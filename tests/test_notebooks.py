@@ -19,26 +19,22 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 
-# Runs in the kernel before the notebook. post_execute callbacks run before the inline backend
-# flushes (and closes) the cell's figures as long as ours is first in the list: re-insert it in
-# front before every cell, since the backend registers its own on first use.
+# Runs in the kernel before the notebook: counts the pyplot figures each cell creates (every
+# pyplot figure gets a manager through Gcf), keyed by the cell's execution count.
 FIGURE_PROBE = """
-import matplotlib.pyplot as _plt
+from matplotlib._pylab_helpers import Gcf as _Gcf
 from IPython import get_ipython as _get_ipython
-_probe_counts = []
+_probe_created = {}
+_probe_set_active = _Gcf._set_new_active_manager.__func__
 
-def _probe_count_open_figures():
-    _probe_counts.append(len(_plt.get_fignums()))
+def _probe_count(cls, manager):
+    count = _get_ipython().execution_count
+    _probe_created[count] = _probe_created.get(count, 0) + 1
+    return _probe_set_active(cls, manager)
 
-def _probe_first(*_):
-    callbacks = _get_ipython().events.callbacks["post_execute"]
-    if _probe_count_open_figures in callbacks:
-        callbacks.remove(_probe_count_open_figures)
-    callbacks.insert(0, _probe_count_open_figures)
-
-_get_ipython().events.register("pre_run_cell", _probe_first)
+_Gcf._set_new_active_manager = classmethod(_probe_count)
 """
-PROBE_REPORT = "import json as _json; print(_json.dumps(_probe_counts))"  # counts start after the setup cell; this one is counted after it prints
+PROBE_REPORT = "import json as _json; print(_json.dumps(_probe_created))"
 
 
 def _execute(nb, cwd):
@@ -56,26 +52,54 @@ def _execute(nb, cwd):
 
 
 def execute_with_probe(cells, cwd, env):
-    """Execute code ``cells`` (nbformat cells) in a fresh kernel; return them executed and the
-    number of open pyplot figures at the end of each."""
+    """Execute code ``cells`` (nbformat cells) in a fresh kernel with ``env`` (None: unset).
+
+    Returns the executed notebook's code cells, each with ``figures_created`` (pyplot figures
+    the cell created) and ``images`` (PNG outputs, in the cell or in its widgets' outputs)."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(FIGURE_PROBE), *cells,
                                          nbformat.v4.new_code_cell(PROBE_REPORT)])
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update({k: v for k, v in env.items() if v is not None})
-    for key in [k for k, v in env.items() if v is None]:
-        os.environ.pop(key, None)
+    saved = _set_environ(env)  # the kernel inherits this process's environment
     try:
         _execute(nb, cwd)
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    counts = json.loads(nb.cells[-1].outputs[0]["text"])
-    executed = [c for c in nb.cells[1:-1] if c.cell_type == "code"]
-    assert len(counts) == len(executed), "the probe must see every cell once"
-    return executed, counts
+        _set_environ(saved)
+    created = {int(k): v for k, v in json.loads(nb.cells[-1].outputs[0]["text"]).items()}
+    widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    cells = [c for c in nb.cells[1:-1] if c.cell_type == "code"]
+    return [(c, created.get(c.execution_count, 0), _images(c.outputs, widgets)) for c in cells]
+
+
+def _set_environ(env):
+    """Set (None: unset) environment variables; return their previous values."""
+    previous = {key: os.environ.get(key) for key in env}
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    return previous
+
+
+def _images(outputs, widgets, seen=None):
+    """Number of PNG outputs, following widget views into their models' output lists."""
+    seen = set() if seen is None else seen
+    count = 0
+    for out in outputs:
+        data = out.get("data", {})
+        count += "image/png" in data
+        view = data.get("application/vnd.jupyter.widget-view+json")
+        if view:
+            count += _widget_images(view["model_id"], widgets, seen)
+    return count
+
+
+def _widget_images(model_id, widgets, seen):
+    if model_id in seen or model_id not in widgets:
+        return 0
+    seen.add(model_id)
+    state = widgets[model_id]["state"]
+    children = [ref.removeprefix("IPY_MODEL_") for ref in state.get("children", [])]
+    return _images(state.get("outputs", []), widgets, seen) + sum(_widget_images(c, widgets, seen) for c in children)
 
 
 # MPLBACKEND unset: the kernel uses IPython's inline backend, as in Jupyter.
@@ -94,10 +118,6 @@ def notebook_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("notebooks")
 
 
-def _has_image(cell):
-    return any("image/png" in out.get("data", {}) for out in cell.outputs)
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_is_committed_clean(path):
     nb = nbformat.read(path, as_version=4)
@@ -108,10 +128,10 @@ def test_notebook_is_committed_clean(path):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_shows_every_figure_it_draws(path, notebook_dir):
-    cells, open_figures = executed_notebook(path, notebook_dir)  # raises if a cell fails
-    missing = [cell.source.splitlines()[:3] for cell, n in zip(cells, open_figures) if n and not _has_image(cell)]
-    assert not missing, f"cells draw a figure that never shows: {missing}"
-    assert any(open_figures), "every notebook draws figures: the probe must see them"
+    cells = executed_notebook(path, notebook_dir)  # raises if a cell fails
+    missing = [cell.source.splitlines()[:3] for cell, created, images in cells if images < created]
+    assert not missing, f"cells draw figures that never show: {missing}"
+    assert any(created for _, created, _ in cells), "every notebook draws: the probe must see it"
 
 
 STYLE_FIRST = [
@@ -132,13 +152,13 @@ PLAIN_FIRST = [
 
 def test_style_leaves_no_global_state_in_a_kernel(notebook_dir):
     env = {"MPLBACKEND": None}
-    styled, styled_open = execute_with_probe([nbformat.v4.new_code_cell(c) for c in STYLE_FIRST], notebook_dir, env)
-    plain, _ = execute_with_probe([nbformat.v4.new_code_cell(c) for c in PLAIN_FIRST], notebook_dir, env)
-    after_style = json.loads(styled[1].outputs[0]["text"])
-    reference = json.loads(plain[1].outputs[0]["text"])
+    styled = execute_with_probe([nbformat.v4.new_code_cell(c) for c in STYLE_FIRST], notebook_dir, env)
+    plain = execute_with_probe([nbformat.v4.new_code_cell(c) for c in PLAIN_FIRST], notebook_dir, env)
+    after_style = json.loads(styled[1][0].outputs[0]["text"])
+    reference = json.loads(plain[1][0].outputs[0]["text"])
     assert after_style["interactive"] is reference["interactive"] is True
     assert after_style["backend"] == reference["backend"] == "module://matplotlib_inline.backend_inline"
     changed = {k for k in reference["rc"] if after_style["rc"].get(k) != reference["rc"][k]}
     assert not changed, f"rcParams left changed by the style block: {sorted(changed)}"
-    assert styled_open == [1, 0, 1]
-    assert _has_image(styled[0]) and _has_image(styled[2]), "a figure drawn after the style block must show"
+    assert [(created, images) for _, created, images in styled] == [(1, 1), (0, 0), (1, 1)], \
+        "the figure in the style block and the one drawn after it must both show"
