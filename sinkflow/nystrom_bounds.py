@@ -395,8 +395,17 @@ class NystromCheck:
         Draws violating :math:`\bar C \preceq \tilde{\bar C} + \lambda I`.
     loewner_lower : bool
         :math:`\tilde{\bar C} \preceq \bar C` in every draw, to ``loewner_tol``. Always true in
-        exact arithmetic, with either inverse (the iterative one satisfies
-        :math:`0 \preceq Z \preceq (M + \gamma I)^{-1} \preceq M^{+}`).
+        exact arithmetic, with either inverse :math:`Z` of the landmark block
+        :math:`M = \bar C_{J,J}`. Proof: write :math:`\bar C = B B^T` and :math:`B_J` the landmark
+        rows, so :math:`M = B_J B_J^T` and :math:`\tilde{\bar C} = B (B_J^T Z B_J) B^T`; it
+        suffices that :math:`B_J^T Z B_J \preceq I`. For :math:`Z = M^+`, :math:`B_J^T M^+ B_J` is
+        the orthogonal projector onto the row space of :math:`B_J`. For the iterative inverse,
+        :math:`0 \preceq Z \preceq (M + \gamma I)^{-1}` (its Newton-Schulz iterates are spectral
+        functions :math:`f` of the rescaled matrix with :math:`0 \le \sigma f(\sigma) \le 1`), and
+        :math:`B_J^T (B_J B_J^T + \gamma I)^{-1} B_J = (B_J^T B_J + \gamma I)^{-1} B_J^T B_J`
+        has eigenvalues :math:`\sigma^2/(\sigma^2 + \gamma) < 1`. (Not via
+        :math:`(M + \gamma I)^{-1} \preceq M^+`: that fails on the null space of a singular
+        :math:`M`, e.g. with repeated landmarks, where :math:`M^+` vanishes.)
     min_lifted_eigenvalue : float
         Smallest :math:`\lambda_{min}(\bar C - \tilde{\bar C})` over the draws.
     bound_holds : bool

@@ -98,3 +98,21 @@ def test_heat_page_softmax_dot_contracts_to_size_sqrt_eps():
     assert sp.limit(rate.subs(s, 1), eps, 0) == -sp.oo  # no limit: the velocity blows up
     assert sp.solve(rate, s) == [eps]  # the mean-field fixed point S = eps
     assert rate.subs(s, 2 * eps) < 0 < rate.subs(s, eps / 2)  # and it attracts
+
+
+def test_nystrom_proof_step_with_repeated_landmarks():
+    """The Loewner bound of the iterative inverse holds through B_J^T Z B_J <= I, not via M^+."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    Cbar = np.exp(-((X[:, None] - X[None]) ** 2).sum(-1) / 2)  # PSD Gaussian kernel, numpy oracle
+    J = np.array([0, 1, 2, 2, 5, 5, 7])  # repeated landmarks: M is singular
+    M, gamma = Cbar[np.ix_(J, J)], 0.1
+    ridge_inverse = np.linalg.inv(M + gamma * np.eye(len(J)))
+    # the false step: (M + gamma I)^-1 <= M^+ fails on the null space of M
+    assert np.linalg.eigvalsh(np.linalg.pinv(M, hermitian=True) - ridge_inverse).min() < -1
+    for n_iter in (2, 6, 30):
+        Z = sinkflow.iterative_inverse(M, n_iter=n_iter, gamma=gamma)
+        assert np.linalg.eigvalsh(Z).min() > -1e-10
+        assert np.linalg.eigvalsh(ridge_inverse - Z).min() > -1e-8  # 0 <= Z <= (M + gamma I)^-1
+        approx = Cbar[:, J] @ Z @ Cbar[J, :]
+        assert np.linalg.eigvalsh(Cbar - approx).min() > -1e-8  # the conclusion: Cbar~ <= Cbar
