@@ -276,7 +276,7 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     normalization = _check_normalization(normalization)
     times, dt = _check_steps(times, dt)
     tol = _default_tol(x, tol, eps)
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     plans = []
     prev = 0.0
@@ -293,7 +293,7 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     g = g_prev = None
     h_prev = None
     h_max = 0.0
-    with tqdm(total=n_steps, disable=not progress, desc=f"{normalization} flow", leave=False) as bar:
+    with progress_bar(total=n_steps, enabled=progress, desc=f"{normalization} flow", leave=False) as bar:
         for k, h in plans:
             for _ in range(k):
                 # Warm start: the column potential moves smoothly with the particles, so a

@@ -292,11 +292,11 @@ class NystromErrors:
 
 
 def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, method, progress, lifted=True):
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     N = Cbar.shape[0]
     lows, highs, errs = np.full(trials, np.nan), np.full(trials, np.nan), np.empty(trials)
-    for t in tqdm(range(trials), disable=not progress, desc=f"Nyström draws (m={m})", leave=False):
+    for t in progress_bar(range(trials), enabled=progress, desc=f"Nyström draws (m={m})", leave=False):
         J = sample_landmarks(N, m, generator=rng)
         G = Cbar[:, J]
         if inverse == "pinv":

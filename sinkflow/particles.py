@@ -268,7 +268,7 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
     >>> bool(np.all(np.diff(traj.monitors["energy"]) <= 0))   # F^inf decreases (W_V = W = I)
     True
     """
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     numpy_out = not isinstance(x0, torch.Tensor)
     X = to_torch(x0, "x0")
@@ -370,7 +370,7 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
         times = [0.0]
         iters = np.zeros(steps, dtype=int)
         all_converged = True
-        for k in tqdm(range(steps), disable=not progress, desc=f"{attention} flow", unit="step"):
+        for k in progress_bar(range(steps), enabled=progress, desc=f"{attention} flow", unit="step"):
             v1, ev = field_at(X)
             it, conv = ev.n_iter, ev.converged
             if monitors and k % monitor_every == 0:

@@ -10,6 +10,7 @@ output. The style context is checked the same way, in a fresh kernel.
 import functools
 import json
 import os
+import sys
 from pathlib import Path
 
 import nbformat
@@ -162,3 +163,25 @@ def test_style_leaves_no_global_state_in_a_kernel(notebook_dir):
     assert not changed, f"rcParams left changed by the style block: {sorted(changed)}"
     assert [(created, images) for _, created, images in styled] == [(1, 1), (0, 0), (1, 1)], \
         "the figure in the style block and the one drawn after it must both show"
+
+
+def test_interact_falls_back_to_one_static_call(monkeypatch):
+    from sinkflow.plots.interactive import interact
+
+    calls = []
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
+    assert interact(lambda eps=0.1, n=30: calls.append((eps, n)) or "drawn", eps=(0.01, 0.5, 0.01), n=(10, 100, 10)) == "drawn"
+    assert calls == [(0.1, 30)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_widgets_have_a_static_fallback(path):
+    """ipywidgets is optional: notebooks reach it only through sinkflow.plots.interactive.interact."""
+    sources = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    assert not [s for s in sources if "ipywidgets" in s]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_says_how_to_switch_quick_mode_in_jupyter(path):
+    nb = nbformat.read(path, as_version=4)
+    assert any('os.environ["SINKFLOW_QUICK"] = "1"' in c.source for c in nb.cells)
