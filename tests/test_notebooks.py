@@ -143,6 +143,7 @@ STYLE_FIRST = [
     "print(json.dumps({'interactive': matplotlib.is_interactive(), 'backend': matplotlib.get_backend(),\n"
     "                  'rc': {k: repr(v) for k, v in matplotlib.rcParams.items()}}))",
     "fig, ax = plt.subplots()\nax.plot([1, 2])",
+    "fig = plt.figure()\nplt.close(fig)  # drawn and never shown: what the notebook test must catch",
 ]
 PLAIN_FIRST = [
     # The same session without the style: the reference state.
@@ -161,8 +162,8 @@ def test_style_leaves_no_global_state_in_a_kernel(notebook_dir):
     assert after_style["backend"] == reference["backend"] == "module://matplotlib_inline.backend_inline"
     changed = {k for k in reference["rc"] if after_style["rc"].get(k) != reference["rc"][k]}
     assert not changed, f"rcParams left changed by the style block: {sorted(changed)}"
-    assert [(created, images) for _, created, images in styled] == [(1, 1), (0, 0), (1, 1)], \
-        "the figure in the style block and the one drawn after it must both show"
+    assert [(created, images) for _, created, images in styled] == [(1, 1), (0, 0), (1, 1), (1, 0)], \
+        "the figure in the style block and the one drawn after it must both show; the probe sees a closed one"
 
 
 def test_interact_falls_back_to_one_static_call(monkeypatch):

@@ -116,3 +116,20 @@ def test_nystrom_proof_step_with_repeated_landmarks():
         assert np.linalg.eigvalsh(ridge_inverse - Z).min() > -1e-8  # 0 <= Z <= (M + gamma I)^-1
         approx = Cbar[:, J] @ Z @ Cbar[J, :]
         assert np.linalg.eigvalsh(Cbar - approx).min() > -1e-8  # the conclusion: Cbar~ <= Cbar
+
+
+ENERGY_ROWS = read_table("gradient_flows.md", "energy-signs")
+
+
+@pytest.mark.parametrize("row", ENERGY_ROWS, ids=lambda r: f"{r['attention']}{r['values $W_V$']}")
+def test_gradient_flow_page_sign_convention_is_the_simulator(row):
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(2, 2))
+    W = A @ A.T / 4 + 0.1 * np.eye(2)  # symmetric positive definite
+    sign = {"+W": 1.0, "-W": -1.0}[row["values $W_V$"]]
+    x0 = sinkflow.random_particles(20, 2, seed=0)
+    traj = sinkflow.simulate(x0, row["attention"], W_Q=np.eye(2), W_K=W, W_V=sign * W, h=0.01, steps=8,
+                             monitors=["energy"])
+    steps = np.diff(traj.monitors["energy"])
+    expected = {"decreases": -1, "increases": 1}[row["along the flow"]]
+    assert np.all(np.sign(steps) == expected), steps
