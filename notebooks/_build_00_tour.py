@@ -32,7 +32,7 @@ import sinkflow
 from sinkflow.plots.style import COLORS, new_figure, style
 
 %matplotlib inline
-# (importing sinkflow.plots.style selects the Agg backend for scripts; this restores inline figures)
+# (inline figures are the default in Jupyter; explicit for other front ends)
 
 # Quick mode (small sizes, seconds): start Jupyter with SINKFLOW_QUICK=1, or uncomment the
 # next line and re-run this cell (and the cells below).
