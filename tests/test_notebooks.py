@@ -2,9 +2,9 @@
 
 Each notebook is executed once per test session (with IPython's inline backend, as a reader
 sees it); all assertions reuse that run. A kernel-side hook, injected as an extra first cell of
-the executed copy, records how many pyplot figures are open at the end of each cell's code:
-a cell that leaves a figure open is a cell that draws, and it must have an ``image/png``
-output. The style context is checked the same way, in a fresh kernel.
+the executed copy, counts the pyplot figures each cell creates: a cell that creates a figure
+draws, and it must show as many ``image/png`` outputs (in the cell, or in the output of its
+widgets). The style context is checked the same way, in fresh kernels.
 """
 
 import functools
@@ -48,7 +48,8 @@ def _execute(nb, cwd):
         # Quick notebooks finish in seconds; a silent kernel (seen once under heavy load) is an
         # infrastructure hang, not a result: retry once on a fresh kernel. A raising cell is never retried.
         for cell in nb.cells:
-            cell.outputs = [] if cell.cell_type == "code" else cell.get("outputs")
+            if cell.cell_type == "code":
+                cell.outputs = []
         client.execute()
     return nb
 
@@ -56,8 +57,8 @@ def _execute(nb, cwd):
 def execute_with_probe(cells, cwd, env):
     """Execute code ``cells`` (nbformat cells) in a fresh kernel with ``env`` (None: unset).
 
-    Returns the executed notebook's code cells, each with ``figures_created`` (pyplot figures
-    the cell created) and ``images`` (PNG outputs, in the cell or in its widgets' outputs)."""
+    Returns one ``(cell, created, images)`` per executed code cell: the pyplot figures the cell
+    created and its PNG outputs (in the cell or in its widgets' outputs)."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(FIGURE_PROBE), *cells,
                                          nbformat.v4.new_code_cell(PROBE_REPORT)])
     saved = _set_environ(env)  # the kernel inherits this process's environment
