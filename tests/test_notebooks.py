@@ -1,17 +1,17 @@
 """Every notebook executes top to bottom in quick mode (SINKFLOW_QUICK=1) and shows its figures.
 
-Each notebook is executed once per test session (with IPython's inline backend, as a reader
-sees it); all assertions reuse that run. A kernel-side hook, injected as an extra first cell of
+Each notebook is executed once per test session, two kernels at a time (with IPython's inline
+backend, as a reader sees it); all assertions reuse that run. A kernel-side hook, injected as an extra first cell of
 the executed copy, counts the pyplot figures each cell creates: a cell that creates a figure
 draws, and it must show as many ``image/png`` outputs (in the cell, or in the output of its
 widgets). The style context is checked the same way, in fresh kernels.
 """
 
-import functools
 import json
 import os
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -39,18 +39,18 @@ _Gcf._set_new_active_manager = classmethod(_probe_count)
 PROBE_REPORT = "import json as _json; print(_json.dumps(_probe_created))"
 
 
-def _execute(nb, cwd):
+def _execute(nb, cwd, env):
     client = NotebookClient(nb, timeout=180, startup_timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     try:
-        client.execute()
+        client.execute(env=env)
     except (CellTimeoutError, DeadKernelError):
         # Quick notebooks finish in seconds; a silent kernel (seen once under heavy load) is an
         # infrastructure hang, not a result: retry once on a fresh kernel. A raising cell is never retried.
         for cell in nb.cells:
             if cell.cell_type == "code":
                 cell.outputs = []
-        client.execute()
+        client.execute(env=env)
     return nb
 
 
@@ -61,26 +61,12 @@ def execute_with_probe(cells, cwd, env):
     created and its PNG outputs (in the cell or in its widgets' outputs)."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(FIGURE_PROBE), *cells,
                                          nbformat.v4.new_code_cell(PROBE_REPORT)])
-    saved = _set_environ(env)  # the kernel inherits this process's environment
-    try:
-        _execute(nb, cwd)
-    finally:
-        _set_environ(saved)
+    kernel_env = {key: value for key, value in {**os.environ, **env}.items() if value is not None}
+    _execute(nb, cwd, kernel_env)  # the environment goes to the kernel only: safe in threads
     created = {int(k): v for k, v in json.loads(nb.cells[-1].outputs[0]["text"]).items()}
     widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
     cells = [c for c in nb.cells[1:-1] if c.cell_type == "code"]
     return [(c, created.get(c.execution_count, 0), _images(c.outputs, widgets)) for c in cells]
-
-
-def _set_environ(env):
-    """Set (None: unset) environment variables; return their previous values."""
-    previous = {key: os.environ.get(key) for key in env}
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    return previous
 
 
 def _images(outputs, widgets, seen=None):
@@ -109,16 +95,25 @@ def _widget_images(model_id, widgets, seen):
 NOTEBOOK_ENV = {"SINKFLOW_QUICK": "1", "MPLBACKEND": None}
 
 
-@functools.cache
-def executed_notebook(path, cwd):
-    nb = nbformat.read(path, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
+def execute_notebook(path, cwd):
+    code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
     return execute_with_probe(code, cwd, NOTEBOOK_ENV)
 
 
 @pytest.fixture(scope="session")
 def notebook_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("notebooks")
+
+
+@pytest.fixture(scope="session")
+def executed_notebooks(request, notebook_dir):
+    """Each selected notebook executed once per session, two at a time (each kernel is its own
+    process; the threads only wait on them). Maps path -> future of ``execute_notebook``."""
+    selected = sorted({item.callspec.params["path"] for item in request.session.items
+                       if getattr(item, "originalname", "") == "test_notebook_shows_every_figure_it_draws"})
+    pool = ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1))
+    yield {path: pool.submit(execute_notebook, path, notebook_dir) for path in selected}
+    pool.shutdown(cancel_futures=True)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -130,8 +125,8 @@ def test_notebook_is_committed_clean(path):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_shows_every_figure_it_draws(path, notebook_dir):
-    cells = executed_notebook(path, notebook_dir)  # raises if a cell fails
+def test_notebook_shows_every_figure_it_draws(path, executed_notebooks):
+    cells = executed_notebooks[path].result()  # raises if a cell fails
     missing = [cell.source.splitlines()[:3] for cell, created, images in cells if images < created]
     assert not missing, f"cells draw figures that never show: {missing}"
     assert any(created for _, created, _ in cells), "every notebook draws: the probe must see it"
@@ -155,9 +150,9 @@ PLAIN_FIRST = [
 
 
 def test_style_leaves_no_global_state_in_a_kernel(notebook_dir):
-    env = {"MPLBACKEND": None}
-    styled = execute_with_probe([nbformat.v4.new_code_cell(c) for c in STYLE_FIRST], notebook_dir, env)
-    plain = execute_with_probe([nbformat.v4.new_code_cell(c) for c in PLAIN_FIRST], notebook_dir, env)
+    sessions = [[nbformat.v4.new_code_cell(c) for c in cells] for cells in (STYLE_FIRST, PLAIN_FIRST)]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two independent kernels
+        styled, plain = pool.map(lambda cells: execute_with_probe(cells, notebook_dir, {"MPLBACKEND": None}), sessions)
     after_style = json.loads(styled[1][0].outputs[0]["text"])
     reference = json.loads(plain[1][0].outputs[0]["text"])
     assert after_style["interactive"] is reference["interactive"] is True
