@@ -54,12 +54,12 @@ def _execute(nb, cwd, env):
     return nb
 
 
-def execute_with_probe(cells, cwd, env):
+def execute_with_probe(cells, cwd, env, prelude=""):
     """Execute code ``cells`` (nbformat cells) in a fresh kernel with ``env`` (None: unset).
 
     Returns one ``(cell, created, images)`` per executed code cell: the pyplot figures the cell
     created and its PNG outputs (in the cell or in its widgets' outputs)."""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(FIGURE_PROBE), *cells,
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(prelude + FIGURE_PROBE), *cells,
                                          nbformat.v4.new_code_cell(PROBE_REPORT)])
     kernel_env = {key: value for key, value in {**os.environ, **env}.items() if value is not None}
     _execute(nb, cwd, kernel_env)  # the environment goes to the kernel only: safe in threads
@@ -95,9 +95,9 @@ def _widget_images(model_id, widgets, seen):
 NOTEBOOK_ENV = {"SINKFLOW_QUICK": "1", "MPLBACKEND": None}
 
 
-def execute_notebook(path, cwd):
+def execute_notebook(path, cwd, prelude=""):
     code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-    return execute_with_probe(code, cwd, NOTEBOOK_ENV)
+    return execute_with_probe(code, cwd, NOTEBOOK_ENV, prelude)
 
 
 @pytest.fixture(scope="session")
@@ -130,6 +130,15 @@ def test_notebook_shows_every_figure_it_draws(path, executed_notebooks):
     missing = [cell.source.splitlines()[:3] for cell, created, images in cells if images < created]
     assert not missing, f"cells draw figures that never show: {missing}"
     assert any(created for _, created, _ in cells), "every notebook draws: the probe must see it"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_shows_every_figure_without_ipywidgets(path, notebook_dir):
+    cells = execute_notebook(path, notebook_dir, prelude="import sys\nsys.modules['ipywidgets'] = None  # not installed\n")
+    assert not [cell.source.splitlines()[:3] for cell, created, images in cells if images < created]
+    assert any(created for _, created, _ in cells)
 
 
 STYLE_FIRST = [
