@@ -17,7 +17,7 @@ Prints markdown tables:
 5. peak extra memory of one float32 solve at n = 4096, in units of n x n buffers.
 
 Cost C_ij = |x_i - y_j|^2, scores -C / eps with eps = T x median(C); T = 1 (moderate) and
-T = 0.01 (cold; see the performance notes in the docs). One torch thread; medians of ``--repeats`` runs
+T = 0.01 (cold, as in docs/performance.md). One torch thread; medians of ``--repeats`` runs
 after a warm-up. Usage: ``python benchmarks/bench_sinkhorn.py [--quick]``.
 """
 

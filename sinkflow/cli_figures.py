@@ -22,7 +22,7 @@ def run(args) -> int:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never open windows from the command line
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     from sinkflow.plots.registry import registry, render
 
@@ -40,7 +40,7 @@ def run(args) -> int:
         return 2
     names = list(reg) if args.all else (args.names or [n for n, s in reg.items() if s.default])
     formats = tuple(args.format or ("png", "pdf"))
-    bar = tqdm(names, desc=f"figures ({args.mode})", unit="fig", file=sys.stderr)
+    bar = progress_bar(names, desc=f"figures ({args.mode})", unit="fig", file=sys.stderr)
     for name in bar:
         bar.set_postfix_str(name)
         t0 = time.perf_counter()

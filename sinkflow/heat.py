@@ -1,4 +1,4 @@
-r"""Reference solutions for the heat-diffusion limit (THEORY.md section 4).
+r"""Reference solutions for the heat-diffusion limit (docs/theory/heat_limit.md).
 
 Three exact references, all numpy and float64:
 

@@ -1,6 +1,6 @@
 r"""Attention normalizations: SoftMax and log-stable Sinkhorn.
 
-Notation (THEORY.md section 1). Scores :math:`C` of shape ``(..., n, m)``, query weights
+Notation (docs/theory/normalizations.md). Scores :math:`C` of shape ``(..., n, m)``, query weights
 :math:`a` (``n``), key weights :math:`b` (``m``), uniform by default. Sinkhorn returns
 
 .. math:: K_{ij} = \exp(f_i + C_{ij} + g_j), \qquad \sum_j K_{ij} = 1, \qquad \sum_i a_i K_{ij} = b_j,
@@ -24,7 +24,7 @@ Schmitzer 2019). The result never contains NaN or inf, at any temperature.
 
 Exponent arguments (after subtracting the line maximum) are clamped one unit above the
 logarithm of the smallest normal number: float32 ``exp`` is ~9x slower on arguments below
--87 (``shared/PERF.md``), and the clamp changes each entry by less than 3x the float's
+-87 (docs/performance.md), and the clamp changes each entry by less than 3x the float's
 smallest normal, far below the resolution of any line sum that is used.
 
 Run-to-tolerance (``n_iter=None``) is accelerated three ways, all converging to the same

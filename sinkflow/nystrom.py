@@ -1,4 +1,4 @@
-r"""Kernelized (Gaussian) attention and its Nyström approximations (THEORY.md section 6).
+r"""Kernelized (Gaussian) attention and its Nyström approximations (docs/theory/nystrom.md).
 
 Skyformer replaces SoftMax by the Gaussian kernel of bandwidth :math:`p^{1/4}`,
 
@@ -131,7 +131,7 @@ def kernelized_attention_matrix(Q, K):
     r"""The kernelized attention matrix :math:`C = \exp(-\|q_i - k_j\|^2 / (2\sqrt p))`.
 
     Equals :math:`D_Q^{-1/2} \exp(Q K^T / \sqrt p) D_K^{-1/2}` with
-    :math:`(D_Q)_{ii} = \exp(\|q_i\|^2 / \sqrt p)` (THEORY.md section 6).
+    :math:`(D_Q)_{ii} = \exp(\|q_i\|^2 / \sqrt p)` (docs/theory/nystrom.md).
 
     Parameters
     ----------

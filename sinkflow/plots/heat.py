@@ -1,4 +1,4 @@
-r"""Figures of the heat-diffusion limit (THEORY.md section 4).
+r"""Figures of the heat-diffusion limit (docs/theory/heat_limit.md).
 
 * ``heat_snapshots``: Sinkhorn particles against the exact heat solution (1D and 2D,
   Gaussian-mixture start).
@@ -57,7 +57,7 @@ def compute_snapshots(cfg: SnapshotConfig) -> dict:
     grid = np.linspace(-4.5, 4.5, 361)
     ax = np.linspace(-4, 4, 121)
     mesh = np.stack(np.meshgrid(ax, ax, indexing="ij"), -1).reshape(-1, 2)
-    with torch_threads(1):  # PERF.md: two threads on a busy 2-vCPU machine are slower
+    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         r1 = heat_trajectory(g1.sample(cfg.n_1d, cfg.seed), cfg.times, cfg.eps_1d, cfg.dt)
         r2 = heat_trajectory(g2.sample(cfg.n_2d, cfg.seed + 1), cfg.times, cfg.eps_2d, cfg.dt)
     data["x1d"] = r1.positions[:, :, 0]
@@ -123,7 +123,7 @@ def compute_normalizations(cfg: NormalizationsConfig) -> dict:
     times = np.linspace(0, cfg.t_end, cfg.n_times)
     x0 = g.sample(cfg.n, cfg.seed)
     data = {"times": times}
-    with torch_threads(1):  # PERF.md: two threads on a busy 2-vCPU machine are slower
+    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         for norm in NORMALIZATIONS:
             dt = cfg.dt_dot if norm == "softmax_dot" else cfg.dt
             pos = heat_trajectory(x0, times, cfg.eps, dt, norm).positions
@@ -209,7 +209,7 @@ def compute_convergence(cfg: ConvergenceConfig) -> dict:
         return wasserstein2(g.evolve(t).sample(int(n), 1000 * cfg.seed + seed + 500), g.evolve(t)).value
 
     x0_dt = g.sample(cfg.n_for_eps, 1000 * cfg.seed)
-    with torch_threads(1):  # PERF.md: two threads on a busy 2-vCPU machine are slower
+    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         st_eps = convergence_study(cfg.eps_values, var_error, cfg.seeds)
         st_n = convergence_study(cfg.n_values, w2_error, cfg.seeds)
         st_floor = convergence_study(cfg.n_values, w2_floor, cfg.seeds)
@@ -285,7 +285,7 @@ def compute_barycentric(cfg: BarycentricConfig) -> dict:
     g = mixture_1d()
     y = np.linspace(-4.5, 4.5, cfg.grid_points)
     data = {"grid": y, "eps": np.asarray(cfg.eps_values), "score": g.score(y[:, None])[:, 0]}
-    with torch_threads(1):  # PERF.md: two threads on a busy 2-vCPU machine are slower
+    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         for norm in ("sinkhorn", "softmax_gaussian"):
             res = [barycentric_map(g, y, e, norm, tol=1e-9) for e in cfg.eps_values]
             # on the Sinkhorn scale eps/2, to show the factor

@@ -1,4 +1,4 @@
-r"""Figures for THEORY.md section 6: Skyformer's Nyström, its spectral-norm theorem and its looseness.
+r"""Figures for docs/theory/nystrom.md: Skyformer's Nyström, its spectral-norm theorem and its looseness.
 
 - ``nystrom_error_vs_landmarks`` (default): observed :math:`\|C - \tilde C\|_2 / \|C\|_2` against
   :math:`m` for Skyformer (pinv and iterative inverse), Nyströmformer on SoftMax and uniform

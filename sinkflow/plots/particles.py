@@ -1,6 +1,6 @@
 r"""Figures of particle flows: SoftMax vs Sinkhorn, energies, Jacobian asymmetry, sphere clustering.
 
-THEORY.md sections 2, 3 and 7. Every compute function is a pure function of its frozen,
+docs/theory/gradient_flows.md and docs/theory/sphere.md. Every compute function is a pure function of its frozen,
 seeded config; plots only draw the returned arrays.
 """
 
