@@ -35,6 +35,7 @@ needed. Only the lower tail is needed, so even :math:`\log(2n/\delta)` would do.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -319,8 +320,9 @@ def _check_trials(trials):
 
 def _check_landmarks_fit(m, N):
     if m > N:
-        raise ValueError(f"landmarks={m} exceeds the N = {N} stacked queries and keys; at most N landmarks "
-                         f"(m = N draws every point on average; the exact lifted kernel needs all N)")
+        warnings.warn(f"landmarks={m} exceeds the N = {N} stacked queries and keys: the draws with replacement "
+                      "repeat points (as the theorem allows; its landmark count often exceeds N). Pass the N "
+                      "indices themselves for the exact lifted kernel.", UserWarning, stacklevel=3)
 
 
 def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pinv", n_iter: int = 6,
