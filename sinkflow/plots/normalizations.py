@@ -6,11 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkflow.normalizations import softmax, solve_sinkhorn
+import sinkflow
 from sinkflow.plots.registry import register
 from sinkflow.plots.style import COLORS, new_figure
-from sinkflow.scores import gaussian_scores
-from sinkflow.stochasticity import asymptotic_rate, birkhoff_hopf_rate, sorted_column_sums
 
 
 @dataclass(frozen=True)
@@ -30,11 +28,11 @@ def attention_data(cfg: AttentionConfig) -> dict:
     q = rng.normal(scale=0.35, size=(cfg.n_queries, 2)) + np.array([0.4, 0.0])
     angles = np.sort(rng.uniform(0, 2 * np.pi, cfg.n_keys))
     k = np.c_[np.cos(angles), np.sin(angles)] * rng.uniform(0.8, 1.2, size=(cfg.n_keys, 1))
-    C = gaussian_scores(q, k, temperature=cfg.temperature)
-    res = solve_sinkhorn(C, tol=1e-12)
+    C = sinkflow.gaussian_scores(q, k, temperature=cfg.temperature)
+    res = sinkflow.solve_sinkhorn(C, tol=1e-12)
     return {
         "queries": q, "keys": k, "scores": C,
-        "softmax": softmax(C), "sinkhorn": res.attention,
+        "softmax": sinkflow.softmax(C), "sinkhorn": res.attention,
         "sinkhorn_error": res.marginal_error,
     }
 
@@ -62,8 +60,8 @@ def attention_plot(data: dict, cfg: AttentionConfig):
     axes[0, 0].legend(loc="lower left", fontsize=7)
     ax = axes[0, 2]
     ranks = np.arange(1, cfg.n_keys + 1)
-    ax.step(ranks, sorted_column_sums(data["softmax"]), where="mid", color=COLORS["softmax"], label="SoftMax")
-    ax.step(ranks, sorted_column_sums(data["sinkhorn"]), where="mid", color=COLORS["sinkhorn"], label="Sinkhorn")
+    ax.step(ranks, sinkflow.sorted_column_sums(data["softmax"]), where="mid", color=COLORS["softmax"], label="SoftMax")
+    ax.step(ranks, sinkflow.sorted_column_sums(data["sinkhorn"]), where="mid", color=COLORS["sinkhorn"], label="Sinkhorn")
     ax.set_yscale("log")
     ax.set_xlabel("key rank")
     ax.set_ylabel(r"sorted column sum $\sum_i K_{ij}$")
@@ -105,15 +103,15 @@ class ConvergenceConfig:
 def convergence_data(cfg: ConvergenceConfig) -> dict:
     rng = np.random.default_rng(cfg.seed)
     x = rng.normal(size=(cfg.n, cfg.dim))
-    base = gaussian_scores(x, x)
+    base = sinkflow.gaussian_scores(x, x)
     out = {"scales": np.array(cfg.scales, dtype=float), "errors": [], "bound_rate": [], "predicted_rate": []}
     for s in cfg.scales:
         C = s * base
-        run = solve_sinkhorn(C, n_iter=cfg.half_iterations)
-        limit = solve_sinkhorn(C, tol=1e-13, max_iter=200_000).attention
+        run = sinkflow.solve_sinkhorn(C, n_iter=cfg.half_iterations)
+        limit = sinkflow.solve_sinkhorn(C, tol=1e-13, max_iter=200_000).attention
         out["errors"].append(run.errors)
-        out["bound_rate"].append(birkhoff_hopf_rate(C))
-        out["predicted_rate"].append(asymptotic_rate(limit))
+        out["bound_rate"].append(sinkflow.birkhoff_hopf_rate(C))
+        out["predicted_rate"].append(sinkflow.asymptotic_rate(limit))
     out["errors"] = np.array(out["errors"])
     out["bound_rate"] = np.array(out["bound_rate"])
     out["predicted_rate"] = np.array(out["predicted_rate"])
