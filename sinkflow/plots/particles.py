@@ -59,16 +59,30 @@ def _trajectories_panel(ax, P, color, title):
     ax.set_title(title)
     ax.set_xlabel(r"$x^{(1)}$")
     ax.set_ylabel(r"$x^{(2)}$")
-    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_aspect("equal", adjustable="box")
+
+
+def _w_text(W) -> str:
+    """``W`` as mathtext, e.g. ``diag(1, -1)``."""
+    W = np.asarray(W)
+    if np.array_equal(W, np.diag(np.diag(W))):
+        return r"\mathrm{diag}(" + ", ".join(f"{v:g}" for v in np.diag(W)) + ")"
+    return "(" + ", ".join("(" + ", ".join(f"{v:g}" for v in row) + ")" for row in W) + ")"  # mathtext has no matrices
 
 
 def plot_trajectories(data: dict, cfg: FlowConfig):
-    fig, axes = new_figure(2, 1, width=3.4, height=3.2)
+    fig, axes = new_figure(2, 1, width=3.4, height=2.7)
     _trajectories_panel(axes[0, 0], data["softmax_positions"], COLORS["softmax"], r"SoftMax $K^1$")
     _trajectories_panel(axes[0, 1], data["sinkhorn_positions"], COLORS["sinkhorn"], r"Sinkhorn $K^\infty$")
+    both = np.concatenate([data["softmax_positions"], data["sinkhorn_positions"]]).reshape(-1, 2)
+    lo, hi = both.min(0), both.max(0)
+    pad = 0.05 * (hi - lo)
+    for ax in axes[0]:  # the same window on both panels, so distances compare at a glance
+        ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
+        ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
     axes[0, 0].legend(loc="best")
     fig.suptitle(rf"$x_i \leftarrow x_i + h\sum_j K_{{ij}} W_V x_j$, $h={cfg.h}$, {cfg.steps} steps, "
-                 rf"$W=\mathrm{{diag}}(1,-1)/\tau$, $\tau={cfg.temperature}$")
+                 rf"$W_K = W = {_w_text(data['W'])}$, $W_V = W/\tau$, $\tau={cfg.temperature:g}$")
     return fig
 
 
@@ -88,6 +102,8 @@ def plot_energy(data: dict, cfg: FlowConfig):
     ax2.set_ylabel(r"$\|T + n\nabla F\| / \|T\|$")
     ax2.set_title("gradient-flow identity error")
     ax2.legend()
+    fig.suptitle(rf"$n = {cfg.n}$ particles, scores $x_i^\top W x_j/\tau$ with $W = {_w_text(data['W'])}$, "
+                 rf"$\tau = {cfg.temperature:g}$, values $W_V = W/\tau$", fontsize=9)
     return fig
 
 
@@ -268,5 +284,5 @@ def plot_animation(data: dict, cfg: AnimationConfig):
 
 
 register("particles_animation", compute=compute_animation, plot=plot_animation,
-         quick=AnimationConfig(n=16, steps=10, frames=6), full=AnimationConfig(), default=False,
+         quick=AnimationConfig(n=16, steps=10, frames=6), full=AnimationConfig(), default=False, formats=("gif",),
          description="GIF of one Sinkhorn particle flow (meaningful with --full)")
