@@ -127,6 +127,8 @@ def test_theory_page_renders_offline_in_a_browser(html, browser, page):
     with serve(html) as base:
         report = browser.report(f"{base}/theory/{page}.html")
     assert report["mathjax"], "MathJax did not load"
+    if "$" in (docs_source() / "theory" / f"{page}.md").read_text():
+        assert report["formulas"] > 0, "no formula typeset on a page with formulas"
     assert report["untypeset"] == 0, f"{report['untypeset']} formulas left untypeset"
     raw = [m.group(0) for m in re.finditer(r"\\[(\[]|\$\$", report["text"])]
     assert not raw, f"raw TeX delimiters in the page text: {raw[:5]}"
