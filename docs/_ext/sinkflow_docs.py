@@ -197,7 +197,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
             logger.info(f"[sinkflow] rendering gallery figure {name} (quick)")
             for r in rows:
                 (images / r[2]).unlink(missing_ok=True)
-            render(name, mode="quick", out=images, formats=("png",))
+            render(name, mode="quick", out=images, formats=("png",) if "png" in spec.formats else None)  # GIF
             stamp.write_text(fingerprint)
             rows = _manifest_rows(images, name)
         elif not fresh:  # a stale image is not shown; the committed default figure is, if it is current

@@ -61,7 +61,7 @@ class FigureSpec:
     full: Any
     default: bool = True
     description: str = ""
-    formats: tuple = ("png", "pdf", "svg")
+    formats: tuple = FORMATS
 
     def writable(self, requested=None) -> tuple:
         """The formats to write for ``requested`` (default: PNG and PDF, or what the figure supports).
