@@ -75,7 +75,8 @@ def check(names, mode: str, reference: Path, log=print) -> list[str]:
                     if new[key] != old[key]:
                         problems.append(f"{name}: {file}: {key} {new[key]} != {old[key]} (committed)")
                 if new["file_sha256"] != old["file_sha256"] and new["data_checksum"] == old["data_checksum"]:
-                    log(f"note: {file}: same data, different pixels (matplotlib or font version)")
+                    log(f"note: {file}: same data checksum, other file bytes (matplotlib or font version, "
+                        "or last-bit differences of the data)")
             log(f"{name}: {'ok' if not any(p.startswith(name + ':') for p in problems) else 'MISMATCH'}")
     return problems
 

@@ -64,7 +64,8 @@ class FigureSpec:
     formats: tuple = FORMATS
 
     def writable(self, requested=None) -> tuple:
-        """The formats to write for ``requested`` (default: PNG and PDF, or what the figure supports).
+        """The formats to write for ``requested`` (default: PNG and PDF, or what the figure supports),
+        always in the order of :attr:`formats`.
 
         Raises ``ValueError`` naming the formats the figure can be written in when one is not.
         """
@@ -74,7 +75,9 @@ class FigureSpec:
         if bad:
             raise ValueError(f"figure {self.name!r} cannot be written as {', '.join(bad)}: "
                              f"it supports {', '.join(self.formats)}")
-        return tuple(requested)
+        # one order, whatever was asked: the first save lays the figure out, and a PDF-first
+        # layout gives other PNG pixels than a PNG-first one
+        return tuple(f for f in self.formats if f in requested)
 
     def config(self, mode: str = "quick"):
         if mode not in ("quick", "full"):
