@@ -22,6 +22,7 @@ from sinkflow.energies import (
     gradient_flow_error,
     jacobian_asymmetry,
 )
+from sinkflow.attention import AttentionVariant, available_attentions, get_attention, register_attention
 from sinkflow.particles import Trajectory, cluster_statistics, random_particles, simulate
 
 from sinkflow.nystrom import (
@@ -95,6 +96,8 @@ __all__ = [
     "LANDMARK_CONSTANT", "SHARP_LANDMARK_CONSTANT", "spectral_norm", "extreme_eigenvalues",
     "ridge_leverage_scores", "statistical_dimension", "beta_star", "landmarks_required", "binomial_interval",
     "NystromErrors", "nystrom_errors", "NystromCheck", "nystrom_check", "smallest_sufficient_landmarks",
+    # one attention interface (particles, heat layer, models)
+    "AttentionVariant", "register_attention", "get_attention", "available_attentions",
     # particle flows and their energies
     "simulate", "Trajectory", "random_particles", "cluster_statistics",
     "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",

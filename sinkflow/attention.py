@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 from sinkflow.normalizations import softmax, solve_sinkhorn
+from sinkflow.nystrom import nystrom_attention, nystromformer_attention
 
 __all__ = ["Normalized", "AttentionVariant", "register_attention", "get_attention", "available_attentions"]
 
@@ -46,6 +47,7 @@ class Normalized:
     g: torch.Tensor | None = None
     n_iter: int = 0
     converged: bool = True
+    marginal_error: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def _softmax(C, *, n_iter=None, mask=None, weights=None, tol=None, max_iter=None
 
 def _sinkhorn(C, *, n_iter=None, mask=None, weights=None, tol=1e-9, max_iter=20_000, init_g=None):
     res = solve_sinkhorn(C, n_iter, tol, max_iter, mask=mask, a=weights, b=weights, init_g=init_g, warn=False)
-    return Normalized(res.attention, res.g, res.n_iter, res.converged)
+    return Normalized(res.attention, res.g, res.n_iter, res.converged, float(res.marginal_error))
 
 
 def _exponential(C, *, n_iter=None, mask=None, weights=None, tol=None, max_iter=None, init_g=None):
@@ -100,16 +102,56 @@ def _exponential(C, *, n_iter=None, mask=None, weights=None, tol=None, max_iter=
     return Normalized(K if mask is None else K.masked_fill(~mask, 0.0), None, 0, True)
 
 
-def _skyformer_heads(q, k, v, mask, n_iter, landmarks):
-    from sinkflow.nn.attention import skyformer_heads
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; every lower precision is lifted to float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
-    return skyformer_heads(q, k, v, mask, n_iter, landmarks)
+
+def _padding_masks(mask, n, m):
+    """Split an admissibility mask into query and key padding masks, or refuse."""
+    if mask is None:
+        return None, None
+    mask = torch.broadcast_to(mask, torch.broadcast_shapes(mask.shape, (n, m)))
+    keys = mask.any(-2, keepdim=True)  # (..., 1, m)
+    queries = mask.any(-1, keepdim=True)  # (..., n, 1)
+    if not bool(torch.equal(mask, queries & keys)):
+        raise NotImplementedError("Nyström attention supports key/query padding masks only (no causal or per-pair masks)")
+    return queries, keys
+
+
+def _landmark_generator(device):
+    """A generator seeded from torch's global RNG, so torch.manual_seed makes landmarks reproducible."""
+    seed = int(torch.randint(0, 2**62, (1,)))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _skyformer_heads(q, k, v, mask, n_iter, landmarks):
+    """Skyformer's lifted Nyström of the Gaussian-kernel attention, per head (iterative inverse)."""
+    dtype = compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q32, k32, v32 = q.to(dtype), k.to(dtype), v.to(dtype)
+        queries, keys = _padding_masks(mask, q.shape[-2], k.shape[-2])
+        if keys is not None:  # the kernel is not normalized: removing a key = zeroing its value
+            v32 = v32 * keys.transpose(-1, -2).to(dtype)
+        m = min(int(landmarks), q.shape[-2] + k.shape[-2])
+        out = nystrom_attention(q32, k32, v32, m, inverse="iterative", generator=_landmark_generator(q.device))
+        if queries is not None:
+            out = out * queries.to(dtype)
+    return out
 
 
 def _nystromformer_heads(q, k, v, mask, n_iter, landmarks):
-    from sinkflow.nn.attention import nystromformer_heads
-
-    return nystromformer_heads(q, k, v, mask, n_iter, landmarks)
+    """Nyströmformer's segment-mean approximation of SoftMax attention, per head."""
+    dtype = compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        queries, keys = _padding_masks(mask, q.shape[-2], k.shape[-2])
+        if keys is not None and not bool(keys.all()):
+            raise NotImplementedError("Nyströmformer's segment means cannot exclude padded keys; use 'skyformer' or exact attention")
+        m = min(int(landmarks), q.shape[-2], k.shape[-2])
+        out = nystromformer_attention(q.to(dtype), k.to(dtype), v.to(dtype), m, inverse="iterative")
+        if queries is not None:
+            out = out * queries.to(dtype)
+    return out
 
 
 _REGISTRY: dict[str, AttentionVariant] = {}
