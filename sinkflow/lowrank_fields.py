@@ -39,12 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sinkflow.nystrom import gaussian_kernel, nystrom_factors, nystromformer_attention, sample_landmarks
+from sinkflow.nystrom import nystrom_factors, nystromformer_attention, sample_landmarks
 
 __all__ = ["NystromPositivityError", "LowRankField", "landmark_indices", "gaussian_coordinates", "lowrank_attention_field"]
 
 #: Memory of one block of kernel rows (bytes).
-BLOCK_BYTES = 32 * 2**20
+BLOCK_BYTES = 8 * 2**20
+#: The whole ``n x m`` factor is kept between passes when it takes at most this many bytes.
+CACHE_BYTES = 256 * 2**20
 LANDMARK_METHODS = ("nystrom", "lifted", "segment_means")
 
 
@@ -122,6 +124,25 @@ class _NystromKernel:
         m = self.zJ.shape[0]
         self.core = nystrom_factors(self.zJ, self.zJ, torch.arange(m, device=z.device), lift=False, inverse="pinv").core
         self.rows = max(1, int(block_bytes) // (2 * m * z.element_size()))
+        # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
+        # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4))
+        u = z * z.shape[1] ** -0.25
+        self.left = torch.cat([u, -0.5 * (u * u).sum(1, keepdim=True), torch.ones_like(u[:, :1])], 1)
+        uJ = u[idx.to(z.device)]
+        self.right = torch.cat([uJ, torch.ones_like(uJ[:, :1]), -0.5 * (uJ * uJ).sum(1, keepdim=True)], 1).T.contiguous()
+        n = z.shape[0]
+        self.cache = None
+        if n * m * z.element_size() <= CACHE_BYTES:
+            self.cache = torch.empty((n, m), dtype=z.dtype, device=z.device)
+            for i0 in range(0, n, self.rows):
+                self._block(i0, min(n, i0 + self.rows), self.cache[i0:i0 + self.rows])
+        else:
+            self.buffer = torch.empty((self.rows, m), dtype=z.dtype, device=z.device)
+
+    def _block(self, i0, i1, out):
+        """Rows ``i0:i1`` of ``L`` into ``out`` (no allocation: fresh 16 MiB buffers cost page faults)."""
+        torch.mm(self.left[i0:i1], self.right, out=out)
+        return out.clamp_max_(0.0).exp_()
 
     def sweep(self, T, step):
         """For each row block ``b``: ``Y_b = step(i0, i1, L_b @ T)``; returns ``sum_b L_b^T Y_b``."""
@@ -129,7 +150,7 @@ class _NystromKernel:
         n = self.z.shape[0]
         for i0 in range(0, n, self.rows):
             i1 = min(n, i0 + self.rows)
-            Lb = gaussian_kernel(self.z[i0:i1], self.zJ)
+            Lb = self.cache[i0:i1] if self.cache is not None else self._block(i0, i1, self.buffer[:i1 - i0])
             Y = step(i0, i1, None if T is None else Lb @ T)
             if Y is not None:
                 acc = Lb.T @ Y if acc is None else acc.addmm_(Lb.T, Y)
