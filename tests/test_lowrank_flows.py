@@ -52,15 +52,15 @@ def test_approximate_trajectories_match_exact_ones_with_all_landmarks():
 @pytest.mark.parametrize("normalization,factor", [("sinkhorn", 1), ("unnormalized", 2), ("softmax_gaussian", 1)])
 def test_heat_flow_with_all_landmarks_is_the_exact_heat_flow(normalization, factor):
     x0 = np.random.default_rng(6).normal(size=(40, 1))
-    exact = sinkflow.heat_flow(x0, 0.02, 0.1, 0.01, normalization, tol=1e-11)
-    approx = sinkflow.heat_flow(x0, 0.02, 0.1, 0.01, normalization, tol=1e-11, landmarks=factor * 40)
+    exact = sinkflow.heat_flow(x0, 0.02, 0.1, 0.01, normalization, tol=1e-9)
+    approx = sinkflow.heat_flow(x0, 0.02, 0.1, 0.01, normalization, tol=1e-9, landmarks=factor * 40)
     np.testing.assert_allclose(approx, exact, atol=1e-7)
 
 
 def test_heat_flow_with_few_landmarks_still_diffuses():
     # variance grows by 2t (the heat equation), also through a 64-landmark kernel
     x0 = np.random.default_rng(7).normal(size=(3000, 1))
-    x1 = sinkflow.heat_flow(x0, 0.1, 0.05, 0.02, "sinkhorn", landmarks=64)
+    x1 = sinkflow.heat_flow(x0, 0.1, 0.2, 0.05, "sinkhorn", landmarks=64)
     assert abs((x1.var() - x0.var()) - 0.2) < 0.03
 
 
