@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import warnings
 import math
+import warnings
 
 import numpy as np
 import pytest
