@@ -26,6 +26,7 @@ For one start :math:`x_0` and a range of landmark counts ``m`` (:mod:`sinkflow.l
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,12 +161,14 @@ def landmark_flow_errors(x0, landmarks=(8, 16, 32, 64), *, W=None, h: float = 0.
 
 
 def heat_variance_errors(ns, landmarks: int, *, t: float = 0.1, eps: float = 0.2, dt: float = 0.05, d: int = 1,
-                         seed: int = 0) -> np.ndarray:
+                         tol: float = 1e-4, max_iter: int = 300, seed: int = 0) -> np.ndarray:
     r"""Error of the covariance growth of the landmark heat layer against the heat solution.
 
     Particles :math:`\mathcal N(0, I_d)`; the heat solution at time ``t`` has covariance
     :math:`(1 + 2t) I` (:meth:`sinkflow.GaussianMixture.evolve`). Returns, per ``n``,
-    :math:`|\mathrm{tr}\,\mathrm{Cov}(x_t) - \mathrm{tr}\,\mathrm{Cov}(x_0) - 2 t d|`.
+    :math:`|\mathrm{tr}\,\mathrm{Cov}(x_t) - \mathrm{tr}\,\mathrm{Cov}(x_0) - 2 t d|`. Sinkhorn on the
+    Nyström kernel converges slowly (no positivity, so no Hilbert-metric contraction): the
+    solves stop at ``tol`` (a velocity error ~``3 tol / eps`` relative) or ``max_iter``.
 
     Examples
     --------
@@ -178,7 +181,9 @@ def heat_variance_errors(ns, landmarks: int, *, t: float = 0.1, eps: float = 0.2
     errors = []
     for n in ns:
         x0 = start.sample(int(n), seed=seed)
-        x1 = heat_flow(x0, t, eps, dt, "sinkhorn", landmarks=int(landmarks), tol=1e-6)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # unconverged solves: see the docstring
+            x1 = heat_flow(x0, t, eps, dt, "sinkhorn", landmarks=int(landmarks), tol=tol, max_iter=max_iter)
         observed = float(np.trace(np.atleast_2d(np.cov(x1.T))) - np.trace(np.atleast_2d(np.cov(x0.T))))
         errors.append(abs(observed - growth))
     return np.array(errors)

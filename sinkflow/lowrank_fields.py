@@ -19,9 +19,12 @@ product with :math:`\tilde G` (Nyström, not positive random features: Nyström 
 when every point is a landmark, needs no feature dimension of its own, and shares the
 landmark machinery and the spectral error bound of Skyformer; positive features keep
 :math:`\tilde G > 0` but converge in the number of features only at the Monte-Carlo rate
-and never become exact). Nyström entries can be negative; a row or column whose
-approximate mass :math:`\tilde G(\cdot)` is not positive makes the scaling undefined, and
-then :class:`NystromPositivityError` is raised (never a NaN) with the remedy: more
+and never become exact). Nyström entries can be negative, and a particle far from every
+landmark gets an approximate mass :math:`(\tilde G v)_i \approx 0` of either sign, which makes
+the scaling undefined. Outcome: the solve is redone once with the exact diagonal restored,
+:math:`\tilde G + \mathrm{diag}(1 - \tilde G_{ii})` (still positive semi-definite, below
+:math:`G`; such a particle keeps its own weight, as in the exact kernel); if a mass is still
+not positive, :class:`NystromPositivityError` is raised (never a NaN) with the remedy: more
 landmarks, or a larger temperature (a wider kernel is better approximated).
 
 Landmark choices: ``"nystrom"`` draws ``m`` distinct points among the ``n`` particles
@@ -139,21 +142,54 @@ class _NystromKernel:
         else:
             self.buffer = torch.empty((self.rows, m), dtype=z.dtype, device=z.device)
 
+        self.diagonal = None  # exact-diagonal correction 1 - G~_ii, see restore_diagonal
+        self.last_in = None
+
+    def restore_diagonal(self) -> None:
+        """Use :math:`\tilde G + \mathrm{diag}(1 - \tilde G_{ii})`: the exact diagonal :math:`G_{ii} = 1`.
+
+        The Nyström residual :math:`G - \tilde G` is positive semi-definite, so the added
+        diagonal is non-negative; a particle far from every landmark (:math:`\tilde G_{i\cdot}
+        \approx 0`, its mass lost to rounding or negative) keeps its own weight, as in the
+        exact kernel. One extra pass of ``O(n m^2)``.
+        """
+        n = self.z.shape[0]
+        diag = torch.empty(n, dtype=self.z.dtype, device=self.z.device)
+
+        def own_weight(i0, i1, _):
+            Lb = self.cache[i0:i1] if self.cache is not None else self._block(i0, i1, self.buffer[:i1 - i0])
+            diag[i0:i1] = ((Lb @ self.core) * Lb).sum(1)
+            return None
+
+        for i0 in range(0, n, self.rows):
+            own_weight(i0, min(n, i0 + self.rows), None)
+        self.diagonal = (1.0 - diag).clamp_min_(0.0)
+
     def _block(self, i0, i1, out):
         """Rows ``i0:i1`` of ``L`` into ``out`` (no allocation: fresh 16 MiB buffers cost page faults)."""
         torch.mm(self.left[i0:i1], self.right, out=out)
         return out.clamp_max_(0.0).exp_()
 
     def sweep(self, T, step):
-        """For each row block ``b``: ``Y_b = step(i0, i1, L_b @ T)``; returns ``sum_b L_b^T Y_b``."""
+        """For each row block ``b``: ``Y_b = step(i0, i1, (G~ Y_prev)_b)`` with ``(G~ Y_prev)_b = L_b @ T``
+        (plus the restored diagonal times the previous sweep's ``Y``); returns ``sum_b L_b^T Y_b``."""
         acc = None
         n = self.z.shape[0]
+        keep = self.diagonal is not None
+        new_in = None
         for i0 in range(0, n, self.rows):
             i1 = min(n, i0 + self.rows)
             Lb = self.cache[i0:i1] if self.cache is not None else self._block(i0, i1, self.buffer[:i1 - i0])
-            Y = step(i0, i1, None if T is None else Lb @ T)
+            out = None if T is None else Lb @ T
+            if out is not None and keep:
+                out += self.diagonal[i0:i1, None] * self.last_in[i0:i1]
+            Y = step(i0, i1, out)
             if Y is not None:
                 acc = Lb.T @ Y if acc is None else acc.addmm_(Lb.T, Y)
+                if keep:
+                    new_in = torch.empty((n, Y.shape[1]), dtype=Y.dtype, device=Y.device) if new_in is None else new_in
+                    new_in[i0:i1] = Y
+        self.last_in = new_in
         return acc
 
 
@@ -312,4 +348,8 @@ def lowrank_attention_field(x: torch.Tensor, V: torch.Tensor, landmarks, *, norm
     if normalization == "none":
         return _unnormalized(K, V, log_p, r, a)
     n_iter = 1 if normalization == "row" else n_iter
-    return _scaled(K, V, log_p, a, n_iter, tol, max_iter, init_g)
+    try:
+        return _scaled(K, V, log_p, a, n_iter, tol, max_iter, init_g)
+    except NystromPositivityError:
+        K.restore_diagonal()  # the clear outcome: exact self-weights, then an error only if still undefined
+        return _scaled(K, V, log_p, a, n_iter, tol, max_iter, init_g)

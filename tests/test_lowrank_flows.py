@@ -6,6 +6,7 @@ import torch
 
 import sinkflow
 from sinkflow.fields import attention_field
+from sinkflow import lowrank_fields
 from sinkflow.lowrank_fields import NystromPositivityError, lowrank_attention_field
 
 W = torch.tensor([[0.8, 0.2], [0.2, 0.5]], dtype=torch.float64)
@@ -64,12 +65,19 @@ def test_heat_flow_with_few_landmarks_still_diffuses():
     assert abs((x1.var() - x0.var()) - 0.2) < 0.03
 
 
-def test_negative_nystrom_mass_is_a_clear_error_not_nan():
-    # two far clusters, landmarks only in the first: rows of the second get no (or negative) mass
+def test_particles_no_landmark_sees_keep_their_own_weight_never_nan():
+    # two far clusters, landmarks only in the first: rows of the second get no (or negative) Nyström
+    # mass; with the exact diagonal restored each of them is isolated, K_ii = 1, as in the exact kernel
     x = torch.cat([torch.randn(10, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64),
-                   100 + torch.randn(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)])
+                   100 + 10 * torch.randn(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)])
+    with pytest.raises(NystromPositivityError):  # the plain Nyström scaling is undefined here
+        lowrank_fields._scaled(lowrank_fields._NystromKernel(x, torch.arange(5)), x, torch.zeros(20, dtype=x.dtype),
+                               torch.full((20,), 0.05, dtype=x.dtype), None, 1e-9, 100, None)
+    r = lowrank_attention_field(x, x, torch.arange(5), normalization="sinkhorn", scores="gaussian", max_iter=200)
+    assert torch.isfinite(r.velocity).all()
+    torch.testing.assert_close(r.velocity[10:], x[10:], rtol=1e-6, atol=1e-6)
     with pytest.raises(NystromPositivityError, match="non-positive kernel mass"):
-        lowrank_attention_field(x, x, torch.arange(5), normalization="sinkhorn", scores="gaussian")
+        lowrank_fields._positive(torch.tensor([1.0, 0.0]), "rows", 3)
     with pytest.raises(ValueError, match="positive semi-definite"):
         sinkflow.simulate(x.numpy(), "sinkhorn", W_K=-np.eye(2), steps=1, landmarks=4)
 
