@@ -1,6 +1,6 @@
 r"""Particle simulators: a residual attention layer is an explicit Euler step.
 
-THEORY.md sections 2 and 7. Tokens :math:`x_i` move by
+docs/theory/gradient_flows.md and docs/theory/sphere.md. Tokens :math:`x_i` move by
 
 .. math:: x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j
 
@@ -165,7 +165,7 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
     x : array (n, d)
     manifold : {"sphere", "euclidean"}
     tol : float
-        :math:`\delta` (THEORY.md section 7 uses 1e-3).
+        :math:`\delta` (docs/theory/sphere.md uses 1e-3).
 
     Returns
     -------

@@ -1,4 +1,4 @@
-"""Heat-diffusion limit (THEORY.md section 4): references, rescaled flows, distances, sympy oracles."""
+"""Heat-diffusion limit (docs/theory/heat_limit.md): references, rescaled flows, distances, sympy oracles."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from sinkflow.heat_limit import NORMALIZATIONS, barycentric_map, heat_flow, heat
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    # PERF.md: two OpenMP threads on a loaded 2-vCPU machine make small torch ops 10-150x slower.
+    # measured: two OpenMP threads on a loaded 2-vCPU machine make small torch ops 10-150x slower.
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
