@@ -25,7 +25,6 @@ For one start :math:`x_0` and a range of landmark counts ``m`` (:mod:`sinkflow.l
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from sinkflow.nystrom import nystrom_factors, nystromformer_attention, sample_landmarks
