@@ -271,13 +271,13 @@ def _check_steps(times, dt) -> tuple[np.ndarray, float]:
 def largest_safe_dt(x, eps: float, normalization: str = "sinkhorn") -> float:
     r"""Largest Euler step for which the rescaled layer still follows its flow.
 
-    Kernel layers (Gaussian scores): :math:`v_i = -rac{2}{arepsilon}(B_i - x_i)` with
+    Kernel layers (Gaussian scores): :math:`v_i = -\frac{2}{\varepsilon}(B_i - x_i)` with
     :math:`B_i` a :math:`K`-weighted mean of the particles. Two particles closer than
-    :math:`\sqrtarepsilon` repel at the rate :math:`2/arepsilon` (for the pair,
-    :math:`\dot r = rac{2}{arepsilon}(1 - K_{12} - K_{21}) r` with :math:`K_{ij}	o 1/2` when the
+    :math:`\sqrt\varepsilon` repel at the rate :math:`2/\varepsilon` (for the pair,
+    :math:`\dot r = \frac{2}{\varepsilon}(1 - K_{12} - K_{21}) r` with :math:`K_{ij}\to 1/2` when the
     kernel sees only the pair), the stiffest rate of the field; an explicit step follows it
-    only when :math:`h \cdot 2/arepsilon \le 1`: ``dt <= eps / 2``. ``"softmax_dot"`` moves at
-    :math:`|v| \sim \mathrm{var}/arepsilon^2`: ``dt <= eps**2 / (4 var)``.
+    only when :math:`h \cdot 2/\varepsilon \le 1`: ``dt <= eps / 2``. ``"softmax_dot"`` moves at
+    :math:`|v| \sim \mathrm{var}/\varepsilon^2`: ``dt <= eps**2 / (4 var)``.
 
     Examples
     --------

@@ -145,7 +145,7 @@ class _NystromKernel:
         self.last_in = None
 
     def restore_diagonal(self) -> None:
-        """Use :math:`\tilde G + \mathrm{diag}(1 - \tilde G_{ii})`: the exact diagonal :math:`G_{ii} = 1`.
+        r"""Use :math:`\tilde G + \mathrm{diag}(1 - \tilde G_{ii})`: the exact diagonal :math:`G_{ii} = 1`.
 
         The Nyström residual :math:`G - \tilde G` is positive semi-definite, so the added
         diagonal is non-negative; a particle far from every landmark (:math:`\tilde G_{i\cdot}
