@@ -34,6 +34,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                                 "ridge_leverage_scores", "statistical_dimension", "beta_star", "landmarks_required",
                                 "binomial_interval", "NystromErrors", "nystrom_errors", "NystromCheck",
                                 "nystrom_check", "smallest_sufficient_landmarks"),
+    # one attention interface (particles, heat layer, models)
+    "sinkflow.attention": ("AttentionVariant", "register_attention", "get_attention", "available_attentions"),
     # particle flows and their energies
     "sinkflow.particles": ("simulate", "Trajectory", "random_particles", "cluster_statistics"),
     "sinkflow.energies": ("energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere",

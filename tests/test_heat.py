@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -312,3 +313,27 @@ def test_all_normalizations_run_in_2d(normalization):
     dt = 0.002 if normalization == "softmax_dot" else 0.02
     x = heat_flow(x0, 0.1, eps=0.1, dt=dt, normalization=normalization)
     assert np.all(np.isfinite(x)) and x.shape == x0.shape
+
+
+def test_large_dt_against_eps_is_refused_with_the_safe_value():
+    # the case: n = 400, eps = 1e-4, dt = 0.01 gave variance growth 2.46 for 0.20
+    x0 = np.random.default_rng(0).normal(size=(400, 1))
+    with pytest.raises(ValueError, match="largest safe step is dt = eps/2 = 5e-05"):
+        heat_flow(x0, t=0.1, eps=1e-4, dt=0.01)
+    with pytest.warns(RuntimeWarning, match="exceeds the largest safe step"):
+        heat_flow(x0[:50], t=0.03, eps=0.04, dt=0.03)
+
+
+def test_frozen_bandwidth_is_warned_about():
+    x0 = np.random.default_rng(1).normal(size=(400, 1))
+    with pytest.warns(RuntimeWarning, match="barely move"):
+        x1 = heat_flow(x0, t=1e-8, eps=1e-8, dt=5e-9)
+    assert np.isfinite(x1).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a resolved bandwidth is not warned about
+        heat_flow(x0, t=0.01, eps=0.05, dt=0.01)
+
+
+def test_time_zero_returns_the_start():
+    x0 = np.random.default_rng(2).normal(size=(30, 2))
+    np.testing.assert_array_equal(heat_flow(x0, t=0.0, eps=0.1, dt=0.01), x0)
