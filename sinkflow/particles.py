@@ -205,12 +205,15 @@ def _check_positive_int(value, name, what=""):
 
 
 def default_tol(dtype: torch.dtype) -> float:
-    """Sinkhorn marginal tolerance of a flow in ``dtype``: 1e-10 in float64, ``50 eps`` below.
+    """Sinkhorn marginal tolerance of a flow in ``dtype``: 1e-10 in float64, else the solver's default.
 
     A marginal error sums ``n`` entries of relative rounding ``eps``; float32 cannot go
-    much below ``1e-6`` (a float64-level ``tol`` makes every solve run to ``max_iter``).
+    much below ``1e-6`` (a float64-level ``tol`` would make every solve stop at its floor),
+    see :func:`sinkflow.normalizations.default_tolerance`.
     """
-    return 1e-10 if dtype == torch.float64 else 50 * torch.finfo(dtype).eps
+    from sinkflow.normalizations import default_tolerance
+
+    return 1e-10 if dtype == torch.float64 else default_tolerance(dtype)
 
 
 def _solver_tol(tol, dtype) -> float:
