@@ -75,6 +75,7 @@ from sinkflow.distances import (
     wasserstein2,
 )
 from sinkflow.sweeps import SweepError, plot_sweep, sweep
+from sinkflow import datasets  # noqa: E402  (submodule: sinkflow.datasets.listops, .pathfinder)
 
 __version__ = "0.1.0"
 
