@@ -332,16 +332,17 @@ def _place_paths(rng, n, n_paths, resolution, n_dashes, step, max_turn, separati
     spacing = 0.5  # every curve point lies within spacing / 2 of a sample point: add that slack twice
     paths = np.empty((n, n_paths, n_dashes + 1, 2))
     todo = np.arange(n)
-    for _ in range(200):
+    for attempt in range(200):
+        draws = min(16 * tries, tries * (1 + attempt))  # images left over are the hard ones: more draws
         placed = np.empty((len(todo), n_paths, n_dashes + 1, 2))
         alive = np.arange(len(todo))
         for p in range(n_paths):
             k = len(alive)
             if not k:
                 break
-            cand = _walks(rng, k * tries, resolution, n_dashes, step, max_turn, margin).reshape(
-                k, tries, n_dashes + 1, 2)
-            ok = np.ones((k, tries), dtype=bool)
+            cand = _walks(rng, k * draws, resolution, n_dashes, step, max_turn, margin).reshape(
+                k, draws, n_dashes + 1, 2)
+            ok = np.ones((k, draws), dtype=bool)
             pts = _samples(cand, spacing)
             for q in range(p):
                 other = np.broadcast_to(_samples(placed[alive, q], spacing)[:, None], pts.shape)
