@@ -6,6 +6,23 @@ import torch
 import torch.nn.functional as F
 
 
+def saved_bytes(forward) -> tuple[int, object]:
+    """``(bytes autograd saves for backward while running forward(), its result)``.
+
+    Storages shared by several saved tensors are counted once.
+    """
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    return int(sum(seen.values())), out
+
+
 def step_memory(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, str]:
     """Bytes of one forward + backward on the batch ``(x, y)`` and how they were measured.
 
@@ -24,18 +41,9 @@ def step_memory(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tup
             F.cross_entropy(model(x).float(), y).backward()
             torch.cuda.synchronize(x.device)
             return int(torch.cuda.max_memory_allocated(x.device) - base), "cuda peak allocated"
-        seen: dict[int, int] = {}
-
-        def pack(t):
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                storage = t.untyped_storage()
-                seen[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = F.cross_entropy(model(x).float(), y)
+        nbytes, loss = saved_bytes(lambda: F.cross_entropy(model(x).float(), y))
         loss.backward()
-        return int(sum(seen.values())), "saved activations (cpu)"
+        return nbytes, "saved activations (cpu)"
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)

@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sinkflow.normalizations import sinkhorn, softmax
+from sinkflow.nn._fused import sinkhorn_attention
+from sinkflow.normalizations import softmax
 from sinkflow.scores import dot_scores, gaussian_scores
 
 __all__ = [
@@ -108,7 +109,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
         scores = dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
         if normalization == "softmax":
             return softmax(scores, mask=mask)
-        return sinkhorn(scores, n_iter=n_iter, mask=mask)
+        return sinkhorn_attention(scores, n_iter, mask)  # multiplicative fast path, the solver otherwise
 
 
 def _weights_normalization(name: str) -> Callable:
