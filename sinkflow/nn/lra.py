@@ -24,7 +24,8 @@ from sinkflow.datasets import LISTOPS_VOCAB, listops, listops_tokens, pathfinder
 from sinkflow.nn.data import Dataset, split
 from sinkflow.nn.models import SequenceClassifier
 
-__all__ = ["PAPER", "lra_data", "lra_model", "paper_comparison", "report_markdown", "plot_paper_comparison",
+__all__ = ["PAPER", "lra_data", "lra_model", "paper_comparison", "comparison_table", "report_markdown",
+           "plot_paper_comparison", "write_paper_report",
            "SETTING_DIFFERENCES"]
 
 #: Skyformer paper, Table 1 and Appendix F (2 layers, embedding 64, FFN 128, 2 heads, 128
@@ -176,3 +177,24 @@ def plot_paper_comparison(report: dict):
     fig.suptitle(f"{report['task']}: ours vs Skyformer paper")
     fig.tight_layout()
     return fig
+
+
+def write_paper_report(report: dict, stem) -> list:
+    """Write ``STEM.md`` (:func:`report_markdown`) and, with matplotlib, ``STEM_paper.png``; return the paths."""
+    from pathlib import Path
+
+    md = Path(f"{stem}.md")
+    md.write_text(report_markdown(report))
+    written = [md]
+    try:
+        import matplotlib.pyplot as plt
+
+        from sinkflow.plots.style import style
+    except ImportError:  # a bare GPU machine: the markdown is the report
+        return written
+    with style():
+        fig = plot_paper_comparison(report)
+        png = Path(f"{stem}_paper.png")
+        fig.savefig(png, metadata={"Software": None})
+        plt.close(fig)
+    return written + [png]
