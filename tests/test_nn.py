@@ -485,3 +485,15 @@ def test_paper_comparison_says_when_a_result_contradicts_the_paper():
     assert verdict("pathfinder", 0.8, 0.4, 0.5) == "contradicts"  # less accurate than SoftMax
     assert verdict("listops", 0.8, 0.6, 1.5) == "contradicts"  # slower than SoftMax
     assert paper_comparison(_fake_report("listops", 0.8, 0.6, 0.5))[0]["verdict"] == "-"
+
+
+def test_reproducing_page_is_generated_from_the_committed_reports():
+    from pathlib import Path
+
+    from sinkflow.nn.lra import reproducing_page
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    reports = [json.loads(p.read_text()) for p in sorted((docs / "data").glob("*.json"))]
+    assert {r["task"] for r in reports if r["mode"] == "quick"} == {"listops", "pathfinder"}
+    assert all(r["complete"] for r in reports)
+    assert (docs / "reproducing.md").read_text() == reproducing_page(reports)
