@@ -31,7 +31,7 @@ Tasks
     2 heads of dimension 32, mean pooling, 128 landmarks) on LRA-size data (ListOps
     lengths 500-2,000, 12,000 expressions, 5 epochs; Pathfinder 32 x 32, 20,000 images,
     10 epochs). quick: embedding 32, 32 landmarks, ListOps of depth 4 and at most 99
-    tokens (1,000 expressions), Pathfinder 16 x 16 with two 4-dash paths (800 images), 3 epochs. Reports add
+    tokens (1,000 expressions), Pathfinder 16 x 16 with two 4-dash paths (600 images), 3 epochs. Reports add
     time per step, step memory and a comparison with the paper (``"paper_comparison"``).
 
 Full-size settings are meant for a GPU: ``sinkflow validate TASK --full --device cuda``
@@ -161,7 +161,7 @@ TASKS: dict[str, Task] = {
                     full=TaskSize(12000, epochs=5, seq_len=1999, n_classes=10, probe_size=16, **_PAPER_MODEL)),
     "pathfinder": Task("pathfinder", "LRA Pathfinder: do two markers lie on one dashed path? (Skyformer Table 1)",
                        *_lra("pathfinder"),
-                       quick=TaskSize(800, 32, 3, batch_size=32, lr=1e-3, seq_len=256, n_classes=2, probe_size=16,
+                       quick=TaskSize(600, 32, 3, batch_size=32, lr=1e-3, seq_len=256, n_classes=2, probe_size=16,
                                       depth=2, heads=2, mlp_ratio=2, landmarks=32,
                                       data=(("resolution", 16), ("path_length", 4), ("n_distractors", 0))),
                        full=TaskSize(20000, epochs=10, seq_len=1024, n_classes=2, probe_size=16,
