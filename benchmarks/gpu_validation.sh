@@ -62,7 +62,7 @@ elif ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
     say "WARNING: no CUDA device visible; running the same commands on CPU with reduced epochs"
     DEVICE=cpu
 fi
-if (( DRY_RUN )); then MODE=--quick; BENCH_LENGTHS="512 1024"; else MODE=--full; BENCH_LENGTHS="1024 2048 4096 8192 16384"; fi
+if (( DRY_RUN )); then MODE=--quick; BENCH_LENGTHS="512 1024"; REPEATS=3; else MODE=--full; BENCH_LENGTHS="1024 2048 4096 8192 16384"; REPEATS=15; fi
 LRA_MODE=$MODE
 [[ $DEVICE == cpu ]] && LRA_MODE=--quick  # the paper's LRA sizes take hours on a CPU
 
@@ -105,7 +105,7 @@ if [[ $DEVICE == cuda ]] && "$PY" -c 'import pytest, hypothesis' >/dev/null 2>&1
 fi
 
 say "2. attention step timing on $DEVICE"
-timeout 120 "$PY" benchmarks/bench_attention.py --device "$DEVICE" --seq-len 256 --repeats 15 --lengths $BENCH_LENGTHS \
+timeout 120 "$PY" benchmarks/bench_attention.py --device "$DEVICE" --seq-len 256 --repeats "$REPEATS" --lengths $BENCH_LENGTHS \
     --threads "$(nproc)" >"$OUT/bench_${DEVICE}.md" 2>>"$LOG" || say "bench failed or timed out"
 
 run_task() {  # task budget_seconds extra-args...
