@@ -483,6 +483,7 @@ def test_paper_comparison_says_when_a_result_contradicts_the_paper():
     assert verdict("pathfinder", 0.8, 0.6, 0.5) == "agrees"  # more stable, more accurate, faster: as the paper
     assert verdict("pathfinder", 2.9, 0.6, 0.5) == "contradicts"  # less stable than SoftMax
     assert verdict("pathfinder", 0.8, 0.4, 0.5) == "contradicts"  # less accurate than SoftMax
+    assert verdict("pathfinder", 0.8, 0.5, 0.5) == "agrees"  # same accuracy: no accuracy claim either way
     assert verdict("listops", 0.8, 0.6, 1.5) == "contradicts"  # slower than SoftMax
     assert paper_comparison(_fake_report("listops", 0.8, 0.6, 0.5))[0]["verdict"] == "-"
 
