@@ -11,7 +11,9 @@ generators, not by downloads; this module rebuilds them from their published def
 * :func:`pathfinder` — images with two markers that a dashed curved path does (label 1)
   or does not (label 0) connect, among distractor paths; 32 x 32 by default as LRA's
   Pathfinder. Paths never come closer than ``min_separation`` pixels to one another, so
-  connectedness is a property of the geometry, not of the dashes.
+  connectedness is a property of the geometry, not of the dashes. The geometry follows the
+  published description (curved dashed paths, end markers, distractors); dash sizes and
+  path lengths are this module's defaults, not LRA's exact pixel statistics.
 
 Both are deterministic by seed and vectorized or tight enough to make 10,000 examples in
 seconds. ``cache=True`` stores a generated set under :func:`cache_dir` (``$SINKFLOW_CACHE``

@@ -140,7 +140,7 @@ class PatchViT(nn.Module):
 
 
 class SetClassifier(nn.Module):
-    """Set-Transformer-style classifier: point-wise embedding, self-attention blocks, pooling.
+    r"""Set-Transformer-style classifier: point-wise embedding, self-attention blocks, pooling.
 
     Permutation invariant (no positional encoding). Parameters as :class:`PatchViT`, plus
     ``in_dim`` (3 for point clouds), ``pooling`` in ``{"mean", "max"}`` and
