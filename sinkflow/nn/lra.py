@@ -232,7 +232,10 @@ def reproducing_page(reports: list[dict]) -> str:
              "setting: **quick** (reduced data and model, CPU) or **full** (the paper's model: 2 layers, "
              "embedding 64, FFN 128, 2 heads of dimension 32, mean pooling, 128 landmarks), CPU or GPU. "
              "Quick-mode numbers check that the comparison runs end to end; they are not estimates of the paper's "
-             "numbers, which need the full model, 50,000 steps and a GPU.", "",
+             "numbers, which need the full model, 50,000 steps and a GPU. Quick runs are short: compare the accuracy "
+             "with chance (10% on ListOps, 50% on Pathfinder) before reading anything into it; a model at chance "
+             "says nothing about the paper's accuracy claims, and its instability ratios describe barely trained "
+             "weights.", "",
              "```bash",
              "sinkflow validate listops pathfinder --quick --attention softmax sinkhorn gaussian skyformer nystromformer \\",
              "    --n-iter 3 --no-kl",
