@@ -1,4 +1,4 @@
-r"""The attention vector field on particles (THEORY.md section 2).
+r"""The attention vector field on particles (docs/theory/gradient_flows.md).
 
 Particles :math:`x_1..x_n` with weights :math:`a` (the measure :math:`\mu = \sum_i a_i \delta_{x_i}`),
 scores :math:`C_{ij} = x_i^T W x_j / \tau` with :math:`W = W_Q^T W_K`, values :math:`W_V x_j`.
@@ -6,7 +6,7 @@ The field is
 
 .. math:: T(x_i) = \sum_j K_{ij} W_V x_j, \qquad K_{ij} = a_j\, k(x_i, x_j),
 
-with the kernels of THEORY.md: ``"unnormalized"`` :math:`K^0_{ij} = a_j e^{C_{ij}}`;
+with the kernels of docs/theory/gradient_flows.md: ``"unnormalized"`` :math:`K^0_{ij} = a_j e^{C_{ij}}`;
 ``"softmax"`` :math:`K^1`, the rows of :math:`K^0` normalized; ``"sinkhorn"`` with ``n_iter``
 half-iterations from :math:`K^0` (``None``: the doubly stochastic limit :math:`K^\infty`,
 rows sum to 1 and :math:`a^T K = a^T`); ``"gaussian"`` Skyformer's unnormalized Gaussian
@@ -25,13 +25,15 @@ import torch
 
 from sinkflow._backend import check_finite, to_torch, torch_threads
 from sinkflow.lazy import lazy_attention_field
-from sinkflow.normalizations import softmax, solve_sinkhorn
+from sinkflow.attention import get_attention
+from sinkflow.lowrank_fields import lowrank_attention_field
 from sinkflow.scores import dot_scores, gaussian_scores
 from sinkflow.stochasticity import marginal_errors
 
 __all__ = ["ATTENTIONS", "FieldEvaluation", "attention_field", "dense_limit", "check_matrix", "check_weights",
            "single_thread_if_small"]
 
+#: The built-in particle attentions (any name of :func:`sinkflow.available_attentions` works).
 ATTENTIONS = ("softmax", "sinkhorn", "unnormalized", "gaussian")
 
 #: Above this many bytes for one ``n x n`` matrix the field is evaluated block-wise.
@@ -47,7 +49,7 @@ def single_thread_if_small(n: int, device) -> None:
     """Run small CPU problems on one thread, restoring the setting afterwards.
 
     For ``n <= SMALL_N`` torch's thread pool costs more than it saves, and on a loaded
-    machine its spin-waiting made small operations 10-150x slower (shared/PERF.md;
+    machine its spin-waiting made small operations 10-150x slower (docs/performance.md;
     measured here: 100 sphere steps at n = 32 took 0.50 s on 2 threads, 0.09 s on 1).
     """
     if torch.device(device).type != "cpu" or n > SMALL_N:
@@ -103,44 +105,56 @@ class FieldEvaluation:
     column_error: float
 
 
-def attention_field(x: torch.Tensor, attention: str, W: torch.Tensor | None, W_V: torch.Tensor | None, *,
+def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: torch.Tensor | None, *,
                     n_iter=None, weights: torch.Tensor | None = None, temperature: float = 1.0,
                     init_g: torch.Tensor | None = None, tol: float = 1e-10, max_iter: int = 20_000,
-                    chunked: bool = False, need_errors: bool = False) -> FieldEvaluation:
+                    chunked: bool = False, need_errors: bool = False, landmarks=None) -> FieldEvaluation:
     """Evaluate :math:`T(x_i) = \\sum_j K_{ij} W_V x_j` on torch tensors (internal building block).
 
-    ``W`` and ``W_V`` are ``(d, d)`` tensors (``None`` = identity); inputs are assumed
-    validated (see :func:`sinkflow.simulate` for the checked public entry point).
-    ``weights=None`` means uniform. Differentiable by autograd in the dense mode.
+    ``attention`` is a name or :class:`sinkflow.attention.AttentionVariant`. ``W`` and
+    ``W_V`` are ``(d, d)`` tensors (``None`` = identity); inputs are assumed validated (see
+    :func:`sinkflow.simulate` for the checked public entry point). ``weights=None`` means
+    uniform. ``landmarks`` (a count or index tensor) selects the ``O(n m)`` approximation
+    of :mod:`sinkflow.lowrank_fields`. Differentiable by autograd in the dense mode.
     """
+    variant = get_attention(attention)
     V = x if W_V is None else x @ W_V.T
+    if landmarks is not None:
+        return _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks)
+    if variant.approximates is not None:
+        raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass landmarks=m")
     if chunked:
-        kw = dict(W=W, temperature=temperature, weights=weights, tol=tol, max_iter=max_iter)
-        if attention == "sinkhorn":
-            r = lazy_attention_field(x, V, normalization="sinkhorn", n_iter=n_iter, init_g=init_g, **kw)
-        elif attention == "softmax":
-            r = lazy_attention_field(x, V, normalization="row", **kw)
-        else:
-            r = lazy_attention_field(x, V, normalization="none", scores="dot" if attention == "unnormalized" else "gaussian", **kw)
-        return FieldEvaluation(r.velocity, None, r.g if attention == "sinkhorn" else None, r.n_iter, r.converged,
-                               r.row_error, r.column_error)
-    if attention == "gaussian":
-        C = gaussian_scores(x, x, W, temperature)
-    else:
-        C = dot_scores(x, x, W, temperature)
-    if weights is not None or attention in ("unnormalized", "gaussian"):
+        return _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter)
+    if variant.normalize is None:
+        raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
+                         "normalize(scores, n_iter, mask) to use it on particles")
+    C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
+    if weights is not None or not variant.normalized:
         a = weights if weights is not None else torch.full(x.shape[:1], 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
         C = C + torch.log(a)[None, :]  # kernel a_j e^{C_ij}
-    g, it, conv = None, 1, True
-    if attention == "softmax":
-        K = softmax(C)
-    elif attention == "sinkhorn":
-        res = solve_sinkhorn(C, n_iter, tol, max_iter, a=weights, b=weights, init_g=init_g, warn=False)
-        K, g, it, conv = res.attention, res.g, res.n_iter, res.converged
-    else:
-        K, it = torch.exp(C), 0
+    res = variant.normalize(C, n_iter=n_iter, weights=weights, tol=tol, max_iter=max_iter, init_g=init_g)
+    K = res.attention
     row_err = col_err = math.nan
     if need_errors:
         err = marginal_errors(K.detach(), weights, weights)
         row_err, col_err = float(err.row), float(err.column)
-    return FieldEvaluation(K @ V, K, g, it, conv, row_err, col_err)
+    return FieldEvaluation(K @ V, K, res.g, res.n_iter, res.converged, row_err, col_err)
+
+
+def _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter) -> FieldEvaluation:
+    if variant.normalization is None:
+        raise ValueError(f"attention {variant.name!r} has no block-wise evaluation (only a dense normalize); "
+                         "use chunked=False or landmarks")
+    r = lazy_attention_field(x, V, W=W, normalization=variant.normalization, scores=variant.scores, n_iter=n_iter,
+                             init_g=init_g, temperature=temperature, weights=weights, tol=tol, max_iter=max_iter)
+    g = r.g if variant.normalization == "sinkhorn" else None
+    return FieldEvaluation(r.velocity, None, g, r.n_iter, r.converged, r.row_error, r.column_error)
+
+
+def _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks) -> FieldEvaluation:
+    if variant.landmark_method is None:
+        raise ValueError(f"attention {variant.name!r} has no landmark approximation; drop landmarks")
+    r = lowrank_attention_field(x, V, landmarks, normalization=variant.normalization, scores=variant.scores,
+                                method=variant.landmark_method, W=W, temperature=temperature, weights=weights,
+                                n_iter=n_iter, tol=tol, max_iter=max_iter, init_g=init_g)
+    return FieldEvaluation(r.velocity, None, r.g, r.n_iter, r.converged, r.row_error, r.column_error)

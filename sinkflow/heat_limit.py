@@ -1,4 +1,4 @@
-r"""Rescaled attention flows and their many-particle limits (THEORY.md section 4).
+r"""Rescaled attention flows and their many-particle limits (docs/theory/heat_limit.md).
 
 One attention layer, four normalizations. Tokens :math:`x_1..x_n\in\mathbb R^d`, scores with
 :math:`W = I/\varepsilon`, values :math:`-(x_j - x_i)`, and continuous depth :math:`t`:
@@ -28,8 +28,8 @@ the Sinkformers paper asks). The contrasts' limits then carry a factor 2:
 SoftMax with the Gaussian kernel diffuses twice as fast (its barycentric map is
 :math:`x + \varepsilon\nabla\log(\rho*G_\varepsilon)`, "another constant"), and the
 unnormalized kernel gives the porous-medium equation on the time scale :math:`2t`
-(THEORY.md writes :math:`\partial_t\rho = \nabla\cdot(\rho\nabla\rho)`, which is the
-same layer with velocity scale :math:`1/\varepsilon`). :func:`heat_reference` returns
+(:math:`\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)`, docs/theory/heat_limit.md; velocity
+scale :math:`1/\varepsilon` would drop the 2). :func:`heat_reference` returns
 each limit with the right clock. Both identities
 :math:`\sum_j K_{ij}(x_j-x_i) = \varepsilon\nabla\log(\rho_n*G_\varepsilon)(x_i)` (SoftMax)
 and :math:`= \varepsilon\nabla(\rho_n*G_\varepsilon)(x_i)` (unnormalized) are exact for the
@@ -51,12 +51,15 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.heat import Barenblatt, GaussianMixture, _check_time
+from sinkflow.attention import get_attention
+from sinkflow.lowrank_fields import lowrank_attention_field
 from sinkflow.normalizations import softmax, solve_sinkhorn
 from sinkflow.scores import dot_scores, gaussian_scores
 
 __all__ = [
     "NORMALIZATIONS", "LIMIT_EQUATIONS", "HeatFlowResult", "BarycentricMapResult",
     "heat_velocity", "heat_trajectory", "heat_flow", "heat_reference", "limit_time_factor", "barycentric_map",
+    "largest_safe_dt", "HEAT_LAYERS",
 ]
 
 NORMALIZATIONS = ("sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized")
@@ -102,7 +105,7 @@ def _default_tol(x: torch.Tensor, tol, eps: float) -> float:
     about ``3 tol / eps`` relative. The flow's own bias is ``eps / (4 s)`` relative
     (symbolic.sinkhorn_variance_rate_gaussian), so ``tol = eps^2 / 100`` keeps the solver
     an order of magnitude below the modelling error; clipped to [floor, 1e-4], the floor
-    being the float32 log-domain accuracy (PERF.md) or 1e-10 in float64.
+    being the float32 log-domain accuracy (docs/performance.md) or 1e-10 in float64.
     """
     if tol is not None:
         return float(tol)
@@ -110,28 +113,69 @@ def _default_tol(x: torch.Tensor, tol, eps: float) -> float:
     return min(max(eps * eps / 100, floor), 1e-4)
 
 
-def _velocity(x: torch.Tensor, eps: float, normalization: str, g=None, tol=1e-6, max_iter=5000):
+#: The heat layer's own names: (attention variant, scores). Any other registered variant
+#: (:func:`sinkflow.available_attentions`) runs on the Gaussian scores of this module.
+HEAT_LAYERS = {"sinkhorn": ("sinkhorn", "gaussian"), "softmax_gaussian": ("softmax", "gaussian"),
+               "softmax_dot": ("softmax", "dot"), "unnormalized": ("gaussian", "gaussian")}
+
+
+@dataclass(frozen=True)
+class _Layer:
+    name: str
+    variant: Any
+    scores: str
+
+
+def _heat_layer(normalization) -> _Layer:
+    variant, scores = HEAT_LAYERS.get(normalization, (normalization, "gaussian"))
+    try:
+        variant = get_attention(variant)
+    except ValueError:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS} or an attention variant "
+                         f"(sinkflow.available_attentions()), got {normalization!r}") from None
+    if variant.normalize is None and variant.approximates is None:
+        raise ValueError(f"attention {variant.name!r} is output-only (models); the heat layer needs a normalize")
+    return _Layer(getattr(normalization, "name", normalization), variant, scores)
+
+
+def _kernel_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_iter):
+    """Dense: K [1, x] and Sinkhorn diagnostics."""
+    n = x.shape[0]
+    C = dot_scores(x, x, temperature=eps) if layer.scores == "dot" else gaussian_scores(x, x, temperature=eps)
+    variant = layer.variant
+    if variant.approximates is not None:
+        raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass landmarks=m")
+    if variant.normalization == "sinkhorn" and g is None:
+        # Cold start from the symmetric approximation K_ij ~ G_ij / sqrt((G1)_i (G1)_j):
+        # measured 20x fewer iterations than epsilon scaling (n = 2000, eps = 0.02-0.05).
+        g = -0.5 * torch.logsumexp(C, dim=-1)
+    if not variant.normalized:
+        C = C - math.log(n)  # kernel a_j e^{C_ij}, a_j = 1/n
+    res = variant.normalize(C, n_iter=None, tol=tol, max_iter=max_iter, init_g=g)
+    K = res.attention
+    return K @ x, K.sum(1), (res.g, res.n_iter, res.marginal_error, res.converged)
+
+
+def _landmark_velocity(x, eps, layer: _Layer, g, tol, max_iter, landmarks):
+    variant = layer.variant
+    V = torch.cat([torch.ones_like(x[:, :1]), x], 1)
+    r = lowrank_attention_field(x, V, landmarks, normalization=variant.normalization, scores=layer.scores,
+                                method=variant.landmark_method, temperature=eps, tol=tol, max_iter=max_iter, init_g=g)
+    err = r.column_error if variant.normalization == "sinkhorn" else 0.0
+    return r.velocity[:, 1:], r.velocity[:, 0], (r.g, r.n_iter, err, r.converged)
+
+
+def _velocity(x: torch.Tensor, eps: float, layer: _Layer, g=None, tol=1e-6, max_iter=5000, landmarks=None):
     """Velocity (n, d) and Sinkhorn diagnostics (g, half-iterations, marginal error, converged)."""
-    n, d = x.shape
-    info = (None, 0, 0.0, True)
-    if normalization == "softmax_dot":
-        K = softmax(dot_scores(x, x, temperature=eps))
+    if landmarks is None:
+        Kx, mass, info = _kernel_velocity(x, eps, layer, g, tol, max_iter)
     else:
-        C = gaussian_scores(x, x, temperature=eps)
-        if normalization == "sinkhorn":
-            if g is None:
-                # Cold start from the symmetric approximation K_ij ~ G_ij / sqrt((G1)_i (G1)_j):
-                # measured 20x fewer iterations than epsilon scaling (n = 2000, eps = 0.02-0.05).
-                g = -0.5 * torch.logsumexp(C, dim=-1)
-            res = solve_sinkhorn(C, tol=tol, max_iter=max_iter, init_g=g, warn=False)
-            K = res.attention
-            info = (res.g, res.n_iter, res.marginal_error, res.converged)
-        elif normalization == "softmax_gaussian":
-            K = softmax(C)
-        else:  # unnormalized: (2 pi eps)^(-d/2) e^C with weights 1/n
-            K = C.exp_().mul_((2 * math.pi * eps) ** (-d / 2) / n)
+        Kx, mass, info = _landmark_velocity(x, eps, layer, g, tol, max_iter, landmarks)
+    if layer.variant.normalization == "none":  # the heat layer's kernel density (2 pi eps)^(-d/2)
+        scale = (2 * math.pi * eps) ** (-x.shape[1] / 2)
+        Kx, mass = Kx * scale, mass * scale
     # sum_j K_ij (x_j - x_i), written without an (n, n, d) temporary
-    drift = K @ x - K.sum(1, keepdim=True) * x
+    drift = Kx - mass[:, None] * x
     return drift.mul_(-2.0 / eps), info
 
 
@@ -164,7 +208,7 @@ def heat_velocity(x, eps: float, normalization: str = "sinkhorn", *, tol: float 
     True
     """
     xt, numpy_out = _positions(x)
-    v, _ = _velocity(xt, _check_eps(eps), _check_normalization(normalization), tol=_default_tol(xt, tol, eps))
+    v, _ = _velocity(xt, _check_eps(eps), _heat_layer(normalization), tol=_default_tol(xt, tol, eps))
     return from_torch(v, numpy_out)
 
 
@@ -219,13 +263,63 @@ def _check_steps(times, dt) -> tuple[np.ndarray, float]:
     dt = float(dt)
     if not (dt > 0 and math.isfinite(dt)):
         raise ValueError(f"dt must be positive, got {dt}")
-    if dt > times[-1]:
+    if dt > times[-1] > 0:
         raise ValueError(f"dt = {dt} exceeds the final time t = {times[-1]}: choose dt <= t (the step is cut to fit t)")
     return times, dt
 
 
+def largest_safe_dt(x, eps: float, normalization: str = "sinkhorn") -> float:
+    r"""Largest Euler step for which the rescaled layer still follows its flow.
+
+    Kernel layers (Gaussian scores): :math:`v_i = -\frac{2}{\varepsilon}(B_i - x_i)` with
+    :math:`B_i` a :math:`K`-weighted mean of the particles. Two particles closer than
+    :math:`\sqrt\varepsilon` repel at the rate :math:`2/\varepsilon` (for the pair,
+    :math:`\dot r = \frac{2}{\varepsilon}(1 - K_{12} - K_{21}) r` with :math:`K_{ij}\to 1/2` when the
+    kernel sees only the pair), the stiffest rate of the field; an explicit step follows it
+    only when :math:`h \cdot 2/\varepsilon \le 1`: ``dt <= eps / 2``. ``"softmax_dot"`` moves at
+    :math:`|v| \sim \mathrm{var}/\varepsilon^2`: ``dt <= eps**2 / (4 var)``.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> from sinkflow.heat_limit import largest_safe_dt
+    >>> largest_safe_dt(np.zeros((3, 1)), 0.1)
+    0.05
+    """
+    eps = _check_eps(eps)
+    if _heat_layer(normalization).scores == "dot":
+        xt, _ = _positions(x)
+        var = float(xt.to(torch.float64).var(0).sum())
+        return eps * eps / (4 * max(var, 1e-300))
+    return eps / 2
+
+
+def _check_heat_step(x: torch.Tensor, eps: float, dt: float, normalization) -> None:
+    safe = largest_safe_dt(x, eps, normalization)
+    if dt > 2 * safe and _heat_layer(normalization).scores == "gaussian":
+        raise ValueError(f"dt={dt:g} is too large for eps={eps:g}: particles closer than sqrt(eps) repel at the rate "
+                         f"2/eps and one Euler step overshoots them (the result would not be the heat flow); the "
+                         f"largest safe step is dt = eps/2 = {safe:g} (sinkflow.heat_limit.largest_safe_dt)")
+    if dt > safe:
+        warnings.warn(f"dt={dt:g} exceeds the largest safe step {safe:g} for eps={eps:g} "
+                      "(sinkflow.heat_limit.largest_safe_dt); the flow may be inaccurate", RuntimeWarning, stacklevel=3)
+
+
+def _check_bandwidth_resolves_particles(x: torch.Tensor, eps: float, sample: int = 256) -> None:
+    """Warn when the kernel sees no neighbours (eps far below the squared particle spacing): the particles freeze."""
+    idx = torch.linspace(0, x.shape[0] - 1, min(sample, x.shape[0]), device=x.device).long()
+    d2 = torch.cdist(x[idx].to(torch.float64), x.to(torch.float64)).square()
+    nearest = d2.topk(2, dim=1, largest=False).values[:, 1]
+    spacing = float(nearest.median())
+    if eps * 10 < spacing:
+        warnings.warn(f"eps={eps:g} is far below the squared particle spacing (median nearest-neighbour distance^2 = "
+                      f"{spacing:.3g}): each particle's kernel sees almost only itself (neighbour weight < e^-5), so the "
+                      f"particles barely move and this is not the heat flow; use eps >= {spacing / 10:.3g} or more "
+                      "particles", RuntimeWarning, stacklevel=3)
+
+
 def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sinkhorn", *, tol: float | None = None,
-                    max_iter: int = 5000, progress: bool = False) -> HeatFlowResult:
+                    max_iter: int = 5000, landmarks: int | None = None, progress: bool = False) -> HeatFlowResult:
     r"""Run the rescaled attention flow and keep snapshots at ``times``.
 
     Explicit Euler, :math:`x \leftarrow x + h\,v_\varepsilon(x)`, with each interval
@@ -242,10 +336,19 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     eps : float
         Bandwidth squared of the kernel :math:`e^{-|x-y|^2/(2\varepsilon)}`.
     dt : float
-        Largest time step, ``0 < dt <= max(times)``. Stability of explicit Euler needs
-        roughly ``dt <~ eps / 4`` for the kernel normalizations; ``"softmax_dot"`` needs
-        ``dt`` well below ``eps**2 / (2 var)`` and collapses otherwise.
-    normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
+        Largest time step, ``0 < dt <= max(times)`` (any ``dt > 0`` when ``times`` is 0).
+        :func:`largest_safe_dt` gives the bound (``eps / 2`` for the kernel layers,
+        ``eps**2 / (4 var)`` for ``"softmax_dot"``): above it a ``RuntimeWarning``, above twice
+        it a ``ValueError`` (kernel layers). A bandwidth far below the squared particle spacing
+        (the particles cannot move) is warned about.
+    normalization : str
+        ``"sinkhorn"``, ``"softmax_gaussian"``, ``"softmax_dot"``, ``"unnormalized"``, or any
+        attention variant of :mod:`sinkflow.attention` (on the Gaussian scores; ``"gaussian"``
+        is ``"unnormalized"``).
+    landmarks : int, optional
+        Evaluate the kernel with ``m`` landmarks in ``O(n m)`` per step
+        (:mod:`sinkflow.lowrank_fields`: Nyström for Sinkhorn and SoftMax, ``m >= n`` exact;
+        Skyformer's lifted Nyström for the unnormalized kernel, ``m >= 2n`` exact).
     tol, max_iter : Sinkhorn marginal tolerance and half-iteration budget per step. The
         default ``tol = eps**2 / 100`` (clipped to [1e-10, 1e-4], float32 floor 2e-6) keeps the
         velocity error (~``3 tol / eps`` relative) well below the O(eps) bias of the limit.
@@ -273,10 +376,13 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     """
     x, numpy_out = _positions(x0)
     eps = _check_eps(eps)
-    normalization = _check_normalization(normalization)
+    layer = _heat_layer(normalization)
     times, dt = _check_steps(times, dt)
+    if times[-1] > 0:
+        _check_heat_step(x, eps, dt, normalization)
+        _check_bandwidth_resolves_particles(x, eps)
     tol = _default_tol(x, tol, eps)
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     plans = []
     prev = 0.0
@@ -293,7 +399,7 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     g = g_prev = None
     h_prev = None
     h_max = 0.0
-    with tqdm(total=n_steps, disable=not progress, desc=f"{normalization} flow", leave=False) as bar:
+    with progress_bar(total=n_steps, enabled=progress, desc=f"{layer.name} flow", leave=False) as bar:
         for k, h in plans:
             for _ in range(k):
                 # Warm start: the column potential moves smoothly with the particles, so a
@@ -301,7 +407,7 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
                 g_init = g
                 if g_prev is not None and h_prev:
                     g_init = g + (h / h_prev) * (g - g_prev)
-                v, (g_new, it, err, ok) = _velocity(x, eps, normalization, g_init, tol, max_iter)
+                v, (g_new, it, err, ok) = _velocity(x, eps, layer, g_init, tol, max_iter, landmarks)
                 g_prev, g, h_prev = g, g_new, h
                 x = x + h * v
                 if not bool(torch.isfinite(x).all()):
@@ -314,11 +420,11 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
                 h_max = max(h_max, h)
                 bar.update()
             snaps.append(x.clone())
-    if normalization == "sinkhorn" and not converged:
+    if layer.variant.normalization == "sinkhorn" and not converged:
         warnings.warn(f"some Sinkhorn solves stopped at max_iter={max_iter} (largest marginal error {max_err:.2g} > tol={tol:g})",
                       RuntimeWarning, stacklevel=2)
     positions = from_torch(torch.stack(snaps), numpy_out)
-    return HeatFlowResult(times=times, positions=positions, normalization=normalization, eps=eps, dt=h_max or dt,
+    return HeatFlowResult(times=times, positions=positions, normalization=layer.name, eps=eps, dt=h_max or dt,
                           n_steps=n_steps, sinkhorn_iterations=np.asarray(iters, dtype=int),
                           max_marginal_error=max_err, converged=converged)
 
@@ -336,14 +442,14 @@ def heat_flow(x0, t: float, eps: float, dt: float, normalization: str = "sinkhor
     x0 : array or tensor (n, d)
         Initial particles.
     t : float
-        Final time (> 0).
+        Final time (>= 0; ``t = 0`` returns a copy of the start).
     eps : float
         Kernel bandwidth squared (> 0).
     dt : float
         Largest Euler step, ``0 < dt <= t``.
     normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
     **kwargs
-        ``tol``, ``max_iter``, ``progress`` of :func:`heat_trajectory`.
+        ``tol``, ``max_iter``, ``landmarks``, ``progress`` of :func:`heat_trajectory`.
 
     Returns
     -------
@@ -395,7 +501,7 @@ def heat_reference(initial, t: float, normalization: str = "sinkhorn"):
     t = _check_time(t)
     factor = limit_time_factor(normalization)
     if factor is None:
-        raise ValueError("softmax_dot has no many-particle limit: B(x) - x does not vanish as eps -> 0 (THEORY.md section 4)")
+        raise ValueError("softmax_dot has no many-particle limit: B(x) - x does not vanish as eps -> 0 (docs/theory/heat_limit.md)")
     if normalization == "unnormalized":
         if not isinstance(initial, Barenblatt):
             raise ValueError("the porous-medium limit has a closed form only from a Barenblatt start; pass a Barenblatt")

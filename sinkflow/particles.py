@@ -1,6 +1,6 @@
 r"""Particle simulators: a residual attention layer is an explicit Euler step.
 
-THEORY.md sections 2 and 7. Tokens :math:`x_i` move by
+docs/theory/gradient_flows.md and docs/theory/sphere.md. Tokens :math:`x_i` move by
 
 .. math:: x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j
 
@@ -32,6 +32,7 @@ Monitors follow py-pde's trackers: quantities recorded along the run, every
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,12 +41,13 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.energies import energy_0, energy_gaussian, energy_inf, energy_sphere
-from sinkflow.fields import ATTENTIONS, attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
+from sinkflow.attention import get_attention
+from sinkflow.fields import attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
+from sinkflow.lowrank_fields import landmark_indices
 
-__all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS"]
+__all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS", "INTEGRATORS",
+           "ParticleField", "euler_step", "rk4_step", "lipschitz_scale", "default_tol"]
 
-MONITORS = ("energy", "energy_inf", "energy_0", "marginal_errors", "clusters")
-INTEGRATORS = ("euler", "rk4")
 MANIFOLDS = ("euclidean", "sphere")
 #: Energy and cluster monitors build n x n float64 matrices: allowed up to this n.
 MAX_MONITOR_N = 8192
@@ -76,6 +78,8 @@ class Trajectory:
     weights : array (n,) or None
     chunked : bool
         Whether the field was evaluated block-wise (:mod:`sinkflow.lazy`).
+    landmarks : int or None
+        Number of landmarks of an approximate flow (:mod:`sinkflow.lowrank_fields`).
     """
 
     times: np.ndarray
@@ -92,6 +96,7 @@ class Trajectory:
     temperature: float = 1.0
     weights: Any = None
     chunked: bool = False
+    landmarks: int | None = None
 
     @property
     def final(self):
@@ -160,7 +165,7 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
     x : array (n, d)
     manifold : {"sphere", "euclidean"}
     tol : float
-        :math:`\delta` (THEORY.md section 7 uses 1e-3).
+        :math:`\delta` (docs/theory/sphere.md uses 1e-3).
 
     Returns
     -------
@@ -191,18 +196,237 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
 
 def _check_choice(value, name, choices):
     if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def _check_positive_int(value, name, what=""):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{what}, got {value!r}")
+
+
+def default_tol(dtype: torch.dtype) -> float:
+    """Sinkhorn marginal tolerance of a flow in ``dtype``: 1e-10 in float64, ``50 eps`` below.
+
+    A marginal error sums ``n`` entries of relative rounding ``eps``; float32 cannot go
+    much below ``1e-6`` (a float64-level ``tol`` makes every solve run to ``max_iter``).
+    """
+    return 1e-10 if dtype == torch.float64 else 50 * torch.finfo(dtype).eps
+
+
+def _solver_tol(tol, dtype) -> float:
+    floor = default_tol(dtype)
+    if tol is None:
+        return floor
+    tol = float(tol)
+    if not tol > 0:
+        raise ValueError(f"tol must be positive, got {tol!r}")
+    if dtype != torch.float64 and tol < floor:
+        warnings.warn(f"tol={tol:g} is below what {dtype} Sinkhorn solves reach; using {floor:.2g} "
+                      "(pass float64 particles for tighter solves)", RuntimeWarning, stacklevel=3)
+        return floor
+    return tol
+
+
+def lipschitz_scale(x: torch.Tensor, W: torch.Tensor | None, W_V: torch.Tensor | None, temperature: float) -> float:
+    r"""Cheap estimate of the Lipschitz constant of a normalized attention field at ``x``.
+
+    :math:`T(x_i) = \sum_j K_{ij} W_V x_j` with rows of :math:`K` summing to 1 moves by
+    :math:`\|W_V\|` through the values and by :math:`\|W_V\| R \cdot 2\|W\| R / \tau` through
+    the weights (:math:`\partial K_{ij}/\partial x_i` is a covariance of :math:`W x_j/\tau`
+    over a row, bounded by the product of their spreads, :math:`R^2 = \mathrm{mean}_i |x_i|^2`):
+    :math:`L \approx \|W_V\|_2 (1 + 2\|W\|_2 R^2/\tau)`. Explicit Euler with
+    :math:`h L > 2` can overshoot (the stability limit of :math:`\dot y = -L y`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.particles import lipschitz_scale
+    >>> lipschitz_scale(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), None, None, 1.0)
+    3.0
+    """
+    x = x.detach()
+    R2 = float((x * x).sum(1).mean())
+    norm = lambda M: 1.0 if M is None else float(torch.linalg.matrix_norm(M.detach().to(torch.float64), 2))
+    return norm(W_V) * (1 + 2 * norm(W) * R2 / temperature)
+
+
+# ----------------------------------------------------------------------------------------
+# the field of one simulation, its integrators and monitors (py-pde's solvers and trackers)
+
+
+@dataclass
+class ParticleField:
+    """The velocity field of one simulation: an attention variant and its options.
+
+    ``velocity(Y)`` returns the (tangent) velocity and the :class:`~sinkflow.fields.FieldEvaluation`;
+    Sinkhorn potentials are carried from one evaluation to the next when ``warm_start``.
+    """
+
+    attention: Any
+    W: torch.Tensor | None
+    W_V: torch.Tensor | None
+    n_iter: int | None
+    weights: torch.Tensor | None
+    temperature: float
+    tol: float
+    max_iter: int
+    chunked: bool
+    landmarks: Any
+    warm_start: bool
+    sphere: bool
+    need_errors: bool
+    g: torch.Tensor | None = None
+
+    def velocity(self, Y: torch.Tensor):
+        ev = attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
+                             temperature=self.temperature, init_g=self.g if self.warm_start else None, tol=self.tol,
+                             max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
+                             landmarks=self.landmarks)
+        if ev.g is not None and self.warm_start:
+            self.g = ev.g.detach()
+        v = ev.velocity
+        if self.sphere:
+            v = v - (v * Y).sum(1, keepdim=True) * Y
+        return v, ev
+
+    def retract(self, Y: torch.Tensor) -> torch.Tensor:
+        return Y / Y.norm(dim=1, keepdim=True) if self.sphere else Y
+
+
+def euler_step(field: ParticleField, X: torch.Tensor, h: float):
+    """One explicit Euler step (a residual layer); returns the new state and the evaluations."""
+    v, ev = field.velocity(X)
+    return field.retract(X + h * v), [ev]
+
+
+def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
+    """One classical Runge-Kutta step (the continuous-depth reference)."""
+    v1, e1 = field.velocity(X)
+    v2, e2 = field.velocity(field.retract(X + 0.5 * h * v1))
+    v3, e3 = field.velocity(field.retract(X + 0.5 * h * v2))
+    v4, e4 = field.velocity(field.retract(X + h * v3))
+    return field.retract(X + (h / 6) * (v1 + 2 * v2 + 2 * v3 + v4)), [e1, e2, e3, e4]
+
+
+#: Integrators by name: ``step(field, X, h) -> (X_next, evaluations)``.
+INTEGRATORS = {"euler": euler_step, "rk4": rk4_step}
+
+
+@dataclass
+class MonitorContext:
+    """What the monitors need besides the state: the energy's form, weights, options."""
+
+    field: ParticleField
+    energy_kind: str
+    W_energy: torch.Tensor
+    weights64: torch.Tensor | None
+    manifold: str
+    cluster_tol: float
+
+
+def _energy_monitor(kind: str):
+    def monitor(Y, ev, ctx: MonitorContext) -> dict:
+        Y = Y.detach().to(torch.float64)  # energies are theory checks: always float64
+        which = ctx.energy_kind if kind == "energy" else kind
+        a = ctx.weights64
+        if which == "energy_sphere":
+            value = energy_sphere(Y, 1.0 / ctx.field.temperature, a)
+        elif which == "energy_0":
+            value = energy_0(Y, ctx.W_energy, a)
+        elif which == "energy_gaussian":
+            value = energy_gaussian(Y, ctx.W_energy, a)
+        else:
+            value = energy_inf(Y, ctx.W_energy, a, tol=1e-12)
+        return {kind: float(value)}
+
+    return monitor
+
+
+def _marginal_error_monitor(Y, ev, ctx: MonitorContext) -> dict:
+    if ev is None:
+        _, ev = ctx.field.velocity(Y)
+    return {"row_error": ev.row_error, "column_error": ev.column_error}
+
+
+def _cluster_monitor(Y, ev, ctx: MonitorContext) -> dict:
+    frac, count = cluster_statistics(Y, manifold=ctx.manifold, tol=ctx.cluster_tol)
+    return {"cluster_fraction": frac, "cluster_count": count}
+
+
+#: Monitors by name: ``monitor(Y, evaluation_or_None, context) -> {key: value}``.
+MONITOR_FUNCTIONS = {"energy": _energy_monitor("energy"), "energy_inf": _energy_monitor("energy_inf"),
+                     "energy_0": _energy_monitor("energy_0"), "marginal_errors": _marginal_error_monitor,
+                     "clusters": _cluster_monitor}
+MONITORS = tuple(MONITOR_FUNCTIONS)
+
+
+def _energy_kind(variant, sphere: bool) -> str:
+    """The energy whose descent the flow of this variant is checked against."""
+    if sphere:
+        return "energy_sphere"
+    exact = variant.approximates or variant.name
+    return {"unnormalized": "energy_0", "gaussian": "energy_gaussian"}.get(exact, "energy_inf")
+
+
+class _Recorder:
+    """Runs the monitors every ``every`` steps and collects their values."""
+
+    def __init__(self, names, every: int, ctx: MonitorContext):
+        self.functions = [MONITOR_FUNCTIONS[m] for m in names]
+        self.every, self.ctx = every, ctx
+        self.records: dict[str, list] = {}
+        self.times: list[float] = []
+
+    def __call__(self, k: int, t: float, Y, ev, force: bool = False):
+        if not self.functions or (k % self.every and not force):
+            return
+        if self.times and self.times[-1] == t:
+            return
+        self.times.append(t)
+        for fn in self.functions:
+            for key, value in fn(Y, ev, self.ctx).items():
+                self.records.setdefault(key, []).append(value)
+
+
+def _as_monitor_names(monitors) -> tuple:
+    if isinstance(monitors, str):
+        monitors = (monitors,)
+    names = tuple(monitors)
+    for m in names:
+        _check_choice(m, "each monitor", MONITORS)
+    return names
+
+
+def _interaction_matrix(Wq, Wk, d, like):
+    if Wq is None and Wk is None:
+        return None
+    eye = torch.eye(d, dtype=like.dtype, device=like.device)
+    return (Wq if Wq is not None else eye).T @ (Wk if Wk is not None else eye)
+
+
+def _check_step_size(h, X, W, Wv, tau, variant, integrator):
+    if isinstance(h, bool) or not isinstance(h, (int, float, np.floating, np.integer)) or not math.isfinite(h) or h <= 0:
+        raise ValueError(f"step size h must be a finite number > 0, got {h!r}")
+    if not variant.normalized and variant.approximates is None:
+        return  # unnormalized kernels grow like exp(R^2): no useful global scale
+    L = lipschitz_scale(X, W, Wv, tau)
+    limit = 2.0 / L if integrator == "euler" else 2.78 / L
+    if h > limit:
+        warnings.warn(f"step h={float(h):g} exceeds the stability scale of this field (Lipschitz estimate "
+                      f"L ~ {L:.3g}, sinkflow.particles.lipschitz_scale): the steps may overshoot; the largest "
+                      f"safe h is about {limit:.3g}", RuntimeWarning, stacklevel=3)
 
 
 # ----------------------------------------------------------------------------------------
 # the simulator
 
 
-def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 0.1, steps: int = 100, *,
+def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 0.1, steps: int = 100, *,
              n_iter=None, weights=None, integrator: str = "euler", manifold: str = "euclidean",
              temperature: float = 1.0, monitors=(), monitor_every: int = 1, save_every: int = 1,
-             warm_start: bool | None = None, chunked: bool | None = None, tol: float = 1e-10,
-             max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool = False) -> Trajectory:
+             warm_start: bool | None = None, chunked: bool | None = None, landmarks: int | None = None,
+             landmark_seed: int = 0, tol: float | None = None, max_iter: int = 20_000, cluster_tol: float = 1e-3,
+             progress: bool = False) -> Trajectory:
     r"""Simulate tokens moving under self-attention (a residual network of depth ``steps``).
 
     Parameters
@@ -210,15 +434,21 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
     x0 : array (n, d) or torch.Tensor
         Initial particles. numpy in -> numpy out; torch in -> torch out on the same
         device and dtype (CUDA works unchanged). Must be finite, floating (numpy defaults
-        to float64), and on the unit sphere for ``manifold="sphere"``.
-    attention : {"sinkhorn", "softmax", "unnormalized", "gaussian"}
-        The kernel (:mod:`sinkflow.fields`).
+        to float64), and on the unit sphere for ``manifold="sphere"``. A torch ``x0`` (or
+        ``W_Q``, ``W_K``, ``W_V``) that requires grad gives positions with an autograd graph
+        (dense evaluation only).
+    attention : str or AttentionVariant
+        ``"sinkhorn"``, ``"softmax"``, ``"unnormalized"``, ``"gaussian"``, ``"skyformer"``,
+        ``"nystromformer"`` or any name added with :func:`sinkflow.register_attention`
+        (:mod:`sinkflow.attention`).
     W_Q, W_K, W_V : arrays (d, d), optional
         Query, key and value matrices (identity by default); the scores are
         :math:`x_i^T W_Q^T W_K x_j / \tau`. The gradient-flow theorem holds for
         :math:`W = W_Q^T W_K / \tau` symmetric and :math:`W_V = W` (descent of the energy).
     h : float
-        Step size (> 0); Euler with step ``h`` is a residual layer.
+        Step size (> 0); Euler with step ``h`` is a residual layer. A ``RuntimeWarning``
+        names the largest safe value when ``h`` exceeds the field's stability scale
+        (:func:`lipschitz_scale`, normalized attentions).
     steps : int
         Number of steps (>= 0).
     n_iter : int or None
@@ -230,7 +460,7 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
     manifold : {"euclidean", "sphere"}
     temperature : float
         :math:`\tau > 0` (:math:`\beta = 1/\tau` on the sphere).
-    monitors : iterable of str
+    monitors : str or iterable of str
         Any of ``"energy", "energy_inf", "energy_0", "marginal_errors", "clusters"``.
     monitor_every, save_every : int
         Record monitors / positions every so many steps (the last state is always kept).
@@ -241,8 +471,17 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
     chunked : bool, optional
         Evaluate the field block-wise (:mod:`sinkflow.lazy`, memory O(n) per block). Default:
         automatically when one ``n x n`` matrix would exceed 512 MiB.
+    landmarks : int, optional
+        Approximate the attention with ``m`` landmarks in ``O(n m)`` per step
+        (:mod:`sinkflow.lowrank_fields`): Nyström for ``"sinkhorn"``, ``"softmax"``,
+        ``"unnormalized"``, Skyformer's lifted Nyström for ``"gaussian"`` / ``"skyformer"``,
+        segment means for ``"nystromformer"``. ``m >= n`` (``2n`` lifted) is exact. Needs a
+        symmetric positive semi-definite ``W_Q^T W_K``.
+    landmark_seed : int
+        Seed of the landmark draw (done once: the approximate flow is an ODE of its own).
     tol, max_iter : float, int
-        Sinkhorn stopping rule for ``n_iter=None``.
+        Sinkhorn stopping rule for ``n_iter=None``; ``tol`` defaults to :func:`default_tol`
+        of the particles' dtype (1e-10 in float64, 6e-6 in float32).
     cluster_tol : float
         :math:`\delta` of the cluster monitor.
     progress : bool
@@ -268,138 +507,87 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
     >>> bool(np.all(np.diff(traj.monitors["energy"]) <= 0))   # F^inf decreases (W_V = W = I)
     True
     """
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     numpy_out = not isinstance(x0, torch.Tensor)
     X = to_torch(x0, "x0")
     check_float(X, "x0")
     if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
         raise ValueError(f"x0 must have shape (n, d) with n, d >= 1, got {tuple(X.shape)}")
-    check_finite(X, "x0")
-    X = X.detach().clone()
+    check_finite(X.detach(), "x0")
     n, d = X.shape
-    _check_choice(attention, "attention", ATTENTIONS)
+    variant = get_attention(attention)
     _check_choice(integrator, "integrator", INTEGRATORS)
     _check_choice(manifold, "manifold", MANIFOLDS)
-    if isinstance(h, bool) or not isinstance(h, (int, float, np.floating, np.integer)) or not math.isfinite(h) or h <= 0:
-        raise ValueError(f"step size h must be a finite number > 0, got {h!r}")
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
     if not (math.isfinite(float(temperature)) and float(temperature) > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if n_iter is not None and (isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1):
-        raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations) or None, got {n_iter!r}")
-    for name, every in (("monitor_every", monitor_every), ("save_every", save_every)):
-        if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
-            raise ValueError(f"{name} must be a positive integer, got {every!r}")
-    monitors = tuple(monitors)
-    for m in monitors:
-        _check_choice(m, "each monitor", MONITORS)
+    if n_iter is not None:
+        _check_positive_int(n_iter, "n_iter", " (Sinkhorn half-iterations) or None")
+    _check_positive_int(monitor_every, "monitor_every")
+    _check_positive_int(save_every, "save_every")
+    if landmarks is not None:
+        _check_positive_int(landmarks, "landmarks")
+    monitors = _as_monitor_names(monitors)
     Wq, Wk, Wv = (check_matrix(M, name, d, X) for M, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
-    W = None if Wq is None and Wk is None else (Wq if Wq is not None else torch.eye(d, dtype=X.dtype, device=X.device)).T @ (
-        Wk if Wk is not None else torch.eye(d, dtype=X.dtype, device=X.device))
+    W = _interaction_matrix(Wq, Wk, d, X)
     a = check_weights(weights, X)
+    tracks_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, Wq, Wk, Wv))
+    X = X.clone() if tracks_grad else X.detach().clone()
     sphere = manifold == "sphere"
     if sphere:
-        dev = float((X.norm(dim=1) - 1).abs().max())
+        dev = float((X.detach().norm(dim=1) - 1).abs().max())
         if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
             raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
                              "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
     if chunked is None:
-        chunked = n > dense_limit(X.dtype)
+        chunked = n > dense_limit(X.dtype) and landmarks is None
+    if tracks_grad and (chunked or landmarks is not None):
+        raise ValueError("gradients through simulate need the dense evaluation (chunked=False, no landmarks)")
     dense_monitors = [m for m in monitors if m != "marginal_errors"]
     if dense_monitors and n > MAX_MONITOR_N:
         raise ValueError(f"monitors {dense_monitors} evaluate n x n float64 matrices; n={n} is too large "
                          f"(n <= {MAX_MONITOR_N}); 'marginal_errors' works at any n")
-    if warm_start is None:
-        warm_start = n_iter is None
     tau = float(temperature)
-    need_errors = "marginal_errors" in monitors
-    state = {"g": None}
-
-    def field_at(Y):
-        ev = attention_field(Y, attention, W, Wv, n_iter=n_iter, weights=a, temperature=tau,
-                             init_g=state["g"] if warm_start else None, tol=tol, max_iter=max_iter,
-                             chunked=chunked, need_errors=need_errors)
-        if ev.g is not None and warm_start:
-            state["g"] = ev.g.detach()
-        v = ev.velocity
-        if sphere:
-            v = v - (v * Y).sum(1, keepdim=True) * Y
-        return v, ev
-
-    def retract(Y):
-        return Y / Y.norm(dim=1, keepdim=True) if sphere else Y
-
-    # energy monitors use W / tau (the bilinear form of the scores)
-    W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).to(torch.float64)
-
-    def energy(kind, Y):
-        Y = Y.detach().to(torch.float64)  # energies are theory checks: always float64
-        if kind == "energy" and sphere:
-            return float(energy_sphere(Y, 1.0 / tau, a64))
-        if kind == "energy_0" or (kind == "energy" and attention in ("unnormalized",)):
-            return float(energy_0(Y, W_energy, a64))
-        if kind == "energy" and attention == "gaussian":
-            return float(energy_gaussian(Y, W_energy, a64))
-        return float(energy_inf(Y, W_energy, a64, tol=1e-12))
-
-    a64 = None if a is None else a.to(torch.float64) / a.to(torch.float64).sum()
-    records: dict[str, list] = {}
-    mtimes: list[float] = []
-
-    def record(k, Y, ev):
-        mtimes.append(k * float(h))
-        for m in monitors:
-            if m == "marginal_errors":
-                if ev is None:
-                    _, ev = field_at(Y)
-                records.setdefault("row_error", []).append(ev.row_error)
-                records.setdefault("column_error", []).append(ev.column_error)
-            elif m == "clusters":
-                frac, count = cluster_statistics(Y, manifold=manifold, tol=cluster_tol)
-                records.setdefault("cluster_fraction", []).append(frac)
-                records.setdefault("cluster_count", []).append(count)
-            else:
-                records.setdefault(m, []).append(energy(m, Y))
-
-
+    _check_step_size(h, X, W, Wv, tau, variant, integrator)
     hh = float(h)
+    if landmarks is not None and variant.landmark_method in ("nystrom", "lifted"):
+        landmarks = landmark_indices(n, landmarks, variant.landmark_method, landmark_seed).to(X.device)
+    field = ParticleField(variant, W, Wv, n_iter, a, tau, _solver_tol(tol, X.dtype), max_iter, bool(chunked), landmarks,
+                          n_iter is None if warm_start is None else bool(warm_start), sphere,
+                          "marginal_errors" in monitors)
+    # energy monitors use W / tau (the bilinear form of the scores)
+    W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).detach().to(torch.float64)
+    a64 = None if a is None else a.detach().to(torch.float64) / a.detach().to(torch.float64).sum()
+    record = _Recorder(monitors, monitor_every,
+                       MonitorContext(field, _energy_kind(variant, sphere), W_energy, a64, manifold, cluster_tol))
+    step = INTEGRATORS[integrator]
     with single_thread_if_small(n, X.device):
-        saved = [X.clone()]
-        times = [0.0]
+        saved, times = [X.clone()], [0.0]
         iters = np.zeros(steps, dtype=int)
         all_converged = True
-        for k in tqdm(range(steps), disable=not progress, desc=f"{attention} flow", unit="step"):
-            v1, ev = field_at(X)
-            it, conv = ev.n_iter, ev.converged
-            if monitors and k % monitor_every == 0:
-                record(k, X, ev)
-            if integrator == "euler":
-                X = retract(X + hh * v1)
-            else:
-                v2, e2 = field_at(retract(X + 0.5 * hh * v1))
-                v3, e3 = field_at(retract(X + 0.5 * hh * v2))
-                v4, e4 = field_at(retract(X + hh * v3))
-                X = retract(X + (hh / 6) * (v1 + 2 * v2 + 2 * v3 + v4))
-                it += e2.n_iter + e3.n_iter + e4.n_iter
-                conv = conv and e2.converged and e3.converged and e4.converged
-            iters[k] = it
-            all_converged = all_converged and (conv or n_iter is not None)
-            if not bool(torch.isfinite(X).all()):
+        for k in progress_bar(range(steps), enabled=progress, desc=f"{variant.name} flow", unit="step"):
+            X_next, evs = step(field, X, hh)
+            record(k, k * hh, X, evs[0])
+            X = X_next
+            iters[k] = sum(ev.n_iter for ev in evs)
+            all_converged = all_converged and (all(ev.converged for ev in evs) or n_iter is not None)
+            if not bool(torch.isfinite(X.detach()).all()):
                 raise FloatingPointError(
                     f"the flow left the floating-point range at step {k + 1} (t = {(k + 1) * hh:g}); "
                     "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")
             if (k + 1) % save_every == 0 or k + 1 == steps:
                 saved.append(X.clone())
                 times.append((k + 1) * hh)
-        if monitors and (not mtimes or mtimes[-1] != steps * hh):
-            record(steps, X, None)
+        record(steps, steps * hh, X, None, force=True)
         positions = torch.stack(saved)
         return Trajectory(
             times=np.array(times), positions=from_torch(positions, numpy_out),
-            monitors={key: np.asarray(val, dtype=float) for key, val in records.items()},
-            monitor_times=np.array(mtimes), sinkhorn_iterations=iters if attention == "sinkhorn" else np.zeros(steps, dtype=int),
-            converged=bool(all_converged), attention=attention, integrator=integrator, manifold=manifold, h=hh,
+            monitors={key: np.asarray(val, dtype=float) for key, val in record.records.items()},
+            monitor_times=np.array(record.times),
+            sinkhorn_iterations=iters if variant.normalization == "sinkhorn" else np.zeros(steps, dtype=int),
+            converged=bool(all_converged), attention=variant.name, integrator=integrator, manifold=manifold, h=hh,
             n_iter=None if n_iter is None else int(n_iter), temperature=tau,
-            weights=from_torch(a, numpy_out), chunked=bool(chunked))
+            weights=from_torch(a, numpy_out), chunked=bool(chunked),
+            landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))

@@ -1,8 +1,9 @@
-"""Heat-diffusion limit (THEORY.md section 4): references, rescaled flows, distances, sympy oracles."""
+"""Heat-diffusion limit (docs/theory/heat_limit.md): references, rescaled flows, distances, sympy oracles."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from sinkflow.heat_limit import NORMALIZATIONS, barycentric_map, heat_flow, heat
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    # PERF.md: two OpenMP threads on a loaded 2-vCPU machine make small torch ops 10-150x slower.
+    # docs/performance.md: two OpenMP threads on a loaded 2-vCPU machine make small torch ops 10-150x slower.
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -312,3 +313,27 @@ def test_all_normalizations_run_in_2d(normalization):
     dt = 0.002 if normalization == "softmax_dot" else 0.02
     x = heat_flow(x0, 0.1, eps=0.1, dt=dt, normalization=normalization)
     assert np.all(np.isfinite(x)) and x.shape == x0.shape
+
+
+def test_large_dt_against_eps_is_refused_with_the_safe_value():
+    # the issue's case: n = 400, eps = 1e-4, dt = 0.01 gave variance growth 2.46 for 0.20
+    x0 = np.random.default_rng(0).normal(size=(400, 1))
+    with pytest.raises(ValueError, match="largest safe step is dt = eps/2 = 5e-05"):
+        heat_flow(x0, t=0.1, eps=1e-4, dt=0.01)
+    with pytest.warns(RuntimeWarning, match="exceeds the largest safe step"):
+        heat_flow(x0[:50], t=0.03, eps=0.04, dt=0.03)
+
+
+def test_frozen_bandwidth_is_warned_about():
+    x0 = np.random.default_rng(1).normal(size=(400, 1))
+    with pytest.warns(RuntimeWarning, match="barely move"):
+        x1 = heat_flow(x0, t=1e-8, eps=1e-8, dt=5e-9)
+    assert np.isfinite(x1).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a resolved bandwidth is not warned about
+        heat_flow(x0, t=0.01, eps=0.05, dt=0.01)
+
+
+def test_time_zero_returns_the_start():
+    x0 = np.random.default_rng(2).normal(size=(30, 2))
+    np.testing.assert_array_equal(heat_flow(x0, t=0.0, eps=0.1, dt=0.01), x0)

@@ -1,6 +1,6 @@
 """Skyformer's kernelized attention, its lifted Nyström approximation and the spectral-norm theorem.
 
-THEORY.md section 6. Notation: X = [Q; K] (N = 2n points), Cbar = kappa(X, X), C its top-right
+docs/theory/nystrom.md. Notation: X = [Q; K] (N = 2n points), Cbar = kappa(X, X), C its top-right
 block, Cbar~ the Nyström approximation on landmark indices J, E = Cbar - Cbar~.
 """
 
@@ -202,7 +202,7 @@ def test_leverage_scores_statistical_dimension_and_beta():
 
 
 def test_landmark_constant_rederived_from_matrix_bernstein():
-    """c = 2(1 + t/3)/t^2 at t = 1/2 (tight Bernstein terms); THEORY's 56/3 doubles both terms."""
+    """c = 2(1 + t/3)/t^2 at t = 1/2 (tight Bernstein terms); the theory page's 56/3 doubles both terms."""
     t = 0.5
     assert sinkflow.SHARP_LANDMARK_CONSTANT == pytest.approx(2 * (1 + t / 3) / t**2)
     assert sinkflow.LANDMARK_CONSTANT == pytest.approx(4 * (1 + t / 3) / t**2)
@@ -282,8 +282,6 @@ def test_bad_input_gets_a_clear_error():
         sinkflow.nystrom_attention(Q, K, K, 2, inverse="cholesky")
     with pytest.raises(ValueError, match="delta"):
         sinkflow.nystrom_check(Q, K, 2, delta=1.5)
-    with pytest.raises(ValueError, match="segment means"):
-        sinkflow.nystromformer_attention(Q, K, K, 6)
     with pytest.raises(TypeError, match="floating"):
         sinkflow.kernelized_attention_matrix(np.ones((2, 2), dtype=int), K[:, :2])
 

@@ -1,4 +1,4 @@
-"""A residual attention layer is an Euler step of a particle flow (THEORY.md sections 2, 3, 7)."""
+"""A residual attention layer is an Euler step of a particle flow (docs/theory/gradient_flows.md and docs/theory/sphere.md)."""
 
 import numpy as np
 import pytest
@@ -245,3 +245,65 @@ def test_every_kind_records_a_finite_energy(attention):
     traj = sinkflow.simulate(sinkflow.random_particles(8, 2, seed=7, scale=0.5), attention, h=0.05, steps=3,
                              monitors=["energy", "energy_0", "energy_inf"])
     assert all(np.isfinite(v).all() and v.shape == (4,) for v in traj.monitors.values())
+
+
+# ---------------------------------------------------------------------------------------
+# paths a user takes: gradients, float32, string monitors, step-size guard
+
+
+@pytest.mark.parametrize("n_iter", [None, 4])
+def test_gradient_of_a_final_loss_matches_finite_differences(n_iter):
+    rng = np.random.default_rng(21)
+    x0 = torch.tensor(rng.normal(size=(6, 2)), requires_grad=True)
+    Wv = torch.tensor(spd(2, rng), requires_grad=True)
+
+    def loss(x, wv):
+        traj = sinkflow.simulate(x, "sinkhorn", W_V=wv, h=0.05, steps=4, n_iter=n_iter, tol=1e-13)
+        return (traj.final ** 2).sum()
+
+    value = loss(x0, Wv)
+    gx, gw = torch.autograd.grad(value, (x0, Wv))
+    step = 1e-6
+    for param, grad, other in ((x0, gx, Wv), (Wv, gw, x0)):
+        E = torch.zeros_like(param)
+        for idx in [(0, 0), (1, 1), (0, 1)]:
+            E.zero_()
+            E[idx] = step
+            with torch.no_grad():
+                args = (param + E, other) if param is x0 else (other, param + E)
+                plus = loss(*args)
+                args = (param - E, other) if param is x0 else (other, param - E)
+                minus = loss(*args)
+            fd = float((plus - minus) / (2 * step))
+            assert abs(fd - float(grad[idx])) < 1e-6 * max(1.0, abs(fd))
+
+
+def test_float32_particles_do_not_spin_to_max_iter():
+    x = torch.tensor(sinkflow.random_particles(64, 2, seed=3), dtype=torch.float32)
+    traj = sinkflow.simulate(x, "sinkhorn", h=0.05, steps=5, max_iter=2000)
+    assert traj.converged and traj.sinkhorn_iterations.max() < 2000
+    assert traj.positions.dtype == torch.float32
+    with pytest.warns(RuntimeWarning, match="below what torch.float32"):
+        sinkflow.simulate(x, "sinkhorn", h=0.05, steps=1, tol=1e-12)
+
+
+def test_a_single_monitor_name_is_accepted():
+    x0 = sinkflow.random_particles(8, 2, seed=0)
+    one = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=3, monitors="energy").monitors
+    listed = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=3, monitors=["energy"]).monitors
+    np.testing.assert_array_equal(one["energy"], listed["energy"])
+
+
+def test_step_beyond_the_lipschitz_scale_warns_with_the_safe_value():
+    from sinkflow.particles import lipschitz_scale
+
+    x0 = sinkflow.random_particles(20, 2, seed=0, scale=2.0)
+    L = lipschitz_scale(torch.tensor(x0), None, None, 1.0)
+    assert L == pytest.approx(1 + 2 * np.mean(np.sum(x0 ** 2, 1)))  # plain re-computation of the estimate
+    with pytest.warns(RuntimeWarning, match="largest safe h is about"):
+        sinkflow.simulate(x0, "softmax", h=3.0 / L, steps=1)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sinkflow.simulate(x0, "softmax", h=1.0 / L, steps=1)

@@ -1,4 +1,4 @@
-r"""Multi-head attention with a pluggable normalization (THEORY.md sections 1 and 6).
+r"""Multi-head attention with a pluggable normalization (docs/theory/normalizations.md and docs/theory/nystrom.md).
 
 One module, :class:`MultiheadAttention`, shape-compatible with
 ``torch.nn.MultiheadAttention`` (``batch_first``, ``key_padding_mask`` with ``True = pad``,
@@ -25,8 +25,11 @@ produced by one of
     Nyströmformer's segment-mean approximation of SoftMax attention
     (:func:`sinkflow.nystromformer_attention`); no attention matrix.
 
-More normalizations plug in through :func:`register_normalization` (a function
-``(q, k, v, mask, n_iter) -> output`` on per-head tensors).
+The variants are those of :mod:`sinkflow.attention` (also ``"unnormalized"``, :math:`e^C`);
+more plug in through :func:`sinkflow.register_attention` (a ``normalize(scores, n_iter,
+mask) -> K`` that then also drives particle flows and the heat layer) or
+:func:`register_normalization` (an output-only ``(q, k, v, mask, n_iter) -> output`` on
+per-head tensors, models only).
 
 Precision: scores and normalization always run in at least float32, with autocast
 disabled inside, so bf16/fp16 training keeps Sinkhorn and SoftMax stable; the product
@@ -47,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sinkflow.attention import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._fused import sinkhorn_attention
-from sinkflow.normalizations import softmax
 from sinkflow.scores import dot_scores, gaussian_scores
 
 __all__ = [
@@ -61,11 +64,6 @@ __all__ = [
 ]
 
 
-def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """float64 stays float64; every lower precision is lifted to float32."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
 def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "softmax", *,
                       n_iter: int = 3, mask: torch.Tensor | None = None) -> torch.Tensor:
     r"""Attention matrix of queries ``q`` and keys ``k`` for a weight-producing normalization.
@@ -74,7 +72,9 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
     ----------
     q : torch.Tensor, shape (..., n, p)
     k : torch.Tensor, shape (..., m, p)
-    normalization : {"softmax", "sinkhorn", "gaussian"}
+    normalization : str or AttentionVariant
+        A variant that forms the matrix: ``"softmax"``, ``"sinkhorn"``, ``"gaussian"``,
+        ``"unnormalized"`` or one registered with a ``normalize``.
     n_iter : int
         Sinkhorn half-iterations (ignored by the others).
     mask : bool tensor broadcastable to (..., n, m), optional
@@ -94,100 +94,35 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
     >>> bool(torch.allclose(K.sum(-2), torch.ones(2, 5), atol=1e-4))
     True
     """
-    if normalization not in ("softmax", "sinkhorn", "gaussian"):
-        raise ValueError(f"attention_weights supports 'softmax', 'sinkhorn' and 'gaussian', got {normalization!r}")
-    dtype = _compute_dtype(q, k)
+    variant = get_attention(normalization)
+    if variant.normalize is None:
+        raise ValueError(f"attention_weights needs a variant that forms the matrix; {variant.name!r} is output-only")
+    dtype = compute_dtype(q, k)
     p = q.shape[-1]
     device_type = q.device.type
     with torch.autocast(device_type=device_type, enabled=False):
         q32, k32 = q.to(dtype), k.to(dtype)
-        if normalization == "gaussian":
-            K = gaussian_scores(q32, k32, temperature=math.sqrt(p)).exp()
-            return K if mask is None else K.masked_fill(~mask, 0.0)
-        # Scale the (n, p) queries rather than the (n, m) scores: one full-matrix pass less
-        # forward and backward; same scores as dot_scores(q, k, temperature=sqrt(p)) up to rounding.
-        scores = dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
-        if normalization == "softmax":
-            return softmax(scores, mask=mask)
-        return sinkhorn_attention(scores, n_iter, mask)  # multiplicative fast path, the solver otherwise
-
-
-def _weights_normalization(name: str) -> Callable:
-    def apply(q, k, v, mask, n_iter, landmarks):
-        K = attention_weights(q, k, name, n_iter=n_iter, mask=mask)
-        return K, K
-
-    apply.__name__ = f"{name}_normalization"
-    return apply
-
-
-def _padding_masks(mask, n, m):
-    """Split an admissibility mask into query and key padding masks, or refuse."""
-    if mask is None:
-        return None, None
-    mask = torch.broadcast_to(mask, torch.broadcast_shapes(mask.shape, (n, m)))
-    keys = mask.any(-2, keepdim=True)  # (..., 1, m)
-    queries = mask.any(-1, keepdim=True)  # (..., n, 1)
-    if not bool(torch.equal(mask, queries & keys)):
-        raise NotImplementedError("Nyström attention supports key/query padding masks only (no causal or per-pair masks)")
-    return queries, keys
-
-
-def _landmark_generator(device):
-    """A generator seeded from torch's global RNG, so torch.manual_seed makes landmarks reproducible."""
-    seed = int(torch.randint(0, 2**62, (1,)))
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _skyformer(q, k, v, mask, n_iter, landmarks):
-    from sinkflow.nystrom import nystrom_attention
-
-    dtype = _compute_dtype(q, k, v)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q32, k32, v32 = q.to(dtype), k.to(dtype), v.to(dtype)
-        queries, keys = _padding_masks(mask, q.shape[-2], k.shape[-2])
-        if keys is not None:  # the kernel is not normalized: removing a key = zeroing its value
-            v32 = v32 * keys.transpose(-1, -2).to(dtype)
-        m = min(int(landmarks), q.shape[-2] + k.shape[-2])
-        out = nystrom_attention(q32, k32, v32, m, inverse="iterative", generator=_landmark_generator(q.device))
-        if queries is not None:
-            out = out * queries.to(dtype)
-    return None, out
-
-
-def _nystromformer(q, k, v, mask, n_iter, landmarks):
-    from sinkflow.nystrom import nystromformer_attention
-
-    dtype = _compute_dtype(q, k, v)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        queries, keys = _padding_masks(mask, q.shape[-2], k.shape[-2])
-        if keys is not None and not bool(keys.all()):
-            raise NotImplementedError("Nyströmformer's segment means cannot exclude padded keys; use 'skyformer' or exact attention")
-        m = min(int(landmarks), q.shape[-2], k.shape[-2])
-        out = nystromformer_attention(q.to(dtype), k.to(dtype), v.to(dtype), m, inverse="iterative")
-        if queries is not None:
-            out = out * queries.to(dtype)
-    return None, out
-
-
-#: name -> function ``(q, k, v, mask, n_iter) -> (weights, output)``. Weight-producing
-#: normalizations return ``(K, K)`` (the product with V is done by :func:`scaled_attention`,
-#: after dropout); output-only ones (Nyström approximations) return ``(None, output)``.
-_NORMALIZATIONS: dict[str, Callable] = {name: _weights_normalization(name) for name in ("softmax", "sinkhorn", "gaussian")}
-_NORMALIZATIONS.update(skyformer=_skyformer, nystromformer=_nystromformer)
-
+        if variant.scores == "gaussian":
+            scores = gaussian_scores(q32, k32, temperature=math.sqrt(p))
+        else:
+            # Scale the (n, p) queries rather than the (n, m) scores: one full-matrix pass less
+            # forward and backward; same scores as dot_scores(q, k, temperature=sqrt(p)) up to rounding.
+            scores = dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
+        if variant.name == "sinkhorn":  # the training hot path: unrolled solve, no diagnostics
+            return sinkhorn_attention(scores, n_iter, mask)  # multiplicative fast path, the solver otherwise
+        return variant.normalize(scores, n_iter=n_iter, mask=mask).attention
 
 
 def available_normalizations() -> tuple[str, ...]:
-    """Names accepted by :class:`MultiheadAttention` (built-ins plus :func:`register_normalization`).
+    """Names accepted by :class:`MultiheadAttention`: the variants of :mod:`sinkflow.attention`.
 
     Examples
     --------
     >>> from sinkflow.nn import available_normalizations
-    >>> available_normalizations()[:5]
-    ('softmax', 'sinkhorn', 'gaussian', 'skyformer', 'nystromformer')
+    >>> available_normalizations()[:6]
+    ('softmax', 'sinkhorn', 'unnormalized', 'gaussian', 'skyformer', 'nystromformer')
     """
-    return tuple(_NORMALIZATIONS)
+    return available_attentions()
 
 
 def register_normalization(name: str, fn: Callable, *, overwrite: bool = False) -> None:
@@ -209,13 +144,18 @@ def register_normalization(name: str, fn: Callable, *, overwrite: bool = False) 
     """
     if not callable(fn):
         raise TypeError("fn must be callable: fn(q, k, v, mask, n_iter) -> output")
-    if name in _NORMALIZATIONS and not overwrite:
-        raise ValueError(f"normalization {name!r} is already registered (pass overwrite=True to replace it)")
 
-    def apply(q, k, v, mask, n_iter, landmarks):
-        return None, fn(q, k, v, mask, n_iter)
+    def heads(q, k, v, mask, n_iter, landmarks):
+        return fn(q, k, v, mask, n_iter)
 
-    _NORMALIZATIONS[name] = apply
+    register_attention(name, heads=heads, overwrite=overwrite)
+
+
+def _model_variant(name):
+    try:
+        return get_attention(name)
+    except ValueError:
+        raise ValueError(f"unknown normalization {name!r}; known: {', '.join(available_attentions())}") from None
 
 
 def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3, mask=None,
@@ -235,13 +175,10 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     >>> bool(torch.allclose(out, K))
     True
     """
-    try:
-        fn = _NORMALIZATIONS[normalization]
-    except KeyError:
-        raise ValueError(f"unknown normalization {normalization!r}; known: {', '.join(_NORMALIZATIONS)}") from None
-    K, out = fn(q, k, v, mask, n_iter, landmarks)
-    if K is None:
-        return out.to(v.dtype), None
+    variant = _model_variant(normalization)
+    if variant.normalize is None:
+        return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
+    K = attention_weights(q, k, variant, n_iter=n_iter, mask=mask)
     Kd = F.dropout(K, dropout, training) if dropout > 0 and training else K
     # The product with V may run in autocast precision; the weights were float32.
     out = torch.matmul(Kd.to(v.dtype), v) if v.dtype in (torch.float16, torch.bfloat16) else torch.matmul(Kd, v.to(Kd.dtype)).to(v.dtype)
@@ -257,8 +194,7 @@ class AttentionKernel(nn.Module):
 
     def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0, landmarks: int = 64):
         super().__init__()
-        if normalization not in _NORMALIZATIONS:
-            raise ValueError(f"unknown normalization {normalization!r}; known: {', '.join(_NORMALIZATIONS)}")
+        _model_variant(normalization)
         if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
             raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
         if not 0.0 <= dropout < 1.0:

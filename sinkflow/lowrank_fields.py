@@ -1,0 +1,354 @@
+r"""Attention fields on particles with ``m`` landmarks: ``O(n m)`` time and memory per step.
+
+Every built-in kernel is a Gaussian kernel up to diagonal factors. With :math:`W` symmetric
+positive semi-definite and :math:`G_{ij} = e^{-\|x_i - x_j\|_W^2 / (2\tau)}`,
+
+.. math:: a_j e^{x_i^T W x_j / \tau} = e^{r_i}\, G_{ij}\, p_j, \qquad
+          r_i = \frac{\|x_i\|_W^2}{2\tau}, \quad p_j = a_j e^{\|x_j\|_W^2 / (2\tau)},
+
+and every normalization that starts with a row step (SoftMax, Sinkhorn) ignores the left
+factor :math:`e^{r_i}`. So one positive semi-definite matrix :math:`G` carries all of
+them, and its Nyström approximation :math:`\tilde G = L A^+ L^T`
+(:math:`L = G_{:,J}`, :math:`A = G_{J,J}`, ``m`` landmark indices :math:`J`) gives
+:math:`\tilde G v` in :math:`O(n m)`.
+
+Sinkhorn on the factorization (Altschuler, Bach, Rudi and Niles-Weed 2019): the scalings
+:math:`u` (rows) and :math:`w` (columns) of :math:`K = \mathrm{diag}(u)\, \tilde G\, \mathrm{diag}(p w)`
+alternate :math:`u = 1 / \tilde G(p w)` and :math:`w = a / (p\, \tilde G(a u))`, each a
+product with :math:`\tilde G` (Nyström, not positive random features: Nyström is exact
+when every point is a landmark, needs no feature dimension of its own, and shares the
+landmark machinery and the spectral error bound of Skyformer; positive features keep
+:math:`\tilde G > 0` but converge in the number of features only at the Monte-Carlo rate
+and never become exact). Nyström entries can be negative, and a particle far from every
+landmark gets an approximate mass :math:`(\tilde G v)_i \approx 0` of either sign, which makes
+the scaling undefined. Outcome: the solve is redone once with the exact diagonal restored,
+:math:`\tilde G + \mathrm{diag}(1 - \tilde G_{ii})` (still positive semi-definite, below
+:math:`G`; such a particle keeps its own weight, as in the exact kernel); if a mass is still
+not positive, :class:`NystromPositivityError` is raised (never a NaN) with the remedy: more
+landmarks, or a larger temperature (a wider kernel is better approximated).
+
+Landmark choices: ``"nystrom"`` draws ``m`` distinct points among the ``n`` particles
+(``m >= n``: all of them, exact); ``"lifted"`` is Skyformer's lifted kernel of the stacked
+queries and keys, here ``[x; x]``: ``m`` of the ``2n`` stacked points (``m >= 2n``: all,
+exact). The kernel blocks :math:`L_b` are recomputed for each block of rows, so memory is
+``O(m^2 + block)`` besides ``O(n)`` vectors; each Sinkhorn half-iteration is one pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from sinkflow.nystrom import nystrom_factors, nystromformer_attention, sample_landmarks
+
+__all__ = ["NystromPositivityError", "LowRankField", "landmark_indices", "gaussian_coordinates", "lowrank_attention_field"]
+
+#: Memory of one block of kernel rows (bytes).
+BLOCK_BYTES = 8 * 2**20
+#: The whole ``n x m`` factor is kept between passes when it takes at most this many bytes.
+CACHE_BYTES = 256 * 2**20
+LANDMARK_METHODS = ("nystrom", "lifted", "segment_means")
+
+
+class NystromPositivityError(ValueError):
+    """The Nyström approximation gave a row or column a non-positive kernel mass."""
+
+
+@dataclass(frozen=True)
+class LowRankField:
+    """Result of :func:`lowrank_attention_field` (fields as :class:`sinkflow.lazy.LazyField`)."""
+
+    velocity: torch.Tensor
+    g: torch.Tensor | None
+    n_iter: int
+    row_error: float
+    column_error: float
+    converged: bool
+
+
+def landmark_indices(n: int, landmarks: int, method: str = "nystrom", generator=0) -> torch.Tensor:
+    """Indices (into the ``n`` particles) of the landmarks, drawn once for a whole flow.
+
+    ``"nystrom"``: ``min(m, n)`` distinct particles (all of them when ``m >= n``).
+    ``"lifted"``: ``m`` uniform draws (with replacement, as Skyformer's theorem) from the
+    ``2n`` stacked points ``[x; x]``, reported modulo ``n``; all ``2n`` when ``m >= 2n``.
+
+    Examples
+    --------
+    >>> from sinkflow.lowrank_fields import landmark_indices
+    >>> landmark_indices(3, 10, "lifted").tolist()
+    [0, 1, 2, 0, 1, 2]
+    """
+    n, m = int(n), int(landmarks)
+    if m < 1:
+        raise ValueError(f"landmarks must be a positive integer, got {landmarks!r}")
+    if method == "nystrom":
+        if m >= n:
+            return torch.arange(n)
+        return torch.as_tensor(sample_landmarks(n, m, replace=False, generator=generator))
+    if method == "lifted":
+        if m >= 2 * n:
+            return torch.arange(2 * n) % n
+        return torch.as_tensor(sample_landmarks(2 * n, m, replace=True, generator=generator)) % n
+    raise ValueError(f"landmark method must be 'nystrom' or 'lifted', got {method!r}")
+
+
+def gaussian_coordinates(x: torch.Tensor, W: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    r"""Points ``z`` with ``gaussian_kernel(z, z) = exp(-||x_i - x_j||_W^2 / (2 tau))``.
+
+    :func:`sinkflow.gaussian_kernel` has bandwidth :math:`\sqrt p` in dimension ``p``, so
+    :math:`z = p^{1/4} x L^T / \sqrt\tau` with :math:`L^T L = W` (``W`` symmetric positive
+    semi-definite; otherwise ``ValueError``).
+    """
+    d = x.shape[1]
+    scale = d ** 0.25 / math.sqrt(temperature)
+    if W is None:
+        return x * scale
+    if not torch.allclose(W, W.T, rtol=1e-6, atol=1e-12 * float(W.abs().max())):
+        raise ValueError("attention with landmarks needs a symmetric W = W_Q^T W_K (the kernel must be positive "
+                         "semi-definite for Nyström); symmetrize W or drop landmarks")
+    lam, U = torch.linalg.eigh(0.5 * (W + W.T))
+    if float(lam.min()) < -1e-10 * max(float(lam.abs().max()), 1e-300):
+        raise ValueError(f"attention with landmarks needs W = W_Q^T W_K positive semi-definite (smallest eigenvalue "
+                         f"{float(lam.min()):.3g}): exp(x^T W y) is then a positive kernel")
+    L = lam.clamp_min(0).sqrt()[:, None] * U.T
+    return (x @ L.T) * scale
+
+
+class _NystromKernel:
+    """Nyström :math:`\\tilde G = L A^+ L^T` of the Gaussian kernel of ``z``, applied block by block."""
+
+    def __init__(self, z: torch.Tensor, idx: torch.Tensor, block_bytes: int = BLOCK_BYTES):
+        self.z = z
+        self.zJ = z[idx.to(z.device)]
+        m = self.zJ.shape[0]
+        self.core = nystrom_factors(self.zJ, self.zJ, torch.arange(m, device=z.device), lift=False, inverse="pinv").core
+        self.rows = max(1, int(block_bytes) // (2 * m * z.element_size()))
+        # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
+        # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4))
+        u = z * z.shape[1] ** -0.25
+        self.left = torch.cat([u, -0.5 * (u * u).sum(1, keepdim=True), torch.ones_like(u[:, :1])], 1)
+        uJ = u[idx.to(z.device)]
+        self.right = torch.cat([uJ, torch.ones_like(uJ[:, :1]), -0.5 * (uJ * uJ).sum(1, keepdim=True)], 1).T.contiguous()
+        n = z.shape[0]
+        self.cache = None
+        if n * m * z.element_size() <= CACHE_BYTES:
+            self.cache = torch.empty((n, m), dtype=z.dtype, device=z.device)
+            for i0 in range(0, n, self.rows):
+                self._block(i0, min(n, i0 + self.rows), self.cache[i0:i0 + self.rows])
+        else:
+            self.buffer = torch.empty((self.rows, m), dtype=z.dtype, device=z.device)
+
+        self.diagonal = None  # exact-diagonal correction 1 - G~_ii, see restore_diagonal
+        self.last_in = None
+
+    def restore_diagonal(self) -> None:
+        r"""Use :math:`\tilde G + \mathrm{diag}(1 - \tilde G_{ii})`: the exact diagonal :math:`G_{ii} = 1`.
+
+        The Nyström residual :math:`G - \tilde G` is positive semi-definite, so the added
+        diagonal is non-negative; a particle far from every landmark (:math:`\tilde G_{i\cdot}
+        \approx 0`, its mass lost to rounding or negative) keeps its own weight, as in the
+        exact kernel. One extra pass of ``O(n m^2)``.
+        """
+        n = self.z.shape[0]
+        diag = torch.empty(n, dtype=self.z.dtype, device=self.z.device)
+
+        def own_weight(i0, i1, _):
+            Lb = self.cache[i0:i1] if self.cache is not None else self._block(i0, i1, self.buffer[:i1 - i0])
+            diag[i0:i1] = ((Lb @ self.core) * Lb).sum(1)
+            return None
+
+        for i0 in range(0, n, self.rows):
+            own_weight(i0, min(n, i0 + self.rows), None)
+        self.diagonal = (1.0 - diag).clamp_min_(0.0)
+
+    def _block(self, i0, i1, out):
+        """Rows ``i0:i1`` of ``L`` into ``out`` (no allocation: fresh 16 MiB buffers cost page faults)."""
+        torch.mm(self.left[i0:i1], self.right, out=out)
+        return out.clamp_max_(0.0).exp_()
+
+    def sweep(self, T, step):
+        """For each row block ``b``: ``Y_b = step(i0, i1, (G~ Y_prev)_b)`` with ``(G~ Y_prev)_b = L_b @ T``
+        (plus the restored diagonal times the previous sweep's ``Y``); returns ``sum_b L_b^T Y_b``."""
+        acc = None
+        n = self.z.shape[0]
+        keep = self.diagonal is not None
+        new_in = None
+        for i0 in range(0, n, self.rows):
+            i1 = min(n, i0 + self.rows)
+            Lb = self.cache[i0:i1] if self.cache is not None else self._block(i0, i1, self.buffer[:i1 - i0])
+            out = None if T is None else Lb @ T
+            if out is not None and keep:
+                out += self.diagonal[i0:i1, None] * self.last_in[i0:i1]
+            Y = step(i0, i1, out)
+            if Y is not None:
+                acc = Lb.T @ Y if acc is None else acc.addmm_(Lb.T, Y)
+                if keep:
+                    new_in = torch.empty((n, Y.shape[1]), dtype=Y.dtype, device=Y.device) if new_in is None else new_in
+                    new_in[i0:i1] = Y
+        self.last_in = new_in
+        return acc
+
+
+def _positive(s: torch.Tensor, what: str, m: int) -> torch.Tensor:
+    bad = int((s <= 0).sum())
+    if bad:
+        raise NystromPositivityError(
+            f"the Nyström approximation with {m} landmarks gives {bad} {what} a non-positive kernel mass "
+            "(its entries can be negative), so the normalization is undefined; use more landmarks "
+            "(m >= n is exact) or a larger temperature")
+    return s
+
+
+def _log_prior(x, W, temperature, weights, scores):
+    """log of the column factors p_j and the row factors r_i (see the module docstring)."""
+    n = x.shape[0]
+    log_a = torch.full((n,), -math.log(n), dtype=x.dtype, device=x.device) if weights is None else torch.log(weights)
+    if scores == "gaussian":
+        return log_a, None
+    half_sq = 0.5 * ((x if W is None else x @ W) * x).sum(1) / temperature
+    return log_a + half_sq, half_sq
+
+
+def _unnormalized(K: _NystromKernel, V, log_p, r, a):
+    """e^{r_i} sum_j G~_ij p_j [1, V_j]: velocity and row error."""
+    shift = float(log_p.max())
+    p = torch.exp(log_p - shift)
+    acc = K.sweep(None, lambda i0, i1, _: p[i0:i1, None] * torch.cat([torch.ones_like(V[i0:i1, :1]), V[i0:i1]], 1))
+    out = torch.empty((V.shape[0], V.shape[1] + 1), dtype=V.dtype, device=V.device)
+
+    def apply(i0, i1, LT):
+        out[i0:i1] = LT
+        return None
+
+    K.sweep(K.core @ acc, apply)
+    left = shift if r is None else r + shift
+    out = out * torch.exp(torch.as_tensor(left, dtype=V.dtype, device=V.device)).reshape(-1, 1)
+    row_err = float((a * (out[:, 0] - 1).abs()).sum())
+    return LowRankField(out[:, 1:], None, 0, row_err, math.nan, True)
+
+
+def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
+    """Row / Sinkhorn scaling of diag(u) G~ diag(p w), one pass per half-iteration."""
+    n, m = V.shape[0], K.zJ.shape[0]
+    log_pw = log_p if init_g is None else log_p + init_g
+    shift = float(log_pw.max())
+    pw = torch.exp(log_pw - shift)  # p w up to a constant, which every scaling absorbs
+    p = torch.exp(log_p - shift)
+    u = torch.empty(n, dtype=V.dtype, device=V.device)
+    vel = torch.empty_like(V)
+    stats = {"col": math.inf}
+
+    def columns_in(i0, i1, _):
+        return torch.cat([pw[i0:i1, None], pw[i0:i1, None] * V[i0:i1]], 1)
+
+    def row_step(i0, i1, out):
+        s = _positive(out[:, 0], "rows", m)
+        u[i0:i1] = 1.0 / s
+        vel[i0:i1] = out[:, 1:] / s[:, None]
+        return (a[i0:i1] * u[i0:i1])[:, None]
+
+    def column_step(i0, i1, out):
+        s = _positive(out[:, 0], "columns", m)
+        stats["col"] += float((pw[i0:i1] * s - a[i0:i1]).abs().sum())
+        pw[i0:i1] = a[i0:i1] / s
+        return columns_in(i0, i1, None)
+
+    acc = K.sweep(None, columns_in)
+    budget, tol_check = (1, None) if n_iter == 1 else ((int(n_iter), None) if n_iter is not None else (int(max_iter), tol))
+    done, converged, last_row = 0, tol_check is None, False
+    while done < budget:
+        if done % 2 == 0:
+            acc = K.sweep(K.core @ acc, row_step)
+            last_row = True
+        else:
+            stats["col"] = 0.0
+            acc = K.sweep(K.core @ acc, column_step)
+            last_row = False
+            if tol_check is not None and stats["col"] <= tol_check:
+                converged, last_row = True, True  # the velocity of the checked row step is kept
+                done += 1
+                break
+        done += 1
+    row_err = 0.0
+    if not last_row:  # ended on a column step (or stopped after its check): apply without renormalizing
+        row_sum = torch.empty(n, dtype=V.dtype, device=V.device)
+
+        def apply(i0, i1, out):
+            row_sum[i0:i1] = u[i0:i1] * out[:, 0]
+            vel[i0:i1] = u[i0:i1, None] * out[:, 1:]
+            return None
+
+        K.sweep(K.core @ acc, apply)
+        row_err = float((a * (row_sum - 1).abs()).sum())
+    g = torch.log(pw.clamp_min(torch.finfo(V.dtype).tiny)) - torch.log(p.clamp_min(torch.finfo(V.dtype).tiny))
+    # the column error is measured by a column pass: known for the state it checked
+    col_err = stats["col"] if tol_check is not None else math.nan
+    return LowRankField(vel, g, done, row_err, col_err, bool(converged))
+
+
+def lowrank_attention_field(x: torch.Tensor, V: torch.Tensor, landmarks, *, normalization: str = "sinkhorn",
+                            scores: str = "dot", method: str = "nystrom", W: torch.Tensor | None = None,
+                            temperature: float = 1.0, weights: torch.Tensor | None = None, n_iter=None,
+                            tol: float = 1e-9, max_iter: int = 2000, init_g=None, generator=0,
+                            block_bytes: int = BLOCK_BYTES) -> LowRankField:
+    r"""Velocity :math:`\sum_j K_{ij} V_j` of landmark-approximated attention on particles.
+
+    Parameters
+    ----------
+    x : torch.Tensor (n, d)
+        Positions (queries and keys).
+    V : torch.Tensor (n, p)
+        Values.
+    landmarks : int or index tensor
+        A count (drawn with :func:`landmark_indices`) or the indices into ``x``.
+    normalization : {"sinkhorn", "row", "none"}
+    scores : {"dot", "gaussian"}
+        :math:`x_i^T W x_j / \tau` or :math:`-\|x_i - x_j\|_W^2 / (2\tau)`.
+    method : {"nystrom", "lifted", "segment_means"}
+        Landmark scheme (see the module docstring); ``"segment_means"`` is Nyströmformer's
+        approximation of SoftMax (uniform weights, ``normalization="row"``, dot scores).
+    W, temperature, weights, n_iter, tol, max_iter, init_g
+        As in :func:`sinkflow.lazy.lazy_attention_field` (``init_g``: the ``g`` of a previous call).
+    generator : seed for drawing a landmark count.
+
+    Returns
+    -------
+    LowRankField
+
+    Raises
+    ------
+    NystromPositivityError
+        When a normalization meets a non-positive approximate row or column mass.
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> from sinkflow.lowrank_fields import lowrank_attention_field
+    >>> x = torch.randn(40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> exact = sinkflow.sinkhorn(x @ x.T, tol=1e-12) @ x
+    >>> approx = lowrank_attention_field(x, x, 40, tol=1e-12).velocity   # every point a landmark
+    >>> bool(torch.allclose(approx, exact, atol=1e-6))
+    True
+    """
+    n = x.shape[0]
+    if method == "segment_means":
+        if weights is not None and not bool(torch.allclose(weights, weights.new_full((n,), 1.0 / n))):
+            raise ValueError("Nyströmformer's segment means cannot carry particle weights; use uniform weights")
+        q = (x if W is None else x @ W) * (math.sqrt(x.shape[1]) / temperature)
+        out = nystromformer_attention(q, x, V, min(int(landmarks), n), inverse="pinv")
+        return LowRankField(out, None, 1, 0.0, math.nan, True)
+    idx = landmarks if isinstance(landmarks, torch.Tensor) else landmark_indices(n, landmarks, method, generator)
+    K = _NystromKernel(gaussian_coordinates(x, W, temperature), idx, block_bytes)
+    log_p, r = _log_prior(x, W, temperature, weights, scores)
+    a = torch.full((n,), 1.0 / n, dtype=x.dtype, device=x.device) if weights is None else weights
+    if normalization == "none":
+        return _unnormalized(K, V, log_p, r, a)
+    n_iter = 1 if normalization == "row" else n_iter
+    try:
+        return _scaled(K, V, log_p, a, n_iter, tol, max_iter, init_g)
+    except NystromPositivityError:
+        K.restore_diagonal()  # the clear outcome: exact self-weights, then an error only if still undefined
+        return _scaled(K, V, log_p, a, n_iter, tol, max_iter, init_g)

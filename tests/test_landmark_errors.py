@@ -1,0 +1,46 @@
+"""Error of landmark-approximated flows: spectral error, field error, Grönwall bound, energy, heat variance."""
+
+import numpy as np
+import pytest
+
+import sinkflow
+from sinkflow.landmark_errors import heat_variance_errors, landmark_flow_errors, nystrom_spectral_error
+
+
+def test_spectral_error_matches_a_plain_nystrom_in_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 2))
+    J = np.array([0, 3, 7, 11, 20, 33])
+    tau = 0.7
+    G = np.exp(-((x[:, None, :] - x[None, :, :]) ** 2).sum(-1) / (2 * tau))
+    approx = G[:, J] @ np.linalg.pinv(G[np.ix_(J, J)]) @ G[J, :]
+    oracle = np.linalg.norm(G - approx, 2) / np.linalg.norm(G, 2)
+    assert nystrom_spectral_error(x, J, temperature=tau) == pytest.approx(oracle, rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def study():
+    x0 = sinkflow.random_particles(24, 2, seed=0)
+    return landmark_flow_errors(x0, (6, 12, 24), h=0.05, steps=8)
+
+
+def test_deviation_stays_under_the_gronwall_bound_and_vanishes_with_all_landmarks(study):
+    assert np.all(study.deviation <= study.bound + 1e-12)
+    assert study.deviation[-1].max() < 1e-8 and study.field_error[-1] < 1e-8
+    # more landmarks: smaller spectral error, field error and deviation
+    assert np.all(np.diff(study.spectral_error) < 0) and np.all(np.diff(study.field_error) < 0)
+    assert np.all(np.diff(study.deviation[:, -1]) < 0)
+    # short times: e_1 = h delta_1 is the bound's first step; the bound is loose later (ratio grows)
+    ratio = study.bound[0, 1:] / study.deviation[0, 1:]
+    assert ratio[-1] > ratio[0]
+
+
+def test_energy_decreases_along_the_approximate_sinkhorn_flow(study):
+    assert np.all(np.diff(study.energy_exact) < 0)
+    assert np.all(np.diff(study.energy[1:], axis=1) < 0)  # m = 12, 24
+
+
+def test_heat_variance_error_of_the_landmark_layer_is_small():
+    errors = heat_variance_errors([1000, 4000], 64, t=0.1, eps=0.2, dt=0.05)
+    # the eps-bias of the Sinkhorn layer is O(eps t); sampling noise O(n^-1/2)
+    assert np.all(errors < 0.06)

@@ -1,0 +1,87 @@
+"""Landmark-approximated flows: exact with every point a landmark, close with few, never NaN."""
+
+import numpy as np
+import pytest
+import torch
+
+import sinkflow
+from sinkflow.fields import attention_field
+from sinkflow import lowrank_fields
+from sinkflow.lowrank_fields import NystromPositivityError, lowrank_attention_field
+
+W = torch.tensor([[0.8, 0.2], [0.2, 0.5]], dtype=torch.float64)
+EXACT = {"skyformer": "gaussian", "nystromformer": "softmax"}
+
+
+def _weights(n, seed=0):
+    a = torch.tensor(np.random.default_rng(seed).uniform(0.5, 1.5, n))
+    return a / a.sum()
+
+
+@pytest.mark.parametrize("attention,every_point", [("sinkhorn", 1), ("softmax", 1), ("unnormalized", 1),
+                                                    ("gaussian", 2), ("skyformer", 2), ("nystromformer", 1)])
+@pytest.mark.parametrize("n_iter", [None, 3, 4])
+def test_every_point_a_landmark_is_the_exact_field(attention, every_point, n_iter):
+    n = 25
+    x = torch.tensor(np.random.default_rng(1).normal(size=(n, 2)))
+    a = None if attention == "nystromformer" else _weights(n)
+    exact = attention_field(x, EXACT.get(attention, attention), W, W, n_iter=n_iter, weights=a, temperature=1.5,
+                            tol=1e-13).velocity
+    approx = attention_field(x, attention, W, W, n_iter=n_iter, weights=a, temperature=1.5, tol=1e-13,
+                             landmarks=every_point * n).velocity
+    torch.testing.assert_close(approx, exact, rtol=0, atol=1e-8 * float(exact.abs().max()))
+
+
+@pytest.mark.parametrize("attention", ["sinkhorn", "softmax", "gaussian"])
+def test_error_falls_with_the_number_of_landmarks(attention):
+    x = torch.tensor(np.random.default_rng(2).normal(size=(600, 2)))
+    exact = attention_field(x, attention, None, None, n_iter=10).velocity
+    errors = [float((attention_field(x, attention, None, None, n_iter=10, landmarks=m).velocity - exact).norm()
+                    / exact.norm()) for m in (16, 64, 256)]
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 1e-2
+
+
+def test_approximate_trajectories_match_exact_ones_with_all_landmarks():
+    x0 = sinkflow.random_particles(20, 2, seed=5)
+    exact = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=6, n_iter=None)
+    approx = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=6, n_iter=None, landmarks=20)
+    np.testing.assert_allclose(approx.positions, exact.positions, atol=1e-8)
+    assert approx.landmarks == 20 and approx.converged
+
+
+@pytest.mark.parametrize("normalization,factor", [("sinkhorn", 1), ("unnormalized", 2), ("softmax_gaussian", 1)])
+def test_heat_flow_with_all_landmarks_is_the_exact_heat_flow(normalization, factor):
+    x0 = np.random.default_rng(6).normal(size=(40, 1))
+    exact = sinkflow.heat_flow(x0, 0.02, 0.1, 0.01, normalization, tol=1e-9)
+    approx = sinkflow.heat_flow(x0, 0.02, 0.1, 0.01, normalization, tol=1e-9, landmarks=factor * 40)
+    np.testing.assert_allclose(approx, exact, atol=1e-7)
+
+
+def test_heat_flow_with_few_landmarks_still_diffuses():
+    # variance grows by 2t (the heat equation), also through a 64-landmark kernel
+    x0 = np.random.default_rng(7).normal(size=(3000, 1))
+    x1 = sinkflow.heat_flow(x0, 0.1, 0.2, 0.05, "sinkhorn", landmarks=64)
+    assert abs((x1.var() - x0.var()) - 0.2) < 0.03
+
+
+def test_particles_no_landmark_sees_keep_their_own_weight_never_nan():
+    # two far clusters, landmarks only in the first: rows of the second get no (or negative) Nyström
+    # mass; with the exact diagonal restored each of them is isolated, K_ii = 1, as in the exact kernel
+    x = torch.cat([torch.randn(10, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64),
+                   100 + 10 * torch.randn(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)])
+    with pytest.raises(NystromPositivityError):  # the plain Nyström scaling is undefined here
+        lowrank_fields._scaled(lowrank_fields._NystromKernel(x, torch.arange(5)), x, torch.zeros(20, dtype=x.dtype),
+                               torch.full((20,), 0.05, dtype=x.dtype), None, 1e-9, 100, None)
+    r = lowrank_attention_field(x, x, torch.arange(5), normalization="sinkhorn", scores="gaussian", max_iter=200)
+    assert torch.isfinite(r.velocity).all()
+    torch.testing.assert_close(r.velocity[10:], x[10:], rtol=1e-6, atol=1e-6)
+    with pytest.raises(NystromPositivityError, match="non-positive kernel mass"):
+        lowrank_fields._positive(torch.tensor([1.0, 0.0]), "rows", 3)
+    with pytest.raises(ValueError, match="positive semi-definite"):
+        sinkflow.simulate(x.numpy(), "sinkhorn", W_K=-np.eye(2), steps=1, landmarks=4)
+
+
+def test_landmarks_need_a_symmetric_interaction():
+    with pytest.raises(ValueError, match="symmetric"):
+        sinkflow.simulate(np.eye(2), "sinkhorn", W_K=np.array([[1.0, 1.0], [0.0, 1.0]]), steps=1, landmarks=2)
