@@ -13,15 +13,20 @@ Measured, interleaved, medians of ``--repeats`` after a warm-up, torch threads p
   attention and a plain unrolled multiplicative Sinkhorn(3) (no checks, no error tracking),
   to separate the price of the normalization from the price of the solver's bookkeeping.
 
+A second table times the layer step at ``--lengths`` (default 1,024 and 4,096, batch 1)
+with its memory: on CUDA the peak allocated during the step, on CPU the bytes autograd
+saves for backward (the part that grows as n^2).
+
 ``--profile`` prints the top ops of the Sinkhorn layer step (torch.profiler).
 
-Usage: ``python benchmarks/bench_attention.py [--quick] [--threads 1] [--profile]``
+Usage: ``python benchmarks/bench_attention.py [--quick] [--threads 1] [--lengths 1024 4096] [--profile]``
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from contextlib import nullcontext
 import sys
 import time
 
@@ -29,16 +34,29 @@ import torch
 import torch.nn.functional as F
 
 
-def _layer_step(normalization, n_iter, x):
+def _solver_path(scores, n_iter, mask=None):
+    """The attention's Sinkhorn before the multiplicative fast path: the solver's unrolled steps."""
+    from sinkflow.normalizations import sinkhorn
+
+    return sinkhorn(scores, n_iter=n_iter, mask=mask)
+
+
+def _layer_step(normalization, n_iter, x, solver_path=False):
+    from unittest import mock
+
+    import sinkflow.nn.attention as attention
     from sinkflow.nn import MultiheadAttention
 
     torch.manual_seed(0)
     mha = MultiheadAttention(x.shape[-1], 4, normalization=normalization, n_iter=n_iter, device=x.device)
 
     def step():
-        out, _ = mha(x, x, x, need_weights=False)
-        out.mean().backward()
+        with mock.patch.object(attention, "sinkhorn_attention", _solver_path) if solver_path else nullcontext():
+            out, _ = mha(x, x, x, need_weights=False)
+            out.mean().backward()
+        return out
     return step
+
 
 
 def _reference_step(kind, x, heads=4):
@@ -79,6 +97,43 @@ def _model_step(normalization, n_iter, tokens, labels):
     return step
 
 
+def _step_memory(step, device) -> int:
+    """Peak CUDA memory of one step, or the bytes saved for backward on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    from sinkflow.nn._cost import saved_bytes
+
+    return saved_bytes(step)[0]
+
+
+def _long_table(lengths, device, repeats) -> None:
+    print(f"\nLayer step at long lengths (batch 1, embed 64, 4 heads), median of {repeats}, memory: "
+          f"{'peak CUDA allocated' if device.type == 'cuda' else 'bytes saved for backward'}\n")
+    print("| n | variant | ms / step | x SoftMax | memory MiB | x SoftMax |")
+    print("|---|---|---|---|---|---|")
+    g = torch.Generator().manual_seed(1)
+    for n in lengths:
+        x = torch.randn(1, n, 64, generator=g).to(device)
+        steps = {"softmax": _layer_step("softmax", 1, x), "sinkhorn(3)": _layer_step("sinkhorn", 3, x),
+                 "sinkhorn(3), solver path (before)": _layer_step("sinkhorn", 3, x, solver_path=True),
+                 "skyformer": _layer_step("skyformer", 1, x)}
+        timers = {k: _time(s, device, warmup=1) for k, s in steps.items()}
+        samples = {k: [] for k in steps}
+        for _ in range(repeats):
+            for k, t in timers.items():
+                samples[k].append(t())
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        mem = {k: _step_memory(s, device) for k, s in steps.items()}
+        for k in steps:
+            print(f"| {n} | {k} | {1e3 * med[k]:.1f} | {med[k] / med['softmax']:.2f} | {mem[k] / 2**20:.1f} | "
+                  f"{mem[k] / mem['softmax']:.2f} |")
+
+
 def _time(step, device, warmup=2):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
@@ -102,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--profile", action="store_true", help="profile the Sinkhorn layer step")
     ap.add_argument("--device", default="cpu", help="cpu (the target) or cuda")
+    ap.add_argument("--lengths", nargs="*", type=int, default=[1024, 4096],
+                    help="lengths of the second table (layer step with memory); none to skip")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (7 if args.quick else 21)
@@ -119,6 +176,7 @@ def main(argv=None) -> int:
         ("layer", "softmax"): _layer_step("softmax", 1, x),
         ("layer", "sinkhorn(1)"): _layer_step("sinkhorn", 1, x),
         ("layer", "sinkhorn(3)"): _layer_step("sinkhorn", 3, x),
+        ("layer", "sinkhorn(3), solver path (before)"): _layer_step("sinkhorn", 3, x, solver_path=True),
         ("layer", "sinkhorn(5)"): _layer_step("sinkhorn", 5, x),
         ("layer", "gaussian"): _layer_step("gaussian", 1, x),
         ("model", "softmax"): _model_step("softmax", 1, tokens, labels),
@@ -140,8 +198,13 @@ def main(argv=None) -> int:
         ref = med[(case, "softmax")]
         print(f"| {case} | {variant} | {1e3 * t:.2f} | {t / ref:.2f} |")
     ratio = med[("layer", "sinkhorn(3)")] / med[("layer", "softmax")]
+    before = med[("layer", "sinkhorn(3), solver path (before)")] / med[("layer", "softmax")]
     ratio_m = med[("model", "sinkhorn(3)")] / med[("model", "softmax")]
-    print(f"\nSinkhorn(3) / SoftMax per step: layer {ratio:.2f}x, model {ratio_m:.2f}x (target <= 1.3x on CPU)")
+    print(f"\nSinkhorn(3) / SoftMax per step: layer {ratio:.2f}x (solver path: {before:.2f}x), model {ratio_m:.2f}x "
+          "(target <= 1.3x on CPU)")
+
+    if args.lengths:
+        _long_table(args.lengths, device, max(3, repeats // 3))
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile

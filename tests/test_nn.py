@@ -393,3 +393,108 @@ def test_cuda_validation_run(tmp_path):
     rep = run_validation("digits", ["softmax", "sinkhorn"], [3], seeds=[0], device="cuda", epochs=2, amp=True)
     assert rep["environment"]["gpu"] and len(rep["runs"]) == 2
     assert all(np.isfinite(r["history"]["loss"]).all() for r in rep["runs"])
+
+
+# ---------------------------------------------------------------- fused Sinkhorn, LRA tasks
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 7, 5), (1, 40, 40)])
+@pytest.mark.parametrize("n_iter", [2, 3, 4, 7])
+def test_fused_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter):
+    import sinkflow
+    from sinkflow.nn._fused import sinkhorn_attention
+
+    g = torch.Generator().manual_seed(n_iter)
+    C = (2 * torch.randn(*shape, generator=g, dtype=torch.float64)).requires_grad_()
+    W = torch.randn(*shape, generator=g, dtype=torch.float64)
+    fused = sinkhorn_attention(C, n_iter)
+    (grad_fused,) = torch.autograd.grad((fused * W).sum(), C)
+    ref = sinkflow.sinkhorn(C, n_iter=n_iter)
+    (grad_ref,) = torch.autograd.grad((ref * W).sum(), C)
+    assert torch.allclose(fused, ref, rtol=0, atol=1e-13)
+    assert torch.allclose(grad_fused, grad_ref, rtol=0, atol=1e-12)
+    # float32: same numbers to float32 rounding
+    C32 = C.detach().float().requires_grad_()
+    f32 = sinkhorn_attention(C32, n_iter)
+    (g32,) = torch.autograd.grad((f32 * W.float()).sum(), C32)
+    assert torch.allclose(f32.double(), ref.detach(), atol=1e-6)
+    assert torch.allclose(g32.double(), grad_ref, atol=1e-5)
+
+
+def test_fused_sinkhorn_falls_back_to_the_solver_on_underflow_and_masks():
+    import sinkflow
+    from sinkflow.nn import _fused
+
+    C = torch.tensor([[0.0, -300.0], [0.0, -300.0]], dtype=torch.float64).mul(10).requires_grad_()  # column 2 underflows
+    with pytest.raises(_fused._Underflow):
+        _fused._MultiplicativeSinkhorn.apply(C, 3)
+    out = _fused.sinkhorn_attention(C, 3)
+    assert torch.equal(out, sinkflow.sinkhorn(C, n_iter=3)) and bool(torch.isfinite(out).all())
+    mask = torch.tensor([[True, False], [True, True]])
+    assert torch.equal(_fused.sinkhorn_attention(C, 3, mask), sinkflow.sinkhorn(C, n_iter=3, mask=mask))
+
+
+def test_sequence_classifier_mean_pooling_has_no_class_token():
+    from sinkflow.nn import SequenceClassifier
+
+    model = SequenceClassifier(16, 12, 3, dim=8, heads=2, depth=2, pooling="mean", landmarks=4,
+                               normalization="skyformer")
+    assert model.cls_token is None and model.pos.shape == (1, 12, 8)
+    assert model(torch.zeros(2, 12, dtype=torch.long)).shape == (2, 3)
+    assert model.blocks[0].attn.kernel.landmarks == 4
+    with pytest.raises(ValueError):
+        SequenceClassifier(16, 12, 3, pooling="max")
+
+
+@pytest.mark.parametrize("task", ["listops", "pathfinder"])
+def test_lra_tasks_run_in_quick_mode_with_the_paper_beside(task):
+    from sinkflow.nn.lra import report_markdown
+    from sinkflow.nn.validation import TASKS, run_validation
+
+    full = TASKS[task].full  # the paper's model in full mode
+    assert (full.dim, full.depth, full.heads, full.mlp_ratio * full.dim, full.landmarks) == (64, 2, 2, 128, 128)
+    rep = run_validation(task, ["softmax", "sinkhorn", "skyformer"], n_iters=[3], seeds=[0], track_kl=False,
+                         size_overrides=dict(n_samples=64, epochs=1, batch_size=16, dim=16, landmarks=8))
+    assert [r["variant"] for r in rep["summary"]] == ["softmax", "sinkhorn(3)", "skyformer"]
+    assert all(r["step_time"] > 0 and r["memory"] > 0 for r in rep["runs"])
+    comparison = {c["variant"]: c for c in rep["paper_comparison"]}
+    assert comparison["skyformer"]["paper_accuracy"] == {"listops": 38.69, "pathfinder": 70.73}[task]
+    assert comparison["softmax"]["step_time_ratio"] == pytest.approx(1.0)
+    md = report_markdown(rep)
+    assert "quick mode" in md and "Differences from the paper" in md and "| skyformer |" in md
+    assert ("Contradicts the paper:" in md) == any(c["verdict"] == "contradicts" for c in comparison.values())
+
+
+def _fake_report(task, inst_ratio, acc, time_ratio):
+    stat = lambda v: {"median": v, "min": v, "max": v}  # noqa: E731
+    rows = [{"variant": "softmax", "attention": "softmax", "test_accuracy": stat(0.5), "step_time": stat(1.0),
+             "memory": stat(1.0), "instability_ratio_to_softmax": 1.0, "step_time_ratio_to_softmax": 1.0,
+             "memory_ratio_to_softmax": 1.0},
+            {"variant": "skyformer", "attention": "skyformer", "test_accuracy": stat(acc), "step_time": stat(time_ratio),
+             "memory": stat(0.5), "instability_ratio_to_softmax": inst_ratio, "step_time_ratio_to_softmax": time_ratio,
+             "memory_ratio_to_softmax": 0.5}]
+    return {"task": task, "summary": rows}
+
+
+def test_paper_comparison_says_when_a_result_contradicts_the_paper():
+    from sinkflow.nn.lra import paper_comparison
+
+    verdict = lambda *a: paper_comparison(_fake_report(*a))[1]["verdict"]  # noqa: E731
+    assert verdict("pathfinder", 0.8, 0.6, 0.5) == "agrees"  # more stable, more accurate, faster: as the paper
+    assert verdict("pathfinder", 2.9, 0.6, 0.5) == "contradicts"  # less stable than SoftMax
+    assert verdict("pathfinder", 0.8, 0.4, 0.5) == "contradicts"  # less accurate than SoftMax
+    assert verdict("pathfinder", 0.8, 0.5, 0.5) == "agrees"  # same accuracy: no accuracy claim either way
+    assert verdict("listops", 0.8, 0.6, 1.5) == "contradicts"  # slower than SoftMax
+    assert paper_comparison(_fake_report("listops", 0.8, 0.6, 0.5))[0]["verdict"] == "-"
+
+
+def test_reproducing_page_is_generated_from_the_committed_reports():
+    from pathlib import Path
+
+    from sinkflow.nn.lra import reproducing_page
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    reports = [json.loads(p.read_text()) for p in sorted((docs / "data").glob("*.json"))]
+    assert {r["task"] for r in reports if r["mode"] == "quick"} == {"listops", "pathfinder"}
+    assert all(r["complete"] for r in reports)
+    assert (docs / "reproducing.md").read_text() == reproducing_page(reports)

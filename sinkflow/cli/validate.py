@@ -110,6 +110,9 @@ def run(args) -> int:
                                 log=lambda line: print(line, file=sys.stderr), on_run=save)
         save(report)
         written = [path]
+        if "paper_comparison" in report:  # LRA tasks: markdown + figure beside the paper's numbers
+            from sinkflow.nn.lra import write_paper_report
+            written += write_paper_report(report, stem)
         if not args.no_figures:
             try:
                 from sinkflow.plots.style import style

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sinkflow.attention import available_attentions, compute_dtype, get_attention, register_attention
-from sinkflow.normalizations import sinkhorn
+from sinkflow.nn._fused import sinkhorn_attention
 from sinkflow.scores import dot_scores, gaussian_scores
 
 __all__ = [
@@ -109,7 +109,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
             # forward and backward; same scores as dot_scores(q, k, temperature=sqrt(p)) up to rounding.
             scores = dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
         if variant.name == "sinkhorn":  # the training hot path: unrolled solve, no diagnostics
-            return sinkhorn(scores, n_iter=n_iter, mask=mask)
+            return sinkhorn_attention(scores, n_iter, mask)  # multiplicative fast path, the solver otherwise
         return variant.normalize(scores, n_iter=n_iter, mask=mask).attention
 
 

@@ -37,13 +37,16 @@ class AttentionBlock(nn.Module):
         Hidden width of the feed-forward block as a multiple of ``dim``; 0 = attention only.
     dropout : float
         Dropout on attention weights and in the MLP.
+    landmarks : int
+        Nyström landmarks of ``"skyformer"`` / ``"nystromformer"``.
     """
 
     def __init__(self, dim: int, heads: int = 1, normalization: str = "softmax", n_iter: int = 3,
-                 pre_norm: bool = True, mlp_ratio: int = 0, dropout: float = 0.0):
+                 pre_norm: bool = True, mlp_ratio: int = 0, dropout: float = 0.0, landmarks: int = 64):
         super().__init__()
         self.norm = nn.LayerNorm(dim) if pre_norm else nn.Identity()
-        self.attn = MultiheadAttention(dim, heads, dropout=dropout, normalization=normalization, n_iter=n_iter)
+        self.attn = MultiheadAttention(dim, heads, dropout=dropout, normalization=normalization, n_iter=n_iter,
+                                       landmarks=landmarks)
         self.mlp = None
         if mlp_ratio:
             self.mlp = nn.Sequential(nn.LayerNorm(dim) if pre_norm else nn.Identity(), nn.Linear(dim, mlp_ratio * dim),
@@ -137,7 +140,7 @@ class PatchViT(nn.Module):
 
 
 class SetClassifier(nn.Module):
-    """Set-Transformer-style classifier: point-wise embedding, self-attention blocks, pooling.
+    r"""Set-Transformer-style classifier: point-wise embedding, self-attention blocks, pooling.
 
     Permutation invariant (no positional encoding). Parameters as :class:`PatchViT`, plus
     ``in_dim`` (3 for point clouds), ``pooling`` in ``{"mean", "max"}`` and
@@ -175,7 +178,11 @@ class SetClassifier(nn.Module):
 
 
 class SequenceClassifier(nn.Module):
-    """Transformer classifier of token sequences (class token, learned positions).
+    """Transformer classifier of token sequences (learned positions, pre-LN blocks with an MLP).
+
+    ``pooling="cls"`` reads a prepended class token; ``pooling="mean"`` averages the token
+    states (the LRA models of the Skyformer paper), over non-padded tokens when a
+    ``key_padding_mask`` is given. ``landmarks`` sets the Nyström landmarks.
 
     Examples
     --------
@@ -187,20 +194,26 @@ class SequenceClassifier(nn.Module):
     """
 
     def __init__(self, vocab_size: int, max_len: int, n_classes: int, dim: int = 64, heads: int = 2, depth: int = 1,
-                 normalization: str = "softmax", n_iter: int = 3, mlp_ratio: int = 2, dropout: float = 0.0):
+                 normalization: str = "softmax", n_iter: int = 3, mlp_ratio: int = 2, dropout: float = 0.0,
+                 pooling: str = "cls", landmarks: int = 64):
         super().__init__()
+        _check_pooling(pooling, ("cls", "mean"))
+        self.pooling = pooling
         self.tokens = nn.Embedding(vocab_size, dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos = nn.Parameter(0.02 * torch.randn(1, max_len + 1, dim))
-        self.blocks = nn.ModuleList(AttentionBlock(dim, heads, normalization, n_iter, True, mlp_ratio, dropout)
-                                    for _ in range(depth))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if pooling == "cls" else None
+        self.pos = nn.Parameter(0.02 * torch.randn(1, max_len + (pooling == "cls"), dim))
+        self.blocks = nn.ModuleList(AttentionBlock(dim, heads, normalization, n_iter, True, mlp_ratio, dropout,
+                                                   landmarks) for _ in range(depth))
         self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, n_classes))
 
     def forward(self, tokens: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
         b, n = tokens.shape
-        x = torch.cat([self.cls_token.expand(b, -1, -1), self.tokens(tokens)], 1) + self.pos[:, : n + 1]
-        if key_padding_mask is not None:
-            key_padding_mask = torch.cat([key_padding_mask.new_zeros(b, 1), key_padding_mask], 1)
+        x = self.tokens(tokens)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(b, -1, -1), x], 1)
+            if key_padding_mask is not None:
+                key_padding_mask = torch.cat([key_padding_mask.new_zeros(b, 1), key_padding_mask], 1)
+        x = x + self.pos[:, : x.shape[1]]
         for block in self.blocks:
             x = block(x, key_padding_mask)
-        return self.head(x[:, 0])
+        return self.head(_pool(x, self.pooling, key_padding_mask))

@@ -25,6 +25,14 @@ Tasks
     block with 2 heads and a class token. quick: length 128, 720 sequences, one needle,
     8 classes, dim 32, 6 epochs. full: length 1024, 8000 sequences, two needles whose
     classes add modulo 4, dim 64, 30 epochs.
+``listops``, ``pathfinder``
+    Long Range Arena tasks of the Skyformer paper (:mod:`sinkflow.nn.lra`, data from
+    :mod:`sinkflow.datasets`). full: the paper's model (2 layers, embedding 64, FFN 128,
+    2 heads of dimension 32, mean pooling, 128 landmarks) on LRA-size data (ListOps
+    lengths 500-2,000, 12,000 expressions, 5 epochs; Pathfinder 32 x 32, 20,000 images,
+    10 epochs). quick: embedding 32, 32 landmarks, ListOps of depth 4 and at most 99
+    tokens (1,000 expressions), Pathfinder 16 x 16 with two 4-dash paths (600 images), 3 epochs. Reports add
+    time per step, step memory and a comparison with the paper (``"paper_comparison"``).
 
 Full-size settings are meant for a GPU: ``sinkflow validate TASK --full --device cuda``
 (optionally ``--amp`` for bfloat16 autocast; the normalizations stay float32).
@@ -43,6 +51,8 @@ import numpy as np
 import torch
 
 from sinkflow.nn.data import Dataset, digits, point_clouds, retrieval_sequences, retrieval_vocab_size, split
+from sinkflow.nn._cost import step_memory
+from sinkflow.nn.lra import PAPER, lra_data, lra_model, paper_comparison
 from sinkflow.nn.models import PatchViT, SequenceClassifier, SetClassifier
 from sinkflow.nn.training import TrainConfig, train
 
@@ -62,6 +72,11 @@ class TaskSize:
     n_classes: int = 0
     probe_size: int = 64
     n_needles: int = 1
+    depth: int = 1
+    heads: int = 2
+    mlp_ratio: int = 2
+    landmarks: int = 64
+    data: tuple = ()  # generator parameters as (name, value) pairs
 
 
 @dataclass(frozen=True)
@@ -109,6 +124,18 @@ def _retrieval_model(size: TaskSize, data: Dataset, normalization: str, n_iter: 
                               dim=size.dim, heads=2, depth=1, normalization=normalization, n_iter=n_iter)
 
 
+def _lra(task: str):
+    def data(size: TaskSize, seed: int):
+        return lra_data(task, size.n_samples, dict(size.data))
+
+    def model(size: TaskSize, data: Dataset, normalization: str, n_iter: int):
+        return lra_model(data, normalization, n_iter, size.dim, size.depth, size.heads, size.mlp_ratio, size.landmarks)
+    return data, model
+
+
+# The paper's LRA model (Skyformer, Appendix F) in full mode; learning rates of its LRA setup.
+_PAPER_MODEL = dict(dim=64, depth=2, heads=2, mlp_ratio=2, landmarks=128, batch_size=32, lr=1e-4)
+
 #: The registered validation tasks by name.
 TASKS: dict[str, Task] = {
     "digits": Task("digits", "one-layer attention-only ViT, pre-LN + class token, 8x8 digits (Sinkformers RQ1)",
@@ -126,6 +153,19 @@ TASKS: dict[str, Task] = {
                       quick=TaskSize(720, 32, 6, seq_len=128, n_classes=8, batch_size=32, probe_size=16),
                       full=TaskSize(8000, 64, 30, seq_len=1024, n_classes=4, batch_size=32, lr=1e-3, probe_size=16,
                                     n_needles=2)),
+    "listops": Task("listops", "LRA ListOps: value of nested MAX/MIN/MED/SM expressions, 10 classes (Skyformer Table 1)",
+                    *_lra("listops"),
+                    quick=TaskSize(1000, 32, 3, batch_size=32, lr=1e-3, seq_len=99, n_classes=10, probe_size=16,
+                                   depth=2, heads=2, mlp_ratio=2, landmarks=32,
+                                   data=(("max_depth", 4), ("max_args", 5), ("min_length", 20), ("max_length", 100))),
+                    full=TaskSize(12000, epochs=5, seq_len=1999, n_classes=10, probe_size=16, **_PAPER_MODEL)),
+    "pathfinder": Task("pathfinder", "LRA Pathfinder: do two markers lie on one dashed path? (Skyformer Table 1)",
+                       *_lra("pathfinder"),
+                       quick=TaskSize(600, 32, 3, batch_size=32, lr=1e-3, seq_len=256, n_classes=2, probe_size=16,
+                                      depth=2, heads=2, mlp_ratio=2, landmarks=32,
+                                      data=(("resolution", 16), ("path_length", 4), ("n_distractors", 0))),
+                       full=TaskSize(20000, epochs=10, seq_len=1024, n_classes=2, probe_size=16,
+                                     **{**_PAPER_MODEL, "lr": 2e-4})),
 }
 
 
@@ -147,7 +187,7 @@ def _variants(attentions, n_iters):
 def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3, 5), seeds=(0, 1, 2),
                    device: str = "cpu", quick: bool = True, amp: bool = False, epochs: int | None = None,
                    track_kl: bool = True, progress: bool = False, log: Callable[[str], None] | None = None,
-                   on_run: Callable[[dict], None] | None = None) -> dict:
+                   on_run: Callable[[dict], None] | None = None, size_overrides: dict | None = None) -> dict:
     """Train every (attention, n_iter, seed) on ``task``; return a JSON-ready report.
 
     Parameters
@@ -174,6 +214,8 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     on_run : callable, optional
         Receives the partial report (``"complete": False``) after every run, e.g. to save it,
         so a run cut short by a time limit still leaves its results.
+    size_overrides : dict, optional
+        Replace fields of the task's :class:`TaskSize` (e.g. tiny sizes in tests).
 
     Returns
     -------
@@ -194,9 +236,11 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     size = spec.quick if quick else spec.full
     if epochs is not None:
         size = dataclasses.replace(size, epochs=int(epochs))
+    if size_overrides:
+        size = dataclasses.replace(size, **size_overrides)
 
     def report(complete: bool) -> dict:
-        return {
+        out = {
             "task": task, "description": spec.description, "mode": "quick" if quick else "full", "complete": complete,
             "config": {"size": dataclasses.asdict(size), "attentions": list(attentions),
                        "n_iters": [int(k) for k in n_iters], "seeds": [int(s) for s in seeds], "device": device,
@@ -205,11 +249,17 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
                             "threads": torch.get_num_threads(),
                             "gpu": torch.cuda.get_device_name(0) if str(device).startswith("cuda") else None},
             "total_time": time.perf_counter() - t_start,
+            "memory_method": memory_method[0],
             "runs": runs,
             "summary": summarize(runs),
         }
+        if task in PAPER:
+            out["paper_comparison"] = paper_comparison(out)
+        return out
 
     train_data, test_data = spec.data(size, 0)
+    n_batches = -(-len(train_data) // size.batch_size)
+    memory_method = [None]
     runs = []
     t_start = time.perf_counter()
     # Seeds outer, variants inner: a run cut short by a time limit still compares every variant.
@@ -227,8 +277,13 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
                               amp=amp, probe_size=size.probe_size, track_kl=track_kl, progress=progress)
             t0 = time.perf_counter()
             hist = train(model, train_data, test_data, cfg)
+            wall = time.perf_counter() - t0
+            memory, memory_method[0] = step_memory(model, train_data.inputs[: size.batch_size].to(device),
+                                                   train_data.labels[: size.batch_size].to(device))
+            step_time = float(np.median(hist.epoch_time)) / n_batches if len(hist.epoch_time) else None
             run = {"attention": attention, "n_iter": n_iter, "variant": variant_label(attention, n_iter),
-                   "seed": int(seed), "wall_time": time.perf_counter() - t0, "history": hist.as_dict()}
+                   "seed": int(seed), "wall_time": wall, "step_time": step_time, "memory": memory,
+                   "history": hist.as_dict()}
             runs.append(run)
             if log is not None:
                 cd = hist.column_deviation
@@ -268,6 +323,8 @@ def summarize(runs: list[dict]) -> list[dict]:
             "kl_last": _stats([x["kl"][-1] for x in h]),
             "epoch_time": _stats([np.median(x["epoch_time"]) for x in h if len(x["epoch_time"])]),
             "instability_last": _stats([x["instability"][-1] for x in h]),
+            "step_time": _stats([r["step_time"] for r in rs if r.get("step_time") is not None]),
+            "memory": _stats([r["memory"] for r in rs if r.get("memory") is not None]),
         })
     ref = next((r for r in rows if r["variant"] == "softmax"), None)
     for r in rows:
@@ -275,4 +332,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         r["instability_ratio_to_softmax"] = num / den if num is not None and den else None
         t, t0 = r["epoch_time"]["median"], ref["epoch_time"]["median"] if ref else None
         r["epoch_time_ratio_to_softmax"] = t / t0 if t is not None and t0 else None
+        for key in ("step_time", "memory"):
+            v, v0 = r[key]["median"], ref[key]["median"] if ref else None
+            r[f"{key}_ratio_to_softmax"] = v / v0 if v is not None and v0 else None
     return rows
