@@ -1,6 +1,6 @@
 """Skyformer's kernelized attention, its lifted Nyström approximation and the spectral-norm theorem.
 
-THEORY.md section 6. Notation: X = [Q; K] (N = 2n points), Cbar = kappa(X, X), C its top-right
+docs/theory/nystrom.md. Notation: X = [Q; K] (N = 2n points), Cbar = kappa(X, X), C its top-right
 block, Cbar~ the Nyström approximation on landmark indices J, E = Cbar - Cbar~.
 """
 

@@ -1,4 +1,4 @@
-"""Doubly-stochasticity measures and Sinkhorn's contraction rate (THEORY.md sections 1, 5)."""
+"""Doubly-stochasticity measures and Sinkhorn's contraction rate (docs/theory: normalizations, training)."""
 
 import numpy as np
 import ot
@@ -28,7 +28,7 @@ def test_observed_rate_below_bound_and_near_sigma2(scale):
     bound = birkhoff_hopf_rate(C)
     predicted = asymptotic_rate(limit)
     assert observed <= bound
-    # Knight (2008): the asymptotic rate is sigma_2(P)^2; THEORY.md measured agreement to ~1%.
+    # Knight (2008): the asymptotic rate is sigma_2(P)^2; measured agreement to ~1%.
     assert abs(observed - predicted) <= 0.03 * predicted
 
 
