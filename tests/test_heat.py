@@ -1,4 +1,4 @@
-"""Heat-diffusion limit (THEORY.md section 4): references, rescaled flows, distances, sympy oracles."""
+"""Heat-diffusion limit (docs/theory/heat_limit.md): references, rescaled flows, distances, sympy oracles."""
 
 from __future__ import annotations
 
