@@ -103,3 +103,13 @@ def test_kl_from_the_limit_decreases_along_half_iterations_by_the_pythagorean_id
 def test_observed_rate_needs_data():
     with pytest.raises(ValueError, match="at least 3"):
         observed_rate([1e-20, 1e-20])
+
+
+def test_single_matrices_give_python_floats_and_batches_arrays():
+    C = gaussian_problem(n=6)
+    K = softmax(C)
+    assert type(birkhoff_hopf_rate(C)) is float and type(asymptotic_rate(sinkhorn(C))) is float
+    row, col = marginal_errors(K)
+    assert type(row) is float and type(col) is float
+    batch = np.stack([C, 2 * C])
+    assert birkhoff_hopf_rate(batch).shape == (2,) and marginal_errors(softmax(batch)).row.shape == (2,)
