@@ -11,6 +11,7 @@ from scipy.special import logsumexp
 
 import sinkflow
 from sinkflow.heat import GaussianMixture, solve_heat_grid
+from sinkflow.heat_limit import barycentric_map
 
 
 def velocity_oracle(x, eps, normalization):
@@ -91,3 +92,25 @@ def test_grid_solver_pads_each_axis_by_its_own_step_2d():
     for k, t in enumerate(sol.times):
         exact = start.evolve(t).pdf(pts)
         assert np.abs(sol.density[k].ravel() - exact).max() <= 1e-9
+
+
+def test_unnormalized_barycentric_map_is_the_derivative_of_the_smoothed_density():
+    # For rho = N(0, s): int G_eps(x - y)(y - x) rho(y) dy = eps d/dx N(x; 0, s + eps), so the
+    # rescaled map is -x/(s + eps) N(x; 0, s + eps) (a Riemann sum on a fine grid: spectrally
+    # accurate), its limit rho' = -x/s N(x; 0, s), compared where rho >= 1e-3 max rho,
+    # i.e. |x| <= sqrt(2 s log 1000).
+    s, eps = 0.8, 0.05
+    y = np.linspace(-8, 8, 801)
+
+    def normal(x, var):
+        return np.exp(-x * x / (2 * var)) / np.sqrt(2 * np.pi * var)
+
+    r = barycentric_map(GaussianMixture.gaussian([0.0], [[s]]), y, eps, "unnormalized")
+    smoothed = -y / (s + eps) * normal(y, s + eps)
+    limit = -y / s * normal(y, s)
+    assert r.scale == eps
+    assert np.abs(r.rescaled - smoothed).max() <= 1e-10
+    assert np.abs(r.target - limit).max() <= 1e-8
+    inside = np.abs(y) <= np.sqrt(2 * s * np.log(1000))
+    assert np.array_equal(r.interior, inside)
+    assert r.error == pytest.approx(np.abs(smoothed - limit)[inside].max(), rel=1e-7)
