@@ -36,14 +36,14 @@ def _core(M, inverse, n_iter=6, gamma=0.1):
 
     ``"pinv"``: Moore-Penrose with singular values below sqrt(machine eps) x the largest dropped.
     ``"iterative"``: Skyformer's (M + gamma I)^{-1} by n_iter cubic Newton-Schulz steps on
-    S = D^{-1/2}(M + gamma I)D^{-1/2}, D = diag((M + gamma I) 1), from Z_0 = S^T / (|S|_1 |S|_inf).
+    S = D^{-1/2}(M + gamma I)D^{-1/2}, D = diag((M + gamma I) 1), from Skyformer's Z_0 = S^T / |S|_1.
     """
     if inverse == "pinv":
         return np.linalg.pinv(M, rcond=np.sqrt(np.finfo(float).eps), hermitian=True)
     R = M + gamma * np.eye(len(M))
     d = 1 / np.sqrt(R.sum(1))
     S = d[:, None] * R * d[None, :]
-    Z = S.T / (np.abs(S).sum(0).max() * np.abs(S).sum(1).max())
+    Z = S.T / np.abs(S).sum(0).max()
     eye = np.eye(len(M))
     for _ in range(n_iter):
         SZ = S @ Z
