@@ -33,7 +33,7 @@ def run(x0, t, eps, dt, normalization, dtype, tol=None):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="n = 1000, 50 steps")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1; PERF.md: pin threads)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1; docs/performance.md: pin threads)")
     p.add_argument("--eps", type=float, default=0.05)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -19,7 +19,7 @@ import argparse
 import json
 import os
 
-# One BLAS thread for numpy/scipy too (PERF.md: spin-waiting threads on a shared machine).
+# One BLAS thread for numpy/scipy too (docs/performance.md: spin-waiting threads on a shared machine).
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
@@ -38,7 +38,7 @@ P, M = 64, 128
 
 def _inputs(n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    # Scale 0.5: the kernel is neither ~identity nor ~constant (THEORY.md section 6 figures).
+    # Scale 0.5: the kernel is neither ~identity nor ~constant (docs/theory/nystrom.md figures).
     return tuple(0.5 * torch.randn(n, P, generator=g) for _ in range(3))
 
 

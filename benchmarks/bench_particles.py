@@ -1,7 +1,7 @@
 """Euler steps of a Sinkhorn particle flow: sinkflow (torch float32 CPU) vs a plain numpy step.
 
 One step is ``x <- x + h K(x) x W_V^T`` with ``n_iter = 10`` warm-started Sinkhorn
-half-iterations (``d = 2``, ``W = W_V = I / 2``), the setting of shared/PERF.md. Prints a
+half-iterations (``d = 2``, ``W = W_V = I / 2``), the setting of docs/performance.md. Prints a
 markdown table: steps per second of
 
 - ``sinkflow``: :func:`sinkflow.simulate` on a float32 torch tensor (block-wise evaluation,

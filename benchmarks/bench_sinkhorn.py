@@ -8,10 +8,16 @@ Prints markdown tables:
    kernel-domain ``sinkhorn`` (torch float32), with ratios to sinkflow;
 2. run-to-tolerance half-iteration counts, accelerated (epsilon scaling + over-relaxation)
    against the plain alternating loop, on 40 x 40 Gaussian scores;
-3. peak extra memory of one float32 solve at n = 4096, in units of n x n buffers.
+3. run to the default tolerance in float32 against float64 (128 x 128 and a batch
+   8 x 4 x 256 x 256): the float32 time must stay within 3x the float64 time;
+4. POT's cold 1D test problem (two Gaussian histograms on n bins, squared-distance cost,
+   ``reg = 1e-3``): time to marginal error 1e-6 for sinkflow against POT's
+   ``sinkhorn_epsilon_scaling`` and ``sinkhorn_log`` (numpy float64, capped), with iteration
+   counts and the error each reached (measured here, from the returned plans);
+5. peak extra memory of one float32 solve at n = 4096, in units of n x n buffers.
 
 Cost C_ij = |x_i - y_j|^2, scores -C / eps with eps = T x median(C); T = 1 (moderate) and
-T = 0.01 (cold, as in shared/PERF.md). One torch thread; medians of ``--repeats`` runs
+T = 0.01 (cold, as in docs/performance.md). One torch thread; medians of ``--repeats`` runs
 after a warm-up. Usage: ``python benchmarks/bench_sinkhorn.py [--quick]``.
 """
 
@@ -103,6 +109,79 @@ def iteration_table(n=40, tol=1e-9, budget=100_000):
               f"{plain.n_iter} ({t_plain:.2f} s, err {plain.marginal_error:.1e}) | {plain.converged} | {diff:.1e} |")
 
 
+def precision_table(repeats):
+    """Run-to-default-tolerance time, float32 against float64 (same scores)."""
+    gen = torch.Generator().manual_seed(0)
+    print("\n### Run to the default tolerance: float32 against float64 (ms, half-iterations)\n")
+    print("| shape | float64 | float32 | float32 / float64 | float32 converged | float32 error |")
+    print("|---|---|---|---|---|---|")
+    for shape in ((128, 128), (8, 4, 256, 256)):
+        C64 = torch.randn(*shape, generator=gen, dtype=torch.float64)
+        C32 = C64.float()
+        runs = {}
+        for name, C in (("f64", C64), ("f32", C32)):
+            res = sinkflow.solve_sinkhorn(C)
+            runs[name] = (timed(lambda C=C: sinkflow.solve_sinkhorn(C), repeats), res)
+        (t64, r64), (t32, r32) = runs["f64"], runs["f32"]
+        print(f"| {' x '.join(map(str, shape))} | {t64:.1f} ({r64.n_iter}) | {t32:.1f} ({r32.n_iter}) | "
+              f"x{t32 / t64:.2f} | {r32.converged} | {r32.marginal_error:.1e} |")
+
+
+def pot_cold_problem(n):
+    """POT's 1D test problem on n bins (the 100-bin shape, bins of width 100 / n)."""
+    a = ot.datasets.make_1D_gauss(n, m=0.3 * n, s=0.1 * n)
+    b = ot.datasets.make_1D_gauss(n, m=0.4 * n, s=0.1 * n)
+    return a, b, ot.utils.dist0(n) / (n / 100) ** 2
+
+
+def plan_error(plan, a, b):
+    return max(np.abs(plan.sum(1) - a).sum(), np.abs(plan.sum(0) - b).sum())
+
+
+def cold_table(sizes, reg=1e-3, tol=1e-6, pot_seconds=60.0):
+    print(f"\n### Cold 1D problem, reg = {reg:g}: time to marginal error {tol:g} (float64, 1 thread)\n")
+    print("POT runs are capped at about {:.0f} s (iterations sized from a timed probe); 'reached' is "
+          "measured here from the returned plan.\n".format(pot_seconds))
+    print("| n | sinkflow | POT sinkhorn_epsilon_scaling | POT sinkhorn_log | cost rel. to emd2 |")
+    print("|---|---|---|---|---|")
+    for n in sizes:
+        a, b, M = pot_cold_problem(n)
+        t0 = time.perf_counter()
+        res = sinkflow.solve_sinkhorn(-M / reg, a=a, b=b, tol=tol, warn=False)
+        t_sf = time.perf_counter() - t0
+        err_sf = plan_error(res.plan, a, b)
+        newton = len(res.errors) - res.n_iter
+        cost_rel = abs(float((res.plan * M).sum()) / ot.emd2(a, b, M) - 1)
+        cells = [f"{t_sf:.2f} s ({res.n_iter} half-its + {newton} Newton, err {err_sf:.1e})"]
+        for name, fn in (("eps", _pot_epsilon_scaling), ("log", _pot_log)):
+            cells.append(_pot_cell(fn, a, b, M, reg, tol, pot_seconds, t_sf))
+        print(f"| {n} | " + " | ".join(cells) + f" | {cost_rel:.1e} |")
+
+
+def _pot_epsilon_scaling(a, b, M, reg, tol, iters):
+    return ot.bregman.sinkhorn_epsilon_scaling(a, b, M, reg, numItermax=max(1, iters // 100), numInnerItermax=100,
+                                               stopThr=tol)
+
+
+def _pot_log(a, b, M, reg, tol, iters):
+    return ot.bregman.sinkhorn_log(a, b, M, reg, numItermax=iters, stopThr=tol)
+
+
+def _pot_cell(fn, a, b, M, reg, tol, seconds, t_ref):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        fn(a, b, M, reg, 0.0, 100)  # probe: 100 iterations
+        per_iter = (time.perf_counter() - t0) / 100
+        iters = int(min(100_000, max(100, seconds / per_iter)))
+        t0 = time.perf_counter()
+        plan = fn(a, b, M, reg, tol, iters)
+        t = time.perf_counter() - t0
+    err = plan_error(plan, a, b)
+    reached = "reached" if err <= tol else "NOT reached"
+    return f"{t:.2f} s (<= {iters} its, err {err:.1e}, {reached}; x{t / t_ref:.1f})"
+
+
 _MEMORY_CHILD = """
 import sys, threading, time, psutil, torch, sinkflow
 torch.set_num_threads(1)
@@ -137,7 +216,9 @@ def memory_row(n=4096):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="n in {256, 1024}, 3 repeats")
+    p.add_argument("--quick", action="store_true", help="n in {256, 1024}, 3 repeats, cold problem n <= 1000")
+    p.add_argument("--only", choices=["speed", "iterations", "precision", "cold", "memory"], nargs="*",
+                   help="run only these tables")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -145,9 +226,17 @@ def main(argv=None):
     repeats = 3 if args.quick else args.repeats
     print(f"sinkflow {sinkflow.__version__}, POT {ot.__version__}, torch {torch.__version__}, "
           f"numpy {np.__version__}; torch threads = {torch.get_num_threads()}; medians of {repeats}")
-    print_speed(speed_table(sizes, (2, 64), repeats), 20)
-    iteration_table(budget=20_000 if args.quick else 100_000)
-    memory_row(4096)
+    tables = {
+        "speed": lambda: print_speed(speed_table(sizes, (2, 64), repeats), 20),
+        "iterations": lambda: iteration_table(budget=20_000 if args.quick else 100_000),
+        "precision": lambda: precision_table(repeats),
+        "cold": lambda: cold_table((100, 1000) if args.quick else (100, 1000, 4000),
+                                   pot_seconds=20.0 if args.quick else 60.0),
+        "memory": lambda: memory_row(4096),
+    }
+    for name, table in tables.items():
+        if not args.only or name in args.only:
+            table()
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("*_full.json")):
     r = json.load(open(p))
     if r.get("complete"):
         continue
-    from sinkflow.cli_validate import summary_table
+    from sinkflow.cli.validate import summary_table
     print(f"\n## {p.name} (cut short: {len(r['runs'])} finished runs)\n")
     print(summary_table(r))
 EOF

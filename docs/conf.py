@@ -6,10 +6,16 @@ Environment:
 - ``SINKFLOW_DOCS_FIGURES=0`` (``sinkflow docs --skip-figures``): gallery images are not
   rendered (only cached, up-to-date ones are shown); pages and code are built as usual.
 - ``SINKFLOW_QUICK`` (default ``1`` here): the mode notebooks run in when executed.
+- ``SINKFLOW_DOCS_CACHE``: folder of the notebook execution cache (``sinkflow docs`` puts it
+  beside its output, so a build writes nothing into the source checkout but generated pages).
+
+Formulas are rendered by a MathJax copy shipped in the build's ``_static/`` (from the
+``sphinx-mathjax-offline`` package of the ``docs`` extra): the pages need no network.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -52,7 +58,7 @@ myst_heading_anchors = 3
 nb_execution_mode = "off" if QUICK else "cache"
 nb_execution_timeout = 300
 nb_execution_raise_on_error = True  # a broken notebook breaks the docs build
-nb_execution_cache_path = str(HERE / "_build" / ".jupyter_cache")
+nb_execution_cache_path = os.environ.get("SINKFLOW_DOCS_CACHE", str(HERE / "_build" / ".jupyter_cache"))
 
 # API reference
 autosummary_generate = True
@@ -70,5 +76,17 @@ bibtex_default_style = "plain"
 
 html_theme = "furo"
 html_title = f"sinkflow {release}"
-html_static_path = []
+
+
+def _mathjax_static() -> str:
+    """The folder holding ``mathjax/`` in the sphinx-mathjax-offline package (copied into ``_static``)."""
+    spec = importlib.util.find_spec("sphinx-mathjax-offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the docs render formulas with a local MathJax: pip install -e '.[docs]' "
+                           "(package sphinx-mathjax-offline)")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "static")
+
+
+html_static_path = [_mathjax_static()]
+mathjax_path = "mathjax/tex-chtml.js"  # relative to _static: served with the pages, no CDN
 suppress_warnings = ["mystnb.unknown_mime_type"]

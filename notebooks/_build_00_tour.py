@@ -21,7 +21,7 @@ weights and how to check the theory about it numerically:
 6. a small parameter sweep, cached on disk, gathered into a table and plotted.
 
 Every section is a few lines; the docs' theory pages give the formulas. Set
-`SINKFLOW_QUICK=1` to run it with smaller sizes (the test suite does)."""),
+`SINKFLOW_QUICK=1` to run it with smaller sizes (the test suite does). Inside Jupyter, uncomment `os.environ["SINKFLOW_QUICK"] = "1"` in the first code cell."""),
     code("""import os
 import tempfile
 
@@ -32,8 +32,11 @@ import sinkflow
 from sinkflow.plots.style import COLORS, new_figure, style
 
 %matplotlib inline
-# (importing sinkflow.plots.style selects the Agg backend for scripts; this restores inline figures)
+# (inline figures are the default in Jupyter; explicit for other front ends)
 
+# Quick mode (small sizes, seconds): start Jupyter with SINKFLOW_QUICK=1, or uncomment the
+# next line and re-run this cell (and the cells below).
+# os.environ["SINKFLOW_QUICK"] = "1"
 QUICK = os.environ.get("SINKFLOW_QUICK", "0") == "1"
 n = 12 if QUICK else 24
 rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ cells = [
     nbf.v4.new_markdown_cell(r"""# Tokens as particles: attention flows and Wasserstein gradient flows
 
 A residual self-attention layer moves every token $x_i$ by one explicit Euler step,
-$x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j$ (THEORY.md section 2). This notebook shows
+$x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j$ (docs/theory/gradient_flows.md). This notebook shows
 
 1. the same particles under **SoftMax** ($K^1$) and **Sinkhorn** ($K^\infty$) attention;
 2. that Sinkhorn attention is a Wasserstein **gradient flow**: with $W$ symmetric and $W_V = W$,
@@ -17,7 +17,7 @@ $x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j$ (THEORY.md section 2). This 
 3. clustering of tokens on the sphere (the layer-norm model of Geshkovski et al.), with sliders for
    $\beta$, the number of Sinkhorn half-iterations and the step $h$.
 
-Set `SINKFLOW_QUICK=1` for a fast run (small sizes)."""),
+Set `SINKFLOW_QUICK=1` for a fast run (small sizes). Inside Jupyter, uncomment `os.environ["SINKFLOW_QUICK"] = "1"` in the first code cell."""),
     nbf.v4.new_code_cell("""import os
 
 import matplotlib.pyplot as plt
@@ -27,6 +27,9 @@ import sinkflow
 from sinkflow.plots import get
 from sinkflow.plots.style import COLORS, RC
 
+# Quick mode (small sizes, seconds): start Jupyter with SINKFLOW_QUICK=1, or uncomment the
+# next line and re-run this cell (and the cells below).
+# os.environ["SINKFLOW_QUICK"] = "1"
 QUICK = os.environ.get("SINKFLOW_QUICK", "0") == "1"
 MODE = "quick" if QUICK else "full"
 %matplotlib inline
@@ -60,8 +63,9 @@ plt.show()"""),
 
 Tokens on $S^{d-1}$ follow $\dot x_i = P^\perp_{x_i}\big(\sum_j K_{ij} x_j\big)$ with scores $\beta\langle x_i, x_j\rangle$
 (Q = K = V = I). `explore` runs one flow and shows the fraction of clustered pairs
-($\langle x_i, x_j\rangle > 1 - 10^{-3}$) and the final positions. It is called once directly (so the notebook
-runs headless), then wired to sliders for $\beta$, `n_iter` (1 = SoftMax) and $h$."""),
+($\langle x_i, x_j\rangle > 1 - 10^{-3}$) and the final positions. The next cell wires it to
+sliders for $\beta$, `n_iter` (1 = SoftMax) and $h$ with ipywidgets installed; without, it draws the default
+setting once (so the notebook also runs headless)."""),
     nbf.v4.new_code_cell("""N_SPHERE, T_MAX = (24, 8.0) if QUICK else (64, 25.0)
 x_sphere = sinkflow.random_particles(N_SPHERE, 3, seed=0, manifold="sphere")
 
@@ -81,16 +85,10 @@ def explore(beta=4.0, n_iter=1, h=0.1):
     ax3.scatter(P[:, 0], P[:, 1], P[:, 2], color=COLORS["sinkhorn"], s=12)
     ax3.set_title(r"$x_i(T)$ on $S^2$")
     plt.show()
-    return traj
+    return traj"""),
+    nbf.v4.new_code_cell("""from sinkflow.plots.interactive import interact
 
-
-traj = explore()"""),
-    nbf.v4.new_code_cell("""import ipywidgets as widgets
-
-widgets.interact(explore,
-                 beta=widgets.FloatLogSlider(value=4.0, base=2, min=-1, max=4, step=0.25, description="beta"),
-                 n_iter=widgets.IntSlider(value=1, min=1, max=30, description="n_iter"),
-                 h=widgets.FloatSlider(value=0.1, min=0.02, max=0.5, step=0.02, description="h"));"""),
+interact(explore, beta=(0.5, 16.0, 0.5), n_iter=(1, 30, 1), h=(0.02, 0.5, 0.02));"""),
     nbf.v4.new_markdown_cell(r"""The phase diagram over $\beta$ and time (registered figure `particles_sphere`): small $\beta$ collapses to one
 cluster, large $\beta$ stays in long metastable multi-cluster phases."""),
     nbf.v4.new_code_cell("""spec = get("particles_sphere")

@@ -24,7 +24,7 @@ md(r"""
 **What this notebook shows.** Rescale attention so the kernel is $e^{-|x-y|^2/(2\varepsilon)}$ and
 the values are $-(x_j - x_i)$; stack about $1/\varepsilon$ layers. With **Sinkhorn** (doubly
 stochastic) normalization the tokens then move like samples of the **heat equation**
-$\partial_t\rho = \Delta\rho$ (THEORY.md section 4, Sinkformers). We
+$\partial_t\rho = \Delta\rho$ (docs/theory/heat_limit.md, Sinkformers). We
 
 1. derive, with sympy, why the doubly stochastic barycentric map is
    $B_\varepsilon(x) = x + \tfrac{\varepsilon}{2}\nabla\log\rho(x) + O(\varepsilon^2)$, and what SoftMax gives instead;
@@ -33,7 +33,7 @@ $\partial_t\rho = \Delta\rho$ (THEORY.md section 4, Sinkformers). We
    dot products, no normalization) against their limits;
 4. measure the first-order error of the barycentric map.
 
-Set `SINKFLOW_QUICK=1` for a fast run (< 30 s).
+Set `SINKFLOW_QUICK=1` for a fast run (< 30 s). Inside Jupyter, uncomment `os.environ["SINKFLOW_QUICK"] = "1"` in the first code cell.
 """)
 
 code(r"""
@@ -47,11 +47,16 @@ from IPython.display import Math, display
 
 import sinkflow
 from sinkflow import symbolic
+import matplotlib.pyplot as plt
 from sinkflow.plots import heat as heat_figs
-from sinkflow.plots.style import style
+from sinkflow.plots.interactive import interact
+from sinkflow.plots.style import COLORS, new_figure, style
 
+# Quick mode (small sizes, seconds): start Jupyter with SINKFLOW_QUICK=1, or uncomment the
+# next line and re-run this cell (and the cells below).
+# os.environ["SINKFLOW_QUICK"] = "1"
 QUICK = os.environ.get("SINKFLOW_QUICK", "0") == "1"
-torch.set_num_threads(1)  # small dense ops: one thread is fastest on a shared machine (PERF.md)
+torch.set_num_threads(1)  # small dense ops: one thread is fastest on a shared machine (docs/performance.md)
 """)
 
 md(r"""
@@ -138,12 +143,41 @@ with style():
 """)
 
 md(r"""
+### Try it: $\varepsilon$, the step $dt$ and the number of particles $n$
+
+The sliders rerun the flow above (same mixture, $t = 0.3$). Small $\varepsilon$ needs many particles (the
+kernel must see neighbours) and a small step ($dt$ well below $\varepsilon$, or the explicit Euler step
+overshoots). The title gives $W_2$ to the heat solution and its floor, the $W_2$ of $n$ exact samples.
+Without ipywidgets the cell draws the default setting once.
+""")
+
+code(r"""
+def explore_heat(eps=0.05, dt=0.015, n=300 if QUICK else 1000):
+    x_t = sinkflow.heat_flow(g.sample(int(n), seed=0), t, eps=eps, dt=dt)
+    exact = g.evolve(t)
+    w2 = sinkflow.wasserstein2(x_t, exact, floor=True)
+    grid = np.linspace(-4.5, 4.5, 300)
+    with style():
+        fig, axes = new_figure(1, 1, width=5.0, height=2.6)
+        ax = axes[0, 0]
+        ax.hist(np.asarray(x_t)[:, 0], bins=40, density=True, color=COLORS["sinkhorn"], alpha=0.5, label="particles")
+        ax.plot(grid, exact.pdf(grid[:, None]), color=COLORS["reference"], label="heat solution")
+        ax.set_title(rf"$\varepsilon$={eps:g}, dt={dt:g}, n={int(n)}: $W_2$ = {w2.value:.3f} (floor {w2.floor:.3f})")
+        ax.set_xlabel("$x$")
+        ax.legend()
+        plt.show()
+
+
+interact(explore_heat, eps=(0.01, 0.2, 0.01), dt=(0.005, 0.05, 0.005), n=(100, 2000, 100));
+""")
+
+md(r"""
 ## 3. Four normalizations, one layer
 
 Only the normalization of $K$ changes. Against the heat solution: Sinkhorn follows it;
 SoftMax with a Gaussian kernel diffuses at twice the rate (dashed: against $\rho_0 * G_{4t}$, its own
 limit); SoftMax with dot products has no limit (its velocity is of order $1/\varepsilon$ and the cloud
-contracts); the unnormalized kernel $(2\pi\varepsilon)^{-d/2}e^{-|x-y|^2/(2\varepsilon)}/n$ follows the
+contracts to a size $O(\sqrt\varepsilon)$: for a Gaussian of variance $S$ the mean-field fixed point is $S = \varepsilon$); the unnormalized kernel $(2\pi\varepsilon)^{-d/2}e^{-|x-y|^2/(2\varepsilon)}/n$ follows the
 porous-medium equation $\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)$ (right, from a Barenblatt start).
 """)
 

@@ -13,7 +13,7 @@ md(r"""
 
 Skyformer (Chen et al., NeurIPS 2021) replaces SoftMax by the Gaussian kernel
 $C_{ij} = \exp(-\|q_i - k_j\|^2 / (2\sqrt p))$ and approximates it with a Nyström method on the
-PSD *lifted* matrix $\bar C = \kappa([Q;K],[Q;K])$ (THEORY.md section 6). Its theorem: with
+PSD *lifted* matrix $\bar C = \kappa([Q;K],[Q;K])$ (docs/theory/nystrom.md). Its theorem: with
 $\lambda = \varepsilon\|C\|_2$ and $m \ge \frac{56}{3}\frac{d_{stat}}{\beta}\log\frac{4n}{\delta}$ uniform
 landmarks, $\|C - \tilde C\|_2 \le \lambda$ with probability $1-\delta$.
 
@@ -24,7 +24,7 @@ This notebook checks the theorem on data, one call at a time:
 4. the looseness factor $m_{required} / m_{observed}$ on a few settings;
 5. the figures: error vs landmarks (Skyformer, Nyströmformer, unlifted Nyström) and the conditioning argument.
 
-Set `SINKFLOW_QUICK=1` for a < 30 s run.
+Set `SINKFLOW_QUICK=1` for a < 30 s run. Inside Jupyter, uncomment `os.environ["SINKFLOW_QUICK"] = "1"` in the first code cell.
 """)
 
 code(r"""
@@ -33,8 +33,12 @@ import numpy as np
 import matplotlib.pyplot as plt
 import sinkflow
 from sinkflow.plots import get as get_figure
-from sinkflow.plots.style import style
+from sinkflow.plots.interactive import interact
+from sinkflow.plots.style import COLORS, new_figure, style
 
+# Quick mode (small sizes, seconds): start Jupyter with SINKFLOW_QUICK=1, or uncomment the
+# next line and re-run this cell (and the cells below).
+# os.environ["SINKFLOW_QUICK"] = "1"
 QUICK = os.environ.get("SINKFLOW_QUICK", "0") == "1"
 n, p = (64, 32) if QUICK else (256, 64)
 TRIALS = 5 if QUICK else 20
@@ -84,6 +88,44 @@ t0 = time.perf_counter()
 res = sinkflow.nystrom_check(Q, K, landmarks=32, eps=0.1, delta=0.1, trials=TRIALS)
 print(res.summary())
 print(f"({time.perf_counter() - t0:.1f} s)")
+""")
+
+md(r"""
+### Try it: landmarks and bandwidth
+
+The sliders redo the check for $m$ landmarks and a kernel bandwidth $h$: queries and keys are divided by $h$,
+so the kernel becomes $\exp(-\|q - k\|^2 / (2h^2\sqrt p))$. A small $h$ makes $C$ close to the identity
+(every point its own landmark: large $d_{stat}$), a large $h$ makes it nearly constant (one landmark suffices).
+Left: the spectral error of each draw against $\lambda$; right: $C$ and one Nyström approximation.
+Without ipywidgets the cell draws the default setting once.
+""")
+
+code(r"""
+Q0, K0 = np.random.default_rng(2).standard_normal((2, n, p))
+
+
+def explore_nystrom(landmarks=16, bandwidth=2.0):
+    Qh, Kh = Q0 / bandwidth, K0 / bandwidth
+    chk = sinkflow.nystrom_check(Qh, Kh, landmarks=int(landmarks), eps=0.1, delta=0.1, trials=TRIALS)
+    approx = sinkflow.nystrom_matrix(Qh, Kh, int(landmarks), generator=0)
+    with style():
+        fig, axes = new_figure(3, 1, width=2.6, height=2.4)
+        ax = axes[0, 0]
+        ax.plot(np.arange(1, chk.trials + 1), chk.errors, "o", color=COLORS["gaussian"], label="draws")
+        ax.axhline(chk.lam, color=COLORS["bound"], label=r"$\lambda = 0.1\,\|C\|_2$")
+        ax.set_xlabel("draw")
+        ax.set_ylabel(r"$\|C - \tilde C\|_2$")
+        ax.set_title(f"m = {int(landmarks)}; theorem asks m = {chk.m_required}")
+        ax.legend()
+        exact_C = sinkflow.kernelized_attention_matrix(Qh, Kh)
+        for ax, M, title in ((axes[0, 1], exact_C, "$C$"), (axes[0, 2], approx, r"$\tilde C$")):
+            ax.imshow(M, vmin=0, vmax=1)
+            ax.set_title(title)
+            ax.grid(False)
+        plt.show()
+
+
+interact(explore_nystrom, landmarks=(1, 2 * n, 1), bandwidth=(0.5, 8.0, 0.25));
 """)
 
 md(r"""

@@ -19,7 +19,7 @@ def torch_threads(n: int = 1):
     """Run a block on ``n`` torch threads, restoring the previous setting afterwards.
 
     Small problems gain nothing from torch's thread pool, and on a loaded machine its
-    spin-waiting made small operations 10-150x slower (shared/PERF.md).
+    spin-waiting made small operations 10-150x slower (docs/performance.md).
     """
     before = torch.get_num_threads()
     if before == n:
@@ -37,7 +37,7 @@ def exp_floor(dtype: torch.dtype) -> float:
 
     Entries below it are irrelevant next to any line sum that is used, and float32 ``exp``
     takes a slow path on (and below) log(tiny): 92 ms vs 1.7 ms per 1024^2 on the
-    reference machine (shared/PERF.md).
+    reference machine (docs/performance.md).
     """
     import math
 
@@ -56,7 +56,7 @@ def check_float(x: torch.Tensor, name: str) -> None:
         )
 
 
-def check_finite(x: torch.Tensor, name: str) -> None:
+def check_finite(x: torch.Tensor, name: str, hint: str = "") -> None:
     # Fast path: one reduction (isfinite(x).all() was 50x slower than a sum on CPU). A NaN or
     # inf anywhere makes the sum non-finite; a sum that merely overflows falls through to the
     # exact check below and passes.
@@ -64,7 +64,7 @@ def check_finite(x: torch.Tensor, name: str) -> None:
         return
     if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} has {bad} non-finite entries (NaN or inf); use a mask to exclude entries.")
+        raise ValueError(f"{name} has {bad} non-finite entries (NaN or inf)" + (f"; {hint}" if hint else ""))
 
 
 def to_torch(x: Any, name: str = "input", *, dtype: torch.dtype | None = None, like: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 r"""Energies of attention flows and the checks that they are (or are not) gradient flows.
 
-THEORY.md section 3. For particles :math:`x_i` with weights :math:`a_i` (the measure
+docs/theory/gradient_flows.md. For particles :math:`x_i` with weights :math:`a_i` (the measure
 :math:`\mu = \sum_i a_i \delta_{x_i}`) and a bilinear form :math:`W` (temperature folded in):
 
 - :func:`energy_0`: :math:`F^0(\mu) = -\tfrac12 \iint e^{x^T W y}\, d\mu\, d\mu`;
@@ -13,7 +13,7 @@ THEORY.md section 3. For particles :math:`x_i` with weights :math:`a_i` (the mea
   field is :math:`\nabla \log Z_\mu` but which is *not* a gradient flow of it (nor of
   anything: its Jacobian is not symmetric);
 - :func:`energy_sphere`: :math:`E_\beta = \frac{1}{2\beta} \sum_{ij} a_i a_j e^{\beta \langle x_i, x_j\rangle}`
-  (Geshkovski et al.; THEORY.md section 7).
+  (Geshkovski et al.; docs/theory/sphere.md).
 
 Sign convention (verified in ``tests/test_energies.py``)
 --------------------------------------------------------
@@ -87,7 +87,7 @@ def require_symmetric(W: torch.Tensor, what: str) -> None:
     if float((W.detach() - W.detach().T).abs().max()) > 1e-12 * scale * W.shape[0]:
         raise ValueError(
             f"{what} needs a symmetric W (and values W_V = W): the theorem T = -grad dF/dmu "
-            "(Sinkformers, THEORY.md section 3) differentiates x^T W y in both arguments, which gives "
+            "(Sinkformers, docs/theory/gradient_flows.md) differentiates x^T W y in both arguments, which gives "
             "(W + W^T)/2, so only for W = W^T is the attention field a gradient; symmetrize W first, "
             "e.g. (W + W.T) / 2.")
 
@@ -189,7 +189,7 @@ def energy_sphere(x, beta=1.0, weights=None):
     r"""Interaction energy on the sphere :math:`E_\beta = \frac{1}{2\beta} \sum_{ij} a_i a_j e^{\beta \langle x_i, x_j\rangle}`.
 
     With uniform weights this is :math:`\frac{1}{2\beta n^2}\sum_{ij} e^{\beta\langle x_i, x_j\rangle}`
-    (THEORY.md section 7); the unnormalized flow on the sphere is its projected gradient ascent.
+    (docs/theory/sphere.md); the unnormalized flow on the sphere is its projected gradient ascent.
 
     Parameters
     ----------
@@ -365,7 +365,7 @@ def jacobian_asymmetry(x, attention="sinkhorn", W=None, n_iter=None, weights=Non
     of :math:`T(x_i) = \sum_j K_{ij} W x_j` (``torch.autograd.functional.jacobian`` through the
     Sinkhorn iterations, float64). A gradient field :math:`T = -n \nabla F` has
     :math:`J = -n \nabla^2 F` symmetric: this is ~1e-10 for :math:`K^0` and :math:`K^\infty`
-    and O(0.1) for SoftMax (THEORY.md section 3). Uniform weights make ``J`` symmetric for a
+    and O(0.1) for SoftMax (docs/theory/gradient_flows.md). Uniform weights make ``J`` symmetric for a
     gradient flow; with other weights ``diag(a) J`` is the symmetric one, which is what is
     measured then.
 

@@ -1,4 +1,4 @@
-r"""The attention vector field on particles (THEORY.md section 2).
+r"""The attention vector field on particles (docs/theory/gradient_flows.md).
 
 Particles :math:`x_1..x_n` with weights :math:`a` (the measure :math:`\mu = \sum_i a_i \delta_{x_i}`),
 scores :math:`C_{ij} = x_i^T W x_j / \tau` with :math:`W = W_Q^T W_K`, values :math:`W_V x_j`.
@@ -6,7 +6,7 @@ The field is
 
 .. math:: T(x_i) = \sum_j K_{ij} W_V x_j, \qquad K_{ij} = a_j\, k(x_i, x_j),
 
-with the kernels of THEORY.md: ``"unnormalized"`` :math:`K^0_{ij} = a_j e^{C_{ij}}`;
+with the kernels of docs/theory/gradient_flows.md: ``"unnormalized"`` :math:`K^0_{ij} = a_j e^{C_{ij}}`;
 ``"softmax"`` :math:`K^1`, the rows of :math:`K^0` normalized; ``"sinkhorn"`` with ``n_iter``
 half-iterations from :math:`K^0` (``None``: the doubly stochastic limit :math:`K^\infty`,
 rows sum to 1 and :math:`a^T K = a^T`); ``"gaussian"`` Skyformer's unnormalized Gaussian
@@ -47,7 +47,7 @@ def single_thread_if_small(n: int, device) -> None:
     """Run small CPU problems on one thread, restoring the setting afterwards.
 
     For ``n <= SMALL_N`` torch's thread pool costs more than it saves, and on a loaded
-    machine its spin-waiting made small operations 10-150x slower (shared/PERF.md;
+    machine its spin-waiting made small operations 10-150x slower (docs/performance.md;
     measured here: 100 sphere steps at n = 32 took 0.50 s on 2 threads, 0.09 s on 1).
     """
     if torch.device(device).type != "cpu" or n > SMALL_N:

@@ -1,4 +1,4 @@
-r"""Reference solutions for the heat-diffusion limit (THEORY.md section 4).
+r"""Reference solutions for the heat-diffusion limit (docs/theory/heat_limit.md).
 
 Three exact references, all numpy and float64:
 
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy.special import gammaln
 
 __all__ = ["GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid"]
 
@@ -227,7 +226,7 @@ class Barenblatt:
     def A(self) -> float:
         r"""Height constant: mass :math:`= \frac{2}{d+2} V_d R_1^d A` with :math:`R_1^2 = A/k`."""
         d = self.dim
-        log_vd = 0.5 * d * math.log(math.pi) - gammaln(d / 2 + 1)
+        log_vd = 0.5 * d * math.log(math.pi) - math.lgamma(d / 2 + 1)
         # M = 2/(d+2) V_d (A/k)^(d/2) A  =>  A^(1 + d/2) = M (d+2) / (2 V_d) k^(d/2)
         log_a = (math.log(self.mass * (d + 2) / 2) - log_vd + 0.5 * d * math.log(self.k)) / (1 + d / 2)
         return math.exp(log_a)

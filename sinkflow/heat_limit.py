@@ -1,4 +1,4 @@
-r"""Rescaled attention flows and their many-particle limits (THEORY.md section 4).
+r"""Rescaled attention flows and their many-particle limits (docs/theory/heat_limit.md).
 
 One attention layer, four normalizations. Tokens :math:`x_1..x_n\in\mathbb R^d`, scores with
 :math:`W = I/\varepsilon`, values :math:`-(x_j - x_i)`, and continuous depth :math:`t`:
@@ -28,8 +28,8 @@ the Sinkformers paper asks). The contrasts' limits then carry a factor 2:
 SoftMax with the Gaussian kernel diffuses twice as fast (its barycentric map is
 :math:`x + \varepsilon\nabla\log(\rho*G_\varepsilon)`, "another constant"), and the
 unnormalized kernel gives the porous-medium equation on the time scale :math:`2t`
-(THEORY.md writes :math:`\partial_t\rho = \nabla\cdot(\rho\nabla\rho)`, which is the
-same layer with velocity scale :math:`1/\varepsilon`). :func:`heat_reference` returns
+(:math:`\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)`, docs/theory/heat_limit.md; velocity
+scale :math:`1/\varepsilon` would drop the 2). :func:`heat_reference` returns
 each limit with the right clock. Both identities
 :math:`\sum_j K_{ij}(x_j-x_i) = \varepsilon\nabla\log(\rho_n*G_\varepsilon)(x_i)` (SoftMax)
 and :math:`= \varepsilon\nabla(\rho_n*G_\varepsilon)(x_i)` (unnormalized) are exact for the
@@ -102,7 +102,7 @@ def _default_tol(x: torch.Tensor, tol, eps: float) -> float:
     about ``3 tol / eps`` relative. The flow's own bias is ``eps / (4 s)`` relative
     (symbolic.sinkhorn_variance_rate_gaussian), so ``tol = eps^2 / 100`` keeps the solver
     an order of magnitude below the modelling error; clipped to [floor, 1e-4], the floor
-    being the float32 log-domain accuracy (PERF.md) or 1e-10 in float64.
+    being the float32 log-domain accuracy (docs/performance.md) or 1e-10 in float64.
     """
     if tol is not None:
         return float(tol)
@@ -276,7 +276,7 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     normalization = _check_normalization(normalization)
     times, dt = _check_steps(times, dt)
     tol = _default_tol(x, tol, eps)
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     plans = []
     prev = 0.0
@@ -293,7 +293,7 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     g = g_prev = None
     h_prev = None
     h_max = 0.0
-    with tqdm(total=n_steps, disable=not progress, desc=f"{normalization} flow", leave=False) as bar:
+    with progress_bar(total=n_steps, enabled=progress, desc=f"{normalization} flow", leave=False) as bar:
         for k, h in plans:
             for _ in range(k):
                 # Warm start: the column potential moves smoothly with the particles, so a
@@ -395,7 +395,7 @@ def heat_reference(initial, t: float, normalization: str = "sinkhorn"):
     t = _check_time(t)
     factor = limit_time_factor(normalization)
     if factor is None:
-        raise ValueError("softmax_dot has no many-particle limit: B(x) - x does not vanish as eps -> 0 (THEORY.md section 4)")
+        raise ValueError("softmax_dot has no many-particle limit: B(x) - x does not vanish as eps -> 0 (docs/theory/heat_limit.md)")
     if normalization == "unnormalized":
         if not isinstance(initial, Barenblatt):
             raise ValueError("the porous-medium limit has a closed form only from a Barenblatt start; pass a Barenblatt")

@@ -1,4 +1,4 @@
-r"""Spectral-norm error of Skyformer's Nyström and the theorem that bounds it (THEORY.md 6).
+r"""Spectral-norm error of Skyformer's Nyström and the theorem that bounds it (docs/theory/nystrom.md).
 
 Notation: :math:`\bar C = \kappa(X, X)`, :math:`X = [Q; K]`, :math:`N = n_q + n_k` points
 (:math:`N = 2n` for self-attention), :math:`C = \bar C_{1:n_q, n_q+1:N}`, landmark
@@ -26,7 +26,7 @@ Write :math:`\bar C = B B^T`, :math:`\psi_i = (B^T B + \lambda I)^{-1/2} b_i` (s
 :math:`L` and variance :math:`\sigma^2`, both :math:`\le R/m` with :math:`R = N \max_i l_i = d_{stat}/\beta^\star`,
 gives :math:`P(\|Y - P\| \ge t) \le 2N \exp(-m t^2 / (2R(1 + t/3)))`, so
 :math:`m \ge \frac{2(1+t/3)}{t^2} R \log(2N/\delta) = \frac{28}{3} R \log(4n/\delta)` suffices
-(:data:`SHARP_LANDMARK_CONSTANT`). THEORY.md's :math:`56/3` (:data:`LANDMARK_CONSTANT`,
+(:data:`SHARP_LANDMARK_CONSTANT`). The theory page's :math:`56/3` (:data:`LANDMARK_CONSTANT`,
 the default) is what the same argument gives with the cruder bounds :math:`L, \sigma^2 \le 2R/m`
 (:math:`\frac{4(1+t/3)}{t^2} = 56/3` at :math:`t = 1/2`): valid, twice as many landmarks as
 needed. Only the lower tail is needed, so even :math:`\log(2n/\delta)` would do.
@@ -35,6 +35,7 @@ needed. Only the lower tail is needed, so even :math:`\log(2n/\delta)` would do.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,7 +68,7 @@ __all__ = [
     "smallest_sufficient_landmarks",
 ]
 
-#: The theorem's constant c in m >= c (d_stat / beta) log(4n / delta) (THEORY.md section 6).
+#: The theorem's constant c in m >= c (d_stat / beta) log(4n / delta) (docs/theory/nystrom.md).
 LANDMARK_CONSTANT = 56.0 / 3.0
 #: The constant the same matrix-Bernstein argument gives with tight summand and variance bounds.
 SHARP_LANDMARK_CONSTANT = 28.0 / 3.0
@@ -292,11 +293,11 @@ class NystromErrors:
 
 
 def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, method, progress, lifted=True):
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     N = Cbar.shape[0]
     lows, highs, errs = np.full(trials, np.nan), np.full(trials, np.nan), np.empty(trials)
-    for t in tqdm(range(trials), disable=not progress, desc=f"Nyström draws (m={m})", leave=False):
+    for t in progress_bar(range(trials), enabled=progress, desc=f"Nyström draws (m={m})", leave=False):
         J = sample_landmarks(N, m, generator=rng)
         G = Cbar[:, J]
         if inverse == "pinv":
@@ -315,6 +316,13 @@ def _check_trials(trials):
     if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
         raise ValueError(f"trials must be a positive int, got {trials!r}")
     return int(trials)
+
+
+def _check_landmarks_fit(m, N):
+    if m > N:
+        warnings.warn(f"landmarks={m} exceeds the N = {N} stacked queries and keys: the draws with replacement "
+                      "repeat points (as the theorem allows; its landmark count often exceeds N). Pass the N "
+                      "indices themselves for the exact lifted kernel.", UserWarning, stacklevel=3)
 
 
 def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pinv", n_iter: int = 6,
@@ -352,6 +360,7 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     trials = _check_trials(trials)
     _check_inverse(inverse)
     Cbar, n_q, _ = _lifted64(Q, K)
+    _check_landmarks_fit(m, Cbar.shape[0])
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
     return NystromErrors(errs, lows, highs, spectral_norm(Cbar[:n_q, n_q:], method=method),
@@ -395,8 +404,17 @@ class NystromCheck:
         Draws violating :math:`\bar C \preceq \tilde{\bar C} + \lambda I`.
     loewner_lower : bool
         :math:`\tilde{\bar C} \preceq \bar C` in every draw, to ``loewner_tol``. Always true in
-        exact arithmetic, with either inverse (the iterative one satisfies
-        :math:`0 \preceq Z \preceq (M + \gamma I)^{-1} \preceq M^{+}`).
+        exact arithmetic, with either inverse :math:`Z` of the landmark block
+        :math:`M = \bar C_{J,J}`. Proof: write :math:`\bar C = B B^T` and :math:`B_J` the landmark
+        rows, so :math:`M = B_J B_J^T` and :math:`\tilde{\bar C} = B (B_J^T Z B_J) B^T`; it
+        suffices that :math:`B_J^T Z B_J \preceq I`. For :math:`Z = M^+`, :math:`B_J^T M^+ B_J` is
+        the orthogonal projector onto the row space of :math:`B_J`. For the iterative inverse,
+        :math:`0 \preceq Z \preceq (M + \gamma I)^{-1}` (its Newton-Schulz iterates are spectral
+        functions :math:`f` of the rescaled matrix with :math:`0 \le \sigma f(\sigma) \le 1`), and
+        :math:`B_J^T (B_J B_J^T + \gamma I)^{-1} B_J = (B_J^T B_J + \gamma I)^{-1} B_J^T B_J`
+        has eigenvalues :math:`\sigma^2/(\sigma^2 + \gamma) < 1`. (Not via
+        :math:`(M + \gamma I)^{-1} \preceq M^+`: that fails on the null space of a singular
+        :math:`M`, e.g. with repeated landmarks, where :math:`M^+` vanishes.)
     min_lifted_eigenvalue : float
         Smallest :math:`\lambda_{min}(\bar C - \tilde{\bar C})` over the draws.
     bound_holds : bool
@@ -468,7 +486,7 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
                   loewner_tol: float = 1e-6, progress: bool = False) -> NystromCheck:
     r"""Check Skyformer's spectral-norm theorem on given queries and keys.
 
-    ``C`` is the kernelized attention matrix of THEORY.md section 6 (queries and keys
+    ``C`` is the kernelized attention matrix of docs/theory/nystrom.md (queries and keys
     scaled by :math:`p^{-1/4}`, unit Gaussian bandwidth). Draws ``trials`` landmark sets
     of size ``landmarks``, measures the exact :math:`\|C - \tilde C\|_2` and the extreme
     eigenvalues of :math:`\bar C - \tilde{\bar C}`, and compares with
@@ -521,6 +539,7 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
     Cbar, n_q, p = _lifted64(Q, K)
     N = Cbar.shape[0]
+    _check_landmarks_fit(m, N)
     norm_C = spectral_norm(Cbar[:n_q, n_q:], method=method)
     norm_Cbar = spectral_norm(Cbar, symmetric=True, method=method)
     lam = float(eps) * norm_C

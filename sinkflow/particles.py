@@ -1,6 +1,6 @@
 r"""Particle simulators: a residual attention layer is an explicit Euler step.
 
-THEORY.md sections 2 and 7. Tokens :math:`x_i` move by
+docs/theory/gradient_flows.md and docs/theory/sphere.md. Tokens :math:`x_i` move by
 
 .. math:: x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j
 
@@ -160,7 +160,7 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
     x : array (n, d)
     manifold : {"sphere", "euclidean"}
     tol : float
-        :math:`\delta` (THEORY.md section 7 uses 1e-3).
+        :math:`\delta` (docs/theory/sphere.md uses 1e-3).
 
     Returns
     -------
@@ -268,7 +268,7 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
     >>> bool(np.all(np.diff(traj.monitors["energy"]) <= 0))   # F^inf decreases (W_V = W = I)
     True
     """
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
     numpy_out = not isinstance(x0, torch.Tensor)
     X = to_torch(x0, "x0")
@@ -370,7 +370,7 @@ def simulate(x0, attention: str = "sinkhorn", W_Q=None, W_K=None, W_V=None, h: f
         times = [0.0]
         iters = np.zeros(steps, dtype=int)
         all_converged = True
-        for k in tqdm(range(steps), disable=not progress, desc=f"{attention} flow", unit="step"):
+        for k in progress_bar(range(steps), enabled=progress, desc=f"{attention} flow", unit="step"):
             v1, ev = field_at(X)
             it, conv = ev.n_iter, ev.converged
             if monitors and k % monitor_every == 0:

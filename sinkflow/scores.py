@@ -1,4 +1,4 @@
-r"""Attention scores from queries and keys (THEORY.md section 1).
+r"""Attention scores from queries and keys (docs/theory/normalizations.md).
 
 ``dot_scores`` gives :math:`C_{ij} = \langle q_i, W k_j\rangle / \tau`; ``gaussian_scores``
 gives :math:`C_{ij} = -\|q_i - k_j\|_W^2 / (2\tau)` with :math:`\|x\|_W^2 = x^T W x`.

@@ -1,6 +1,6 @@
 r"""How doubly stochastic is an attention matrix, and how fast does Sinkhorn get there.
 
-Measures (THEORY.md sections 1 and 5): marginal errors, sorted column sums, KL to the
+Measures (docs/theory/normalizations.md and docs/theory/training.md): marginal errors, sorted column sums, KL to the
 Sinkhorn projection; the Birkhoff-Hopf contraction bound :math:`\tanh(\Delta/4)^2` per
 full iteration, the asymptotic rate :math:`\sigma_2(P)^2` (Knight 2008) and the rate
 observed in an error history.

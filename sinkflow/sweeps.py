@@ -312,9 +312,9 @@ def _failure(params, err, n_done, cache_dir) -> SweepError:
 
 
 def _progress_bar(total: int, progress: bool, desc: str):
-    from tqdm.auto import tqdm
+    from sinkflow._progress import progress_bar
 
-    return tqdm(total=total, desc=desc, unit="pt", disable=not progress, file=sys.stderr)
+    return progress_bar(total=total, desc=desc, unit="pt", enabled=progress, file=sys.stderr)
 
 
 def _run_sequential(jobs, progress, on_error, cache_dir):

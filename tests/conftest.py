@@ -1,7 +1,7 @@
 """Test-session settings: one thread everywhere.
 
 Results do not depend on it, but on a shared 2-core machine OpenMP/OpenBLAS spin-waiting
-made small linear algebra 10-150x slower with two threads (measured), and one
+made small linear algebra 10-150x slower with two threads (docs/performance.md), and one
 thread keeps timings of the whole suite predictable.
 """
 

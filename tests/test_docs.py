@@ -1,8 +1,9 @@
-"""The documentation builds without a warning (quick mode: notebooks not executed), and the
-generated parts follow the code: every public name, every registered figure, every notebook.
+"""The documentation builds without a warning (quick mode: notebooks not executed, gallery
+images not rendered), the generated parts follow the code (every public name, every registered
+figure, every notebook), and the theory pages render offline in a real browser.
 
-The default build skips rendering the gallery images (tests/test_figures.py runs every
-figure already); the slow test builds the gallery with its images, as ``sinkflow docs --quick``."""
+The quick build runs once per test session (``html`` fixture); the slow test builds the gallery
+with freshly rendered images."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import re
 import pytest
 
 import sinkflow
-from sinkflow.cli_docs import docs_source
+from sinkflow.cli.docs import docs_source
+
+from _browser import Browser, chromium_binary, serve
 
 pytest.importorskip("sphinx")
 pytest.importorskip("myst_nb")
@@ -21,13 +24,13 @@ def _build(out, *extra):
     from sinkflow.cli import main
 
     # -W: any warning (broken reference, bad docstring markup, unknown figure) fails the build
-    assert main(["docs", "--quick", "--fresh", "--out", str(out), *extra]) == 0
+    assert main(["docs", "--quick", "--out", str(out), *extra]) == 0
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def html(tmp_path_factory):
-    return _build(tmp_path_factory.mktemp("html"), "--skip-figures")
+    return _build(tmp_path_factory.mktemp("docs") / "html")
 
 
 def test_docs_build_warning_free_in_quick_mode(html):
@@ -60,7 +63,7 @@ def test_gallery_has_a_page_with_the_code_of_every_registered_figure(html):
 
 @pytest.mark.slow
 def test_gallery_shows_an_image_of_every_registered_figure(tmp_path):
-    html = _build(tmp_path)
+    html = _build(tmp_path, "--fresh")
     for name, page in _gallery_pages(html):
         assert re.search(r"<img[^>]+_images/" + re.escape(name), page), f"{name}: no image"
 
@@ -80,3 +83,55 @@ def test_docs_command_says_where_the_sources_are_missing(tmp_path, capsys):
 
     assert main(["docs", "--quick", "--source", str(tmp_path)]) == 2
     assert "no Sphinx project" in capsys.readouterr().err
+
+
+def test_quick_build_shows_the_committed_default_figures(html):
+    """Quick builds render nothing, but show the figures of figures/ made from the current configs."""
+    from sinkflow.plots.registry import registry
+
+    defaults = [name for name, spec in registry().items() if spec.default]
+    for name in defaults:
+        page = (html / "gallery" / f"{name}.html").read_text()
+        assert re.search(r"<img[^>]+_images/" + re.escape(name), page), f"{name}: no image in a quick build"
+
+
+def test_docs_go_where_the_user_stands(tmp_path, monkeypatch):
+    """``--out`` defaults to ./docs/_build/html of the current folder, like ``sinkflow figures`` (./figures)."""
+    from sinkflow.cli import build_parser
+    from sinkflow.cli.docs import DEFAULT_OUT
+
+    monkeypatch.chdir(tmp_path)
+    docs = build_parser(["docs"]).parse_args(["docs"])
+    figures = build_parser(["figures"]).parse_args(["figures"])
+    assert docs.out == DEFAULT_OUT == "docs/_build/html" and figures.out == "figures"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no chromium installed (.ci/run installs it with apt-get)")
+    pytest.importorskip("websocket")
+    b = Browser(binary)
+    yield b
+    b.close()
+
+
+THEORY_PAGES = sorted(p.stem for p in (docs_source() / "theory").glob("*.md"))
+
+
+@pytest.mark.parametrize("page", THEORY_PAGES)
+def test_theory_page_renders_offline_in_a_browser(html, browser, page):
+    """MathJax is served with the pages: every formula typeset, no raw TeX left, every image loaded,
+    with every request outside 127.0.0.1 blocked."""
+    with serve(html) as base:
+        report = browser.report(f"{base}/theory/{page}.html")
+    assert report["mathjax"], "MathJax did not load"
+    if "$" in (docs_source() / "theory" / f"{page}.md").read_text():
+        assert report["formulas"] > 0, "no formula typeset on a page with formulas"
+    assert report["untypeset"] == 0, f"{report['untypeset']} formulas left untypeset"
+    raw = [m.group(0) for m in re.finditer(r"\\[(\[]|\$\$", report["text"])]
+    assert not raw, f"raw TeX delimiters in the page text: {raw[:5]}"
+    assert not report["failed"], f"local files that did not load: {report['failed']}"
+    broken = [src for src, ok in report["images"] if not ok]
+    assert not broken, f"images that did not load: {broken}"

@@ -1,4 +1,4 @@
-"""Sinkhorn attention is a Wasserstein gradient flow; SoftMax is not (THEORY.md section 3)."""
+"""Sinkhorn attention is a Wasserstein gradient flow; SoftMax is not (docs/theory/gradient_flows.md)."""
 
 import numpy as np
 import ot

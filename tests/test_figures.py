@@ -1,12 +1,16 @@
 """Every registered figure runs in quick mode, deterministically, writes byte-identical files,
-and gets a manifest row that a rerun of its experiment reproduces (config hash, data checksum)."""
+and gets a manifest row that a rerun of its experiment reproduces (config hash, data checksum);
+the committed figures/ reproduce under 1 and 2 threads (`sinkflow figures --check`)."""
 
 import hashlib
+from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
-from sinkflow.plots.registry import config_hash, data_checksum, get, registry, render
+from sinkflow.cli import main
+from sinkflow.plots.registry import config_hash, data_checksum, flatten_data, get, registry, render
 
 NAMES = sorted(registry())
 
@@ -56,7 +60,8 @@ def test_rerender_is_byte_identical(tmp_path, quick_data):
     # One cheap figure recomputed from its seeded config in the default run (all of them: slow).
     name = "normalizations_convergence"
     first = render(name, out=tmp_path / "a", data=quick_data(name))
-    second = render(name, out=tmp_path / "b")
+    second = render(name, out=tmp_path / "b", formats=("pdf", "png"))  # the order asked for does not matter
+    assert [p.name for p in first] == [q.name for q in second]
     for p, q in zip(first, second):
         assert hashlib.sha256(p.read_bytes()).digest() == hashlib.sha256(q.read_bytes()).digest(), p.name
 
@@ -64,3 +69,64 @@ def test_rerender_is_byte_identical(tmp_path, quick_data):
 def test_unknown_figure_is_a_clear_error():
     with pytest.raises(KeyError, match="unknown figure"):
         get("no_such_figure")
+
+
+# --------------------------------------------------------------------------------------------
+# `sinkflow figures --check`, `--data`, formats
+
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
+CHEAP = ["normalizations_attention", "normalizations_convergence"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_committed_figures_reproduce_under_any_thread_count(threads, capsys):
+    """`sinkflow figures --check` regenerates and matches figures/MANIFEST.tsv with 1 or 2 threads."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with threadpool_limits(threads):
+            rc = main(["figures", *CHEAP, "--check", "--out", str(FIGURES)])
+    finally:
+        torch.set_num_threads(before)
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_check_fails_on_a_changed_manifest(tmp_path, capsys):
+    manifest = (FIGURES / "MANIFEST.tsv").read_text().splitlines()
+    row = next(i for i, line in enumerate(manifest) if line.startswith(CHEAP[0] + "\t"))
+    cells = manifest[row].split("\t")
+    cells[4] = "0" * 16  # another data checksum
+    manifest[row] = "\t".join(cells)
+    (tmp_path / "MANIFEST.tsv").write_text("\n".join(manifest) + "\n")
+    assert main(["figures", CHEAP[0], "--check", "--out", str(tmp_path)]) == 1
+    assert "data_checksum" in capsys.readouterr().err
+
+
+def test_checksum_ignores_last_bits_but_not_digits():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=1000) * 10.0 ** rng.integers(-8, 8, size=1000)
+    noisy = x * (1 + 1e-13 * rng.standard_normal(1000))  # what another BLAS or thread count does
+    assert data_checksum({"x": x, "tiny": 1e-17}) == data_checksum({"x": noisy, "tiny": -3e-16})
+    changed = x.copy()
+    changed[7] *= 1 + 1e-4
+    assert data_checksum({"x": x}) != data_checksum({"x": changed})
+
+
+def test_data_option_writes_the_figure_data(tmp_path):
+    assert main(["figures", CHEAP[1], "--data", "--format", "png", "--out", str(tmp_path)]) == 0
+    saved = np.load(tmp_path / f"{CHEAP[1]}.npz")
+    data = flatten_data(get(CHEAP[1]).compute(get(CHEAP[1]).quick))
+    assert set(saved.files) == set(data)
+    for key in data:
+        np.testing.assert_array_equal(saved[key], data[key])
+
+
+def test_animation_refuses_a_format_it_cannot_write(tmp_path, capsys):
+    assert main(["figures", "particles_animation", "--format", "svg", "--out", str(tmp_path)]) == 2
+    assert "cannot be written as svg" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="supports gif"):
+        render("particles_animation", out=tmp_path, formats=("png",))

@@ -19,7 +19,7 @@ from sinkflow.heat_limit import NORMALIZATIONS, barycentric_map, heat_flow, heat
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    # Two OpenMP threads on a loaded 2-vCPU machine make small torch ops 10-150x slower.
+    # docs/performance.md: two OpenMP threads on a loaded 2-vCPU machine make small torch ops 10-150x slower.
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,4 +1,4 @@
-"""sinkflow.nn: attention modules, models, tracking, training (THEORY.md sections 1, 5, 8)."""
+"""sinkflow.nn: attention modules, models, tracking, training (docs/theory/normalizations.md and docs/theory/training.md)."""
 
 from __future__ import annotations
 
@@ -341,7 +341,7 @@ def test_softmax_column_sum_deviation_decreases_after_the_first_epoch():
 
 @pytest.mark.slow
 def test_the_drift_is_conditional_on_the_architecture():
-    """THEORY.md section 5: with pre-LN + class token the deviation falls from epoch 1 (3/3
+    """docs/theory/training.md: with pre-LN + class token the deviation falls from epoch 1 (3/3
     seeds); without LayerNorm and with mean pooling it rises (0/3 decreasing)."""
     paper = [_digits_run(s, 20) for s in range(3)]
     mean_pool = [_digits_run(s, 20, pre_norm=False, pooling="mean") for s in range(3)]

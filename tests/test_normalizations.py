@@ -1,4 +1,4 @@
-"""SoftMax and Sinkhorn: the laws of THEORY.md section 1, checked."""
+"""SoftMax and Sinkhorn: the laws of docs/theory/normalizations.md, checked."""
 
 import warnings
 
@@ -19,7 +19,7 @@ def random_scores(n, m, scale=1.0, seed=0, batch=()):
 
 
 def test_sinkhorn_matches_pot_plan():
-    # pi = diag(a) K is POT's entropic plan for cost -C and reg = 1 (THEORY.md section 1).
+    # pi = diag(a) K is POT's entropic plan for cost -C and reg = 1 (docs/theory/normalizations.md).
     # Both solvers run to 1e-13, so 1e-8 relative leaves five orders of margin.
     rng = np.random.default_rng(1)
     C = rng.normal(size=(7, 5))

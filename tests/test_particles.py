@@ -1,4 +1,4 @@
-"""A residual attention layer is an Euler step of a particle flow (THEORY.md sections 2, 3, 7)."""
+"""A residual attention layer is an Euler step of a particle flow (docs/theory/gradient_flows.md and docs/theory/sphere.md)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Doubly-stochasticity measures and Sinkhorn's contraction rate (docs/theory: normalizations, training)."""
+"""Doubly-stochasticity measures and Sinkhorn's contraction rate (docs/theory/normalizations.md and docs/theory/training.md)."""
 
 import numpy as np
 import ot
@@ -28,7 +28,7 @@ def test_observed_rate_below_bound_and_near_sigma2(scale):
     bound = birkhoff_hopf_rate(C)
     predicted = asymptotic_rate(limit)
     assert observed <= bound
-    # Knight (2008): the asymptotic rate is sigma_2(P)^2; measured agreement to ~1%.
+    # Knight (2008): the asymptotic rate is sigma_2(P)^2; docs/theory/normalizations.md reports ~1% agreement.
     assert abs(observed - predicted) <= 0.03 * predicted
 
 

@@ -108,7 +108,7 @@ def test_sinkhorn_experiment_obeys_the_bounds_it_reports():
     assert df.converged.all()
     assert (df.observed_rate <= df.birkhoff_hopf_rate).all()  # Birkhoff-Hopf is a guarantee
     # Knight 2008: the asymptotic rate is sigma_2(P)^2; the fit over the error tail is within
-    # 10% (THEORY.md measured 0.1630 vs 0.1647, i.e. 1%; small n is noisier).
+    # 10% (docs/theory/normalizations.md: measured 0.1630 vs 0.1647, i.e. 1%; small n is noisier).
     np.testing.assert_allclose(df.observed_rate, df.asymptotic_rate, rtol=0.1)
 
 

@@ -113,10 +113,18 @@ def write_api(srcdir: Path) -> None:
         extra += _heading(mod.__name__, "~")
         if _first_line(mod):
             extra += [_first_line(mod), ""]
-        extra += _autosummary(_entry(f"{mod.__name__}.{n}", getattr(mod, n)) for n in names)
+        extra += _autosummary([_entry(f"{mod.__name__}.{n}", getattr(mod, n)) for n in names])
     if extra:
         lines += _heading("Submodules", "-") + ["Names that are not re-exported at the top level.", ""] + extra
     _write_if_changed(srcdir / "api" / "index.rst", "\n".join(lines))
+    _remove_stale_stubs(srcdir / "api" / "generated", {line.strip() for line in lines if line.startswith("   sinkflow")})
+
+
+def _remove_stale_stubs(folder: Path, entries: set[str]) -> None:
+    """Autosummary never deletes the stub of a name that left the API; -W would fail on it (not in a toctree)."""
+    for stub in folder.glob("*.rst"):
+        if stub.stem not in entries:
+            stub.unlink()
 
 
 # ---------------------------------------------------------------------------------------
@@ -150,6 +158,24 @@ def _manifest_rows(folder: Path, name: str) -> list[list[str]]:
     return [line.split("\t") for line in path.read_text().splitlines()[1:] if line.split("\t")[0] == name]
 
 
+def _committed_images(folder: Path, spec, images: Path) -> list[list[str]]:
+    """Manifest rows of the PNGs of ``spec`` committed in ``figures/``, copied into ``images``.
+
+    Only files made from the current quick configuration (config hash) and intact (file
+    SHA-256 of the manifest) are used; ``sinkflow figures --check`` verifies that their data
+    are what the current code computes.
+    """
+    from sinkflow.plots.registry import config_hash
+
+    rows = [r for r in _manifest_rows(folder, spec.name)
+            if r[2].endswith(".png") and r[1] == "quick" and r[3] == config_hash(spec.name, spec.quick)
+            and (folder / r[2]).is_file()
+            and hashlib.sha256((folder / r[2]).read_bytes()).hexdigest()[:16] == r[5]]
+    for r in rows:
+        shutil.copyfile(folder / r[2], images / r[2])
+    return rows
+
+
 def _fence(text: str, lang: str = "python") -> str:
     ticks = "`" * max(3, 1 + max((len(r) for r in text.split("\n") if set(r) == {"`"}), default=0))
     return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}\n"
@@ -179,11 +205,11 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
             logger.info(f"[sinkflow] rendering gallery figure {name} (quick)")
             for r in rows:
                 (images / r[2]).unlink(missing_ok=True)
-            render(name, mode="quick", out=images, formats=("png",))
+            render(name, mode="quick", out=images, formats=("png",) if "png" in spec.formats else None)  # GIF
             stamp.write_text(fingerprint)
             rows = _manifest_rows(images, name)
-        elif not fresh:
-            rows = []  # a stale image is not shown
+        elif not fresh:  # a stale image is not shown; the committed default figure is, if it is current
+            rows = _committed_images(srcdir.parent / "figures", spec, images)
         files[name] = [r[2] for r in rows]
         page = [f"# `{name}`", "", spec.description or "", "",
                 f"Quick configuration (`sinkflow figures {name}`; `--full` for the publication size):", "",
@@ -191,7 +217,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
         for f in files[name]:
             page += [f"```{{image}} _images/{f}", f":alt: {name}", "```", ""]
         if not files[name]:
-            page += [f"*The image is not rendered in this build (`sinkflow docs --skip-figures`); "
+            page += [f"*The image is not rendered in this build (`sinkflow docs --quick`); "
                      f"`sinkflow figures {name}` makes it.*", ""]
         if rows:
             page += ["| file | config hash | data checksum | file sha256 |", "|---|---|---|---|"]

@@ -1,6 +1,6 @@
 r"""One point of a heat-limit study: Sinkhorn (or a contrast) particles against the heat equation.
 
-THEORY.md section 4: particles drawn from :math:`\mathcal N(0, I_d)` and moved by the
+docs/theory/heat_limit.md: particles drawn from :math:`\mathcal N(0, I_d)` and moved by the
 rescaled attention flow for a time ``t`` should match :math:`\mathcal N(0, (1 + 2t) I_d)`;
 the error has a bias :math:`O(\varepsilon)` and a Monte-Carlo part :math:`O(n^{-1/2})`.
 """

@@ -1,6 +1,6 @@
 r"""How fast Sinkhorn converges: observed rate against :math:`\sigma_2(P)^2` and Birkhoff-Hopf.
 
-THEORY.md section 1: the marginal error of Sinkhorn contracts linearly; the Birkhoff-Hopf
+docs/theory/normalizations.md: the marginal error of Sinkhorn contracts linearly; the Birkhoff-Hopf
 bound :math:`\tanh(\Delta/4)^2` per full iteration always holds but is loose, while the
 asymptotic rate is :math:`\sigma_2(P)^2` (Knight 2008), with :math:`P` the doubly
 stochastic limit.

@@ -1,5 +1,5 @@
 """Torch attention with SoftMax, Sinkhorn or Gaussian-kernel normalization, small models,
-generated data, and training that tracks doubly stochasticity (THEORY.md sections 5 and 8).
+generated data, and training that tracks doubly stochasticity (docs/theory/training.md).
 
 Layers: :mod:`~sinkflow.nn.attention` (modules) -> :mod:`~sinkflow.nn.models` ->
 :mod:`~sinkflow.nn.data`, :mod:`~sinkflow.nn.tracking` -> :mod:`~sinkflow.nn.training` ->

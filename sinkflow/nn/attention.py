@@ -1,4 +1,4 @@
-r"""Multi-head attention with a pluggable normalization (THEORY.md sections 1 and 6).
+r"""Multi-head attention with a pluggable normalization (docs/theory/normalizations.md and docs/theory/nystrom.md).
 
 One module, :class:`MultiheadAttention`, shape-compatible with
 ``torch.nn.MultiheadAttention`` (``batch_first``, ``key_padding_mask`` with ``True = pad``,

@@ -3,7 +3,7 @@ r"""Small Transformers for the validations, each with a pluggable attention norm
 * :class:`PatchViT` — the Sinkformers RQ1 probe: attention-only ViT (one layer, one head
   by default) on image patches, pre-LayerNorm and a class token as in the paper's ViT;
   ``pre_norm=False, pooling="mean"`` gives the variant without LayerNorm and with mean
-  pooling (THEORY.md section 5: there the column-sum deviation grows instead).
+  pooling (docs/theory/training.md: there the column-sum deviation grows instead).
 * :class:`SetClassifier` — Set-Transformer-style classifier of point clouds
   (permutation-invariant: no positions, pooled self-attention blocks).
 * :class:`SequenceClassifier` — token classifier for long synthetic sequences.

@@ -1,4 +1,4 @@
-r"""Trackers for attention during training (THEORY.md sections 5 and 8).
+r"""Trackers for attention during training (docs/theory/training.md).
 
 * :class:`AttentionRecorder` — forward hooks on every :class:`sinkflow.nn.AttentionKernel`
   of a model; collects the attention matrices (before dropout) of each forward pass.

@@ -219,11 +219,11 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
     bar = None
     if config.progress:
         try:
-            from tqdm.auto import tqdm
+            from sinkflow._progress import progress_bar
         except ImportError:  # a bare GPU machine may lack tqdm: train without a bar
             pass
         else:
-            epochs = bar = tqdm(epochs, desc="epochs", unit="ep", file=sys.stderr, leave=False)
+            epochs = bar = progress_bar(epochs, desc="epochs", unit="ep", file=sys.stderr, leave=False)
     model.train()
     for _ in epochs:
         if device.type == "cuda":

@@ -1,4 +1,4 @@
-r"""Full-model validations of the Sinkformers and Skyformer claims (THEORY.md sections 5 and 8).
+r"""Full-model validations of the Sinkformers and Skyformer claims (docs/theory/training.md).
 
 A task is data + model + optimization settings in a quick (CPU, < 2 min for the default
 sweep on 2 cores) and a full (GPU-size) version. :func:`run_validation` trains every
@@ -13,7 +13,7 @@ Tasks
     quick: 1200 images, dim 64, 20 epochs, batch 64. full: all 1797 images, dim 64,
     60 epochs, batch 64.
 ``digits-mean``
-    The same without LayerNorm and with mean pooling (THEORY.md section 5: there the
+    The same without LayerNorm and with mean pooling (docs/theory/training.md: there the
     column-sum deviation grows during training instead).
 ``pointclouds``
     Set-Transformer-style classifier (2 pre-LN blocks, 4 heads, max pooling, point norm as

@@ -1,4 +1,4 @@
-r"""Figures of the heat-diffusion limit (THEORY.md section 4).
+r"""Figures of the heat-diffusion limit (docs/theory/heat_limit.md).
 
 * ``heat_snapshots``: Sinkhorn particles against the exact heat solution (1D and 2D,
   Gaussian-mixture start).
@@ -14,10 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkflow._backend import torch_threads
-from sinkflow.distances import convergence_study, fit_loglog_slope, wasserstein2
-from sinkflow.heat import Barenblatt, GaussianMixture
-from sinkflow.heat_limit import NORMALIZATIONS, barycentric_map, heat_flow, heat_reference, heat_trajectory
+import sinkflow
 from sinkflow.plots.registry import register
 
 LABELS = {"sinkhorn": "Sinkhorn", "softmax_gaussian": "SoftMax, Gaussian kernel",
@@ -25,14 +22,14 @@ LABELS = {"sinkhorn": "Sinkhorn", "softmax_gaussian": "SoftMax, Gaussian kernel"
 COLOR_KEYS = {"sinkhorn": "sinkhorn", "softmax_gaussian": "gaussian", "softmax_dot": "softmax", "unnormalized": "unnormalized"}
 
 
-def mixture_1d() -> GaussianMixture:
+def mixture_1d() -> sinkflow.GaussianMixture:
     """The 1D start used throughout: a bimodal mixture."""
-    return GaussianMixture.isotropic([0.35, 0.65], [[-1.5], [1.0]], [0.15, 0.4])
+    return sinkflow.GaussianMixture.isotropic([0.35, 0.65], [[-1.5], [1.0]], [0.15, 0.4])
 
 
-def mixture_2d() -> GaussianMixture:
+def mixture_2d() -> sinkflow.GaussianMixture:
     """The 2D start: three anisotropic bumps."""
-    return GaussianMixture([0.3, 0.3, 0.4], [[-1.5, 0.0], [1.0, 1.2], [0.8, -1.0]],
+    return sinkflow.GaussianMixture([0.3, 0.3, 0.4], [[-1.5, 0.0], [1.0, 1.2], [0.8, -1.0]],
                            [[[0.15, 0.0], [0.0, 0.3]], [[0.2, 0.1], [0.1, 0.2]], [[0.3, -0.1], [-0.1, 0.15]]])
 
 
@@ -52,21 +49,23 @@ class SnapshotConfig:
 
 
 def compute_snapshots(cfg: SnapshotConfig) -> dict:
+    from sinkflow._backend import torch_threads
+
     data = {"times": np.asarray(cfg.times)}
     g1, g2 = mixture_1d(), mixture_2d()
     grid = np.linspace(-4.5, 4.5, 361)
     ax = np.linspace(-4, 4, 121)
     mesh = np.stack(np.meshgrid(ax, ax, indexing="ij"), -1).reshape(-1, 2)
-    with torch_threads(1):  # PERF.md: two threads on a busy 2-vCPU machine are slower
-        r1 = heat_trajectory(g1.sample(cfg.n_1d, cfg.seed), cfg.times, cfg.eps_1d, cfg.dt)
-        r2 = heat_trajectory(g2.sample(cfg.n_2d, cfg.seed + 1), cfg.times, cfg.eps_2d, cfg.dt)
+    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
+        r1 = sinkflow.heat_trajectory(g1.sample(cfg.n_1d, cfg.seed), cfg.times, cfg.eps_1d, cfg.dt)
+        r2 = sinkflow.heat_trajectory(g2.sample(cfg.n_2d, cfg.seed + 1), cfg.times, cfg.eps_2d, cfg.dt)
     data["x1d"] = r1.positions[:, :, 0]
     data["x2d"] = r2.positions
     data["grid"] = grid
     data["axis2d"] = ax
     data["pdf1d"] = np.stack([g1.evolve(t).pdf(grid) for t in cfg.times])
     data["pdf2d"] = np.stack([g2.evolve(t).pdf(mesh).reshape(ax.size, ax.size) for t in cfg.times])
-    data["w2_1d"] = np.array([wasserstein2(x[:, None], g1.evolve(t)).value for x, t in zip(data["x1d"], cfg.times)])
+    data["w2_1d"] = np.array([sinkflow.wasserstein2(x[:, None], g1.evolve(t)).value for x, t in zip(data["x1d"], cfg.times)])
     return data
 
 
@@ -93,6 +92,9 @@ def plot_snapshots(data, cfg):
     axes[0, 0].legend(loc="upper left")
     fig.suptitle(rf"Sinkhorn attention flow vs heat equation ($n = {cfg.n_1d}$, $\varepsilon = {cfg.eps_1d:g}$ in 1D; "
                  rf"$n = {cfg.n_2d}$, $\varepsilon = {cfg.eps_2d:g}$ in 2D)")
+    fig.text(0.5, 0.0, rf"$W_2$: distance of the {cfg.n_1d} particles to the exact density. At $t = 0$ it is the "
+             "sampling error of the i.i.d. start alone (it varies from draw to draw), not an error of the flow.",
+             ha="center", va="top", fontsize=7)
     return fig
 
 
@@ -115,35 +117,56 @@ class NormalizationsConfig:
     n_times: int = 6
     n_pme: int = 500
     eps_pme: float = 0.02
+    floor_draws: int = 8  # independent i.i.d. samples behind the floor band
     seed: int = 0
 
 
 def compute_normalizations(cfg: NormalizationsConfig) -> dict:
+    from sinkflow._backend import torch_threads
+    from sinkflow.heat_limit import NORMALIZATIONS
+
     g = mixture_1d()
     times = np.linspace(0, cfg.t_end, cfg.n_times)
     x0 = g.sample(cfg.n, cfg.seed)
     data = {"times": times}
-    with torch_threads(1):  # PERF.md: two threads on a busy 2-vCPU machine are slower
+    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         for norm in NORMALIZATIONS:
             dt = cfg.dt_dot if norm == "softmax_dot" else cfg.dt
-            pos = heat_trajectory(x0, times, cfg.eps, dt, norm).positions
-            data[f"w2_heat_{norm}"] = np.array([wasserstein2(p, g.evolve(t)).value for p, t in zip(pos, times)])
+            pos = sinkflow.heat_trajectory(x0, times, cfg.eps, dt, norm).positions
+            data[f"w2_heat_{norm}"] = np.array([sinkflow.wasserstein2(p, g.evolve(t)).value for p, t in zip(pos, times)])
             if norm == "softmax_gaussian":
-                data[f"w2_own_{norm}"] = np.array([wasserstein2(p, heat_reference(g, t, norm)).value for p, t in zip(pos, times)])
-        data["w2_floor"] = np.array([wasserstein2(g.evolve(t).sample(cfg.n, cfg.seed + 7), g.evolve(t)).value for t in times])
+                data[f"w2_own_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(g, t, norm)).value for p, t in zip(pos, times)])
+        data["w2_floor"] = _iid_floor([g.evolve(t) for t in times], cfg.n, cfg.floor_draws, cfg.seed + 7)
         # porous medium: Barenblatt start, unnormalized kernel vs its own limit; Sinkhorn for contrast
-        b = Barenblatt(dim=1, time=0.3)
+        b = sinkflow.Barenblatt(dim=1, time=0.3)
         xb = b.sample(cfg.n_pme, cfg.seed + 2)
         for norm in ("unnormalized", "sinkhorn"):
-            pos = heat_trajectory(xb, times, cfg.eps_pme, cfg.dt, norm).positions
-            data[f"w2_pme_{norm}"] = np.array([wasserstein2(p, heat_reference(b, t, "unnormalized")).value
+            pos = sinkflow.heat_trajectory(xb, times, cfg.eps_pme, cfg.dt, norm).positions
+            data[f"w2_pme_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(b, t, "unnormalized")).value
                                                for p, t in zip(pos, times)])
-        data["w2_pme_floor"] = np.array([wasserstein2(heat_reference(b, t, "unnormalized").sample(cfg.n_pme, cfg.seed + 9),
-                                                      heat_reference(b, t, "unnormalized")).value for t in times])
+        data["w2_pme_floor"] = _iid_floor([sinkflow.heat_reference(b, t, "unnormalized") for t in times], cfg.n_pme,
+                                          cfg.floor_draws, cfg.seed + 9)
     return data
 
 
+def _iid_floor(references, n, draws, seed) -> np.ndarray:
+    """W2 of ``draws`` independent i.i.d. ``n``-samples to each reference: array (times, draws)."""
+    return np.array([[sinkflow.wasserstein2(ref.sample(n, seed + 1000 * k), ref).value for k in range(draws)]
+                     for ref in references])
+
+
+def _floor_band(ax, t, floor, label):
+    """Median and range of the i.i.d. floor. A single sample's W2 varies a lot from draw to draw
+    (for a mixture, mostly through how the n points split between the modes), so the flow's
+    error at t = 0, its own initial sample's, is one more draw, not a point on the median."""
+    from sinkflow.plots.style import COLORS
+
+    ax.fill_between(t, floor.min(1), floor.max(1), color=COLORS["reference"], alpha=0.12, lw=0)
+    ax.plot(t, np.median(floor, 1), ":", color=COLORS["reference"], label=label)
+
+
 def plot_normalizations(data, cfg):
+    from sinkflow.heat_limit import NORMALIZATIONS
     from sinkflow.plots.style import COLORS, new_figure
 
     fig, axes = new_figure(2, 1, width=3.6, height=2.9)
@@ -153,7 +176,7 @@ def plot_normalizations(data, cfg):
         c = COLORS[COLOR_KEYS[norm]]
         a.plot(t, data[f"w2_heat_{norm}"], "o-", ms=3, color=c, label=LABELS[norm])
     a.plot(t, data["w2_own_softmax_gaussian"], "--", color=COLORS["gaussian"], label=r"SoftMax vs $\rho_0 * G_{4t}$")
-    a.plot(t, data["w2_floor"], ":", color=COLORS["reference"], label=f"i.i.d. floor ($n = {cfg.n}$)")
+    _floor_band(a, t, data["w2_floor"], f"i.i.d. samples: median, range of {cfg.floor_draws}")
     a.set_yscale("log")
     a.set_xlabel("$t$")
     a.set_ylabel(r"$W_2(\mu^n_t, \rho_0 * G_{2t})$")
@@ -161,12 +184,16 @@ def plot_normalizations(data, cfg):
     a.legend(fontsize=7)
     for norm in ("unnormalized", "sinkhorn"):
         b.plot(t, data[f"w2_pme_{norm}"], "o-", ms=3, color=COLORS[COLOR_KEYS[norm]], label=LABELS[norm])
-    b.plot(t, data["w2_pme_floor"], ":", color=COLORS["reference"], label="i.i.d. floor")
+    _floor_band(b, t, data["w2_pme_floor"], f"i.i.d. samples: median, range of {cfg.floor_draws}")
     b.set_yscale("log")
     b.set_xlabel("$t$")
     b.set_ylabel(r"$W_2$ to Barenblatt at $t_0 + 2t$")
     b.set_title(r"Against $\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)$" + rf" ($\varepsilon = {cfg.eps_pme:g}$)")
     b.legend(fontsize=7)
+    fig.text(0.5, 0.0, "At $t = 0$ each curve is the $W_2$ of its initial sample alone: one i.i.d. draw, as random as "
+             "the grey band (median and range of other draws). On the left that draw is in the upper tail (its points "
+             "split unevenly between the two modes), which the flow then forgets.",
+             ha="center", va="top", fontsize=7, wrap=True)
     return fig
 
 
@@ -192,32 +219,34 @@ class ConvergenceConfig:
 
 
 def compute_convergence(cfg: ConvergenceConfig) -> dict:
-    g = GaussianMixture.gaussian([0.0], [[1.0]])
+    from sinkflow._backend import torch_threads
+
+    g = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
     t = cfg.t
 
     def var_error(eps, seed):
         # relative variance error against heat, conditioned on the initial sample
         x0 = g.sample(cfg.n_for_eps, 1000 * cfg.seed + seed)
-        v = heat_flow(x0, t, eps, min(eps / 8, t))
+        v = sinkflow.heat_flow(x0, t, eps, min(eps / 8, t))
         return abs(v.var() - x0.var() - 2 * t) / (x0.var() + 2 * t)
 
     def w2_error(n, seed):
         x0 = g.sample(int(n), 1000 * cfg.seed + seed)
-        return wasserstein2(heat_flow(x0, t, cfg.eps_for_n, cfg.eps_for_n / 8), g.evolve(t)).value
+        return sinkflow.wasserstein2(sinkflow.heat_flow(x0, t, cfg.eps_for_n, cfg.eps_for_n / 8), g.evolve(t)).value
 
     def w2_floor(n, seed):
-        return wasserstein2(g.evolve(t).sample(int(n), 1000 * cfg.seed + seed + 500), g.evolve(t)).value
+        return sinkflow.wasserstein2(g.evolve(t).sample(int(n), 1000 * cfg.seed + seed + 500), g.evolve(t)).value
 
     x0_dt = g.sample(cfg.n_for_eps, 1000 * cfg.seed)
-    with torch_threads(1):  # PERF.md: two threads on a busy 2-vCPU machine are slower
-        st_eps = convergence_study(cfg.eps_values, var_error, cfg.seeds)
-        st_n = convergence_study(cfg.n_values, w2_error, cfg.seeds)
-        st_floor = convergence_study(cfg.n_values, w2_floor, cfg.seeds)
+    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
+        st_eps = sinkflow.convergence_study(cfg.eps_values, var_error, cfg.seeds)
+        st_n = sinkflow.convergence_study(cfg.n_values, w2_error, cfg.seeds)
+        st_floor = sinkflow.convergence_study(cfg.n_values, w2_floor, cfg.seeds)
         # dt: self-convergence against a run with a step 8x smaller than the smallest (same particles)
         eps_dt = cfg.eps_values[0]
-        fine = heat_flow(x0_dt, t, eps_dt, min(cfg.dt_values) / 8).var()
-        dt_err = np.array([[abs(heat_flow(x0_dt, t, eps_dt, dt).var() - fine) / fine] for dt in cfg.dt_values])
-    slope_dt, _ = fit_loglog_slope(cfg.dt_values, dt_err[:, 0])
+        fine = sinkflow.heat_flow(x0_dt, t, eps_dt, min(cfg.dt_values) / 8).var()
+        dt_err = np.array([[abs(sinkflow.heat_flow(x0_dt, t, eps_dt, dt).var() - fine) / fine] for dt in cfg.dt_values])
+    slope_dt, _ = sinkflow.fit_loglog_slope(cfg.dt_values, dt_err[:, 0])
     return {"eps": st_eps.values, "eps_errors": st_eps.errors, "eps_slope": st_eps.slope, "eps_ci": np.array(st_eps.slope_ci),
             "n": st_n.values, "n_errors": st_n.errors, "n_slope": st_n.slope, "n_ci": np.array(st_n.slope_ci),
             "floor_errors": st_floor.errors, "floor_slope": st_floor.slope,
@@ -282,16 +311,18 @@ class BarycentricConfig:
 
 
 def compute_barycentric(cfg: BarycentricConfig) -> dict:
+    from sinkflow._backend import torch_threads
+
     g = mixture_1d()
     y = np.linspace(-4.5, 4.5, cfg.grid_points)
     data = {"grid": y, "eps": np.asarray(cfg.eps_values), "score": g.score(y[:, None])[:, 0]}
-    with torch_threads(1):  # PERF.md: two threads on a busy 2-vCPU machine are slower
+    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         for norm in ("sinkhorn", "softmax_gaussian"):
-            res = [barycentric_map(g, y, e, norm, tol=1e-9) for e in cfg.eps_values]
+            res = [sinkflow.barycentric_map(g, y, e, norm, tol=1e-9) for e in cfg.eps_values]
             # on the Sinkhorn scale eps/2, to show the factor
             data[f"map_{norm}"] = np.stack([r.rescaled * r.scale / (r.eps / 2) for r in res])
             data[f"err_{norm}"] = np.array([r.error for r in res])
-            data[f"slope_{norm}"] = fit_loglog_slope(cfg.eps_values, data[f"err_{norm}"])[0]
+            data[f"slope_{norm}"] = sinkflow.fit_loglog_slope(cfg.eps_values, data[f"err_{norm}"])[0]
         data["interior"] = res[0].interior
     return data
 
@@ -321,6 +352,10 @@ def plot_barycentric(data, cfg):
     b.set_ylabel(r"$\max_x |(B_\varepsilon - x)/\mathrm{scale} - \partial_x\log\rho|$")
     b.set_title("First-order error")
     b.legend(fontsize=7)
+    fig.text(0.5, 0.0, "At $t = 0$ each curve is the $W_2$ of its initial sample alone: one i.i.d. draw, as random as "
+             "the grey band (median and range of other draws). On the left that draw is in the upper tail (its points "
+             "split unevenly between the two modes), which the flow then forgets.",
+             ha="center", va="top", fontsize=7, wrap=True)
     return fig
 
 

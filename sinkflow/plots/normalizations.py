@@ -6,11 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkflow.normalizations import softmax, solve_sinkhorn
+import sinkflow
 from sinkflow.plots.registry import register
 from sinkflow.plots.style import COLORS, new_figure
-from sinkflow.scores import gaussian_scores
-from sinkflow.stochasticity import asymptotic_rate, birkhoff_hopf_rate, sorted_column_sums
 
 
 @dataclass(frozen=True)
@@ -30,11 +28,11 @@ def attention_data(cfg: AttentionConfig) -> dict:
     q = rng.normal(scale=0.35, size=(cfg.n_queries, 2)) + np.array([0.4, 0.0])
     angles = np.sort(rng.uniform(0, 2 * np.pi, cfg.n_keys))
     k = np.c_[np.cos(angles), np.sin(angles)] * rng.uniform(0.8, 1.2, size=(cfg.n_keys, 1))
-    C = gaussian_scores(q, k, temperature=cfg.temperature)
-    res = solve_sinkhorn(C, tol=1e-12)
+    C = sinkflow.gaussian_scores(q, k, temperature=cfg.temperature)
+    res = sinkflow.solve_sinkhorn(C, tol=1e-12)
     return {
         "queries": q, "keys": k, "scores": C,
-        "softmax": softmax(C), "sinkhorn": res.attention,
+        "softmax": sinkflow.softmax(C), "sinkhorn": res.attention,
         "sinkhorn_error": res.marginal_error,
     }
 
@@ -59,11 +57,12 @@ def attention_plot(data: dict, cfg: AttentionConfig):
     q, k = data["queries"], data["keys"]
     _lines(axes[0, 0], q, k, data["softmax"], COLORS["softmax"], "SoftMax $K^1$")
     _lines(axes[0, 1], q, k, data["sinkhorn"], COLORS["sinkhorn"], r"Sinkhorn $K^\infty$")
-    axes[0, 0].legend(loc="lower left", fontsize=7)
+    # below the panel: inside it, the legend hid key markers
+    axes[0, 0].legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=7, handletextpad=0.2)
     ax = axes[0, 2]
     ranks = np.arange(1, cfg.n_keys + 1)
-    ax.step(ranks, sorted_column_sums(data["softmax"]), where="mid", color=COLORS["softmax"], label="SoftMax")
-    ax.step(ranks, sorted_column_sums(data["sinkhorn"]), where="mid", color=COLORS["sinkhorn"], label="Sinkhorn")
+    ax.step(ranks, sinkflow.sorted_column_sums(data["softmax"]), where="mid", color=COLORS["softmax"], label="SoftMax")
+    ax.step(ranks, sinkflow.sorted_column_sums(data["sinkhorn"]), where="mid", color=COLORS["sinkhorn"], label="Sinkhorn")
     ax.set_yscale("log")
     ax.set_xlabel("key rank")
     ax.set_ylabel(r"sorted column sum $\sum_i K_{ij}$")
@@ -105,38 +104,50 @@ class ConvergenceConfig:
 def convergence_data(cfg: ConvergenceConfig) -> dict:
     rng = np.random.default_rng(cfg.seed)
     x = rng.normal(size=(cfg.n, cfg.dim))
-    base = gaussian_scores(x, x)
-    out = {"scales": np.array(cfg.scales, dtype=float), "errors": [], "bound_rate": [], "predicted_rate": []}
+    base = sinkflow.gaussian_scores(x, x)
+    out = {"scales": np.array(cfg.scales, dtype=float), "errors": [], "bound_rate": [], "predicted_rate": [],
+           "observed_rate": []}
     for s in cfg.scales:
         C = s * base
-        run = solve_sinkhorn(C, n_iter=cfg.half_iterations)
-        limit = solve_sinkhorn(C, tol=1e-13, max_iter=200_000).attention
+        run = sinkflow.solve_sinkhorn(C, n_iter=cfg.half_iterations)
+        limit = sinkflow.solve_sinkhorn(C, tol=1e-13, max_iter=200_000).attention
         out["errors"].append(run.errors)
-        out["bound_rate"].append(birkhoff_hopf_rate(C))
-        out["predicted_rate"].append(asymptotic_rate(limit))
-    out["errors"] = np.array(out["errors"])
-    out["bound_rate"] = np.array(out["bound_rate"])
-    out["predicted_rate"] = np.array(out["predicted_rate"])
-    return out
+        out["bound_rate"].append(sinkflow.birkhoff_hopf_rate(C))
+        out["predicted_rate"].append(sinkflow.asymptotic_rate(limit))
+        out["observed_rate"].append(sinkflow.observed_rate(run.errors))
+    return {k: np.array(v) for k, v in out.items()}
 
 
 def convergence_plot(data: dict, cfg: ConvergenceConfig):
-    fig, axes = new_figure(1, 1, width=4.2, height=3.2)
-    ax = axes[0, 0]
+    """Left: errors against half-iterations with the predicted slope. Right: the rates per full
+    iteration (two half-iterations) against the scale: observed, predicted, and the bound, which
+    is close to 1 for every scale (drawn on the left, its three lines lay on top of each other)."""
+    fig, axes = new_figure(2, 1, width=3.2, height=3.0)
+    ax, rates = axes[0]
     colors = [COLORS["sinkhorn"], COLORS["softmax"], COLORS["unnormalized"], COLORS["gaussian"], COLORS["other"]]
-    for s, e, bound, pred, color in zip(data["scales"], data["errors"], data["bound_rate"], data["predicted_rate"], colors):
-        k = np.arange(1, len(e) + 1)
-        ax.semilogy(k, e, color=color, label=rf"scale {s:g}: observed")
-        # Rates are per full iteration (2 half-iterations), anchored at the first error.
-        ax.semilogy(k, e[0] * pred ** ((k - 1) / 2), color=color, ls=":", lw=1.0)
-        ax.semilogy(k, e[0] * bound ** ((k - 1) / 2), color=color, ls="--", lw=1.0)
-    ax.plot([], [], color="gray", ls=":", label=r"$\sigma_2(P)^{2}$ per iteration (Knight)")
-    ax.plot([], [], color="gray", ls="--", label=r"$\tanh(\Delta/4)^{2}$ (Birkhoff-Hopf bound)")
+    for s, e, pred, color in zip(data["scales"], data["errors"], data["predicted_rate"], colors):
+        ell = np.arange(1, len(e) + 1)
+        ax.semilogy(ell, e, color=color, label=rf"scale {s:g}")
+        # a rate r per full iteration is r^(1/2) per half-iteration; anchored at the first error
+        ax.semilogy(ell, e[0] * pred ** ((ell - 1) / 2), color=color, ls=":", lw=1.0)
+    ax.plot([], [], color="gray", ls=":", label=r"predicted: $\sigma_2(P)^2$ per 2 half-iterations")
     ax.set_ylim(1e-15, 2)  # below ~1e-15 float64 rounding is all that is left
-    ax.set_xlabel("half-iteration $\\ell$")
+    ax.set_xlabel(r"half-iteration $\ell$")
     ax.set_ylabel("marginal error (L1)")
-    ax.set_title(f"Sinkhorn convergence, {cfg.n} x {cfg.n} Gaussian scores")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("observed errors (solid), prediction (dotted)", fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # under the axes: no line hidden
+    s = data["scales"]
+    rates.plot(s, data["bound_rate"], "s--", color=COLORS["bound"], label=r"bound $\tanh(\Delta/4)^2$ (Birkhoff-Hopf)")
+    rates.plot(s, data["predicted_rate"], "x:", color=COLORS["reference"], ms=7, label=r"predicted $\sigma_2(P)^2$ (Knight)")
+    rates.plot(s, data["observed_rate"], "o", color=COLORS["sinkhorn"], mfc="none", label="observed (fit)")
+    rates.set_xscale("log", base=2)
+    rates.set_xticks(s, [f"{v:g}" for v in s])
+    rates.set_ylim(0, 1.05)
+    rates.set_xlabel("scale of the scores")
+    rates.set_ylabel("contraction per 2 half-iterations")
+    rates.set_title("rates: the bound is loose", fontsize=8)
+    rates.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Sinkhorn convergence, {cfg.n} x {cfg.n} Gaussian scores")
     return fig
 
 

@@ -1,4 +1,4 @@
-r"""Figures for THEORY.md section 6: Skyformer's Nyström, its spectral-norm theorem and its looseness.
+r"""Figures for docs/theory/nystrom.md: Skyformer's Nyström, its spectral-norm theorem and its looseness.
 
 - ``nystrom_error_vs_landmarks`` (default): observed :math:`\|C - \tilde C\|_2 / \|C\|_2` against
   :math:`m` for Skyformer (pinv and iterative inverse), Nyströmformer on SoftMax and uniform
@@ -57,47 +57,59 @@ def compute_error(cfg: SweepConfig) -> dict:
     check = sinkflow.nystrom_check(Q, K, 1, eps=cfg.eps, delta=cfg.delta, trials=1, seed=cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)
     ms = np.array(cfg.landmarks)
-    out = {k: np.zeros(len(ms)) for k in ("pinv", "iterative", "unlifted", "nystromformer")}
+    errors = {k: np.zeros((len(ms), cfg.trials)) for k in ("pinv", "iterative", "unlifted")}
+    nystromformer = np.zeros(len(ms))
     for i, m in enumerate(ms):
-        acc = {k: [] for k in ("pinv", "iterative", "unlifted")}
-        for _ in range(cfg.trials):
+        for t in range(cfg.trials):
             J = sinkflow.sample_landmarks(2 * cfg.n, int(m), generator=rng)
-            acc["pinv"].append(_rel_norm(C, sinkflow.nystrom_matrix(Q, K, J)))
-            acc["iterative"].append(_rel_norm(C, sinkflow.nystrom_matrix(Q, K, J, inverse="iterative")))
+            errors["pinv"][i, t] = _rel_norm(C, sinkflow.nystrom_matrix(Q, K, J))
+            errors["iterative"][i, t] = _rel_norm(C, sinkflow.nystrom_matrix(Q, K, J, inverse="iterative"))
             Ju = sinkflow.sample_landmarks(cfg.n, int(m), generator=rng)
-            acc["unlifted"].append(_rel_norm(C, sinkflow.nystrom_matrix(Q, K, Ju, lift=False)))
-        for k, v in acc.items():
-            out[k][i] = np.mean(v)
+            errors["unlifted"][i, t] = _rel_norm(C, sinkflow.nystrom_matrix(Q, K, Ju, lift=False))
         # Nyströmformer is deterministic (segment means); compared with the SoftMax it approximates.
-        out["nystromformer"][i] = _rel_norm(S, sinkflow.nystromformer_matrix(Q, K, min(int(m), cfg.n)))
-    return dict(landmarks=ms, **out, eps=cfg.eps, m_required=check.m_required,
+        nystromformer[i] = _rel_norm(S, sinkflow.nystromformer_matrix(Q, K, min(int(m), cfg.n)))
+    stats = {f"{k}{suffix}": f(v, axis=1) for k, v in errors.items()
+             for suffix, f in (("", np.mean), ("_min", np.min), ("_max", np.max))}
+    return dict(landmarks=ms, **stats, nystromformer=nystromformer, eps=cfg.eps, m_required=check.m_required,
                 m_required_sharp=sinkflow.landmarks_required(check.d_stat, check.beta, 2 * cfg.n, cfg.delta,
                                                              sinkflow.SHARP_LANDMARK_CONSTANT),
                 d_stat=check.d_stat)
 
 
 def plot_error(data: dict, cfg: SweepConfig):
+    """Left: Gaussian-kernel approximations (mean and range over the landmark draws)
+    with lambda, the theorem's m and m = 2n. Right: Nyströmformer, measured against SoftMax
+    attention, a different matrix, hence its own axes."""
     from sinkflow.plots.style import COLORS, new_figure
 
-    fig, axes = new_figure(1, 1, width=4.6, height=3.3)
-    ax = axes[0, 0]
+    fig, axes = new_figure(2, 1, width=3.6, height=3.4)
+    ax, right = axes[0]
     m = data["landmarks"]
-    ax.loglog(m, data["pinv"], "o-", color=COLORS["gaussian"], label="Skyformer, pinv")
-    ax.loglog(m, data["iterative"], "s--", color=COLORS["sinkhorn"], label="Skyformer, iterative inverse")
-    ax.loglog(m, data["unlifted"], "^:", color=COLORS["unnormalized"], label="uniform Nyström, unlifted")
-    ax.loglog(m, data["nystromformer"], "d-.", color=COLORS["softmax"], label="Nyströmformer (error vs SoftMax)")
-    ax.axhline(data["eps"], color=COLORS["bound"], lw=1)
-    ax.text(m[0], data["eps"] * 1.1, r"$\lambda / \|C\|_2 = \varepsilon$", color=COLORS["bound"], fontsize=8)
-    for key, ls, lab in (("m_required", "-", r"$m(\varepsilon,\delta)$, $c = 56/3$"),
-                         ("m_required_sharp", "--", r"$c = 28/3$")):
-        ax.axvline(data[key], color=COLORS["reference"], ls=ls, lw=1)
-        ax.text(data[key] / 1.15, 0.98, lab, rotation=90, ha="right", va="top", fontsize=7,
-                transform=ax.get_xaxis_transform())
+    for key, fmt, color, label in (("pinv", "o-", COLORS["gaussian"], "Skyformer, pseudo-inverse"),
+                                   ("iterative", "s--", COLORS["sinkhorn"], "Skyformer, iterative inverse"),
+                                   ("unlifted", "^:", COLORS["unnormalized"], "uniform Nyström, unlifted")):
+        spread = [data[key] - data[f"{key}_min"], data[f"{key}_max"] - data[key]]  # positive: fits a log axis
+        ax.errorbar(m, data[key], yerr=spread, fmt=fmt, color=color, ms=4, capsize=2, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.axhline(data["eps"], color=COLORS["bound"], lw=1, label=r"$\varepsilon = \lambda / \|C\|_2$")
+    for x, ls, label in ((2 * cfg.n, ":", rf"$m = 2n = {2 * cfg.n}$: every lifted point (exact)"),
+                         (data["m_required_sharp"], "--", r"theorem's $m(\varepsilon,\delta)$, sharper constant 28/3"),
+                         (data["m_required"], "-", r"theorem's $m(\varepsilon,\delta)$, constant 56/3")):
+        ax.axvline(x, color=COLORS["reference"], ls=ls, lw=1, label=label)
     ax.set_xlim(m[0] / 1.3, data["m_required"] * 1.5)
     ax.set_xlabel(r"landmarks $m$")
-    ax.set_ylabel(r"$\|C - \tilde C\|_2 \,/\, \|C\|_2$")
-    ax.set_title(rf"$n = {cfg.n}$, $p = {cfg.p}$, $d_{{stat}} = {data['d_stat']:.0f}$", fontsize=9)
-    ax.legend(loc="lower left", fontsize=7)
+    ax.set_ylabel(r"$\|C - \tilde C\|_2 \,/\, \|C\|_2$, Gaussian kernel $C$")
+    ax.set_title(rf"$n = {cfg.n}$, $p = {cfg.p}$, $d_{{stat}} = {data['d_stat']:.0f}$, "
+                 rf"$\delta = {cfg.delta:g}$; mean, bars: range of {cfg.trials} draws", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7)
+    right.loglog(m, data["nystromformer"], "d-.", color=COLORS["softmax"], label="Nyströmformer (segment means)")
+    right.axvline(cfg.n, color=COLORS["reference"], ls=":", lw=1, label=rf"$m = n = {cfg.n}$")
+    right.set_xlim(ax.get_xlim()[0], cfg.n * 1.5)
+    right.set_xlabel(r"landmarks $m$")
+    right.set_ylabel(r"$\|S - \tilde S\|_2 \,/\, \|S\|_2$, SoftMax $S$")
+    right.set_title("Nyströmformer against SoftMax attention (deterministic)", fontsize=8)
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7)
     return fig
 
 

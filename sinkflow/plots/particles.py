@@ -1,6 +1,6 @@
 r"""Figures of particle flows: SoftMax vs Sinkhorn, energies, Jacobian asymmetry, sphere clustering.
 
-THEORY.md sections 2, 3 and 7. Every compute function is a pure function of its frozen,
+docs/theory/gradient_flows.md and docs/theory/sphere.md. Every compute function is a pure function of its frozen,
 seeded config; plots only draw the returned arrays.
 """
 
@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkflow.energies import gradient_flow_error, jacobian_asymmetry
-from sinkflow.particles import random_particles, simulate
+import sinkflow
 from sinkflow.plots.registry import register
 from sinkflow.plots.style import COLORS, new_figure
 
@@ -36,18 +35,18 @@ class FlowConfig:
 
 def compute_flows(cfg: FlowConfig) -> dict:
     """Simulate both normalizations from the same particles, with W_V = W / tau (gradient-flow setting)."""
-    x0 = random_particles(cfg.n, cfg.d, seed=cfg.seed)
+    x0 = sinkflow.random_particles(cfg.n, cfg.d, seed=cfg.seed)
     W = np.array(cfg.W, dtype=float)
     Wf = W / cfg.temperature  # bilinear form of the scores; values W_V = W/tau make T = -n grad F^inf
     out = {"W": W}
     for kind in NORMALIZATIONS:
-        traj = simulate(x0, kind, W_K=W, W_V=Wf, h=cfg.h, steps=cfg.steps, temperature=cfg.temperature,
+        traj = sinkflow.simulate(x0, kind, W_K=W, W_V=Wf, h=cfg.h, steps=cfg.steps, temperature=cfg.temperature,
                         monitors=["energy_inf"])
         out[f"{kind}_positions"] = traj.positions
         out[f"{kind}_energy"] = traj.monitors["energy_inf"]
         idx = np.arange(0, cfg.steps + 1, cfg.error_every)
         out[f"{kind}_error_times"] = traj.times[idx]
-        out[f"{kind}_identity_error"] = np.array([gradient_flow_error(traj.positions[k], kind, Wf) for k in idx])
+        out[f"{kind}_identity_error"] = np.array([sinkflow.gradient_flow_error(traj.positions[k], kind, Wf) for k in idx])
     out["times"] = traj.times
     return out
 
@@ -60,16 +59,30 @@ def _trajectories_panel(ax, P, color, title):
     ax.set_title(title)
     ax.set_xlabel(r"$x^{(1)}$")
     ax.set_ylabel(r"$x^{(2)}$")
-    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_aspect("equal", adjustable="box")
+
+
+def _w_text(W) -> str:
+    """``W`` as mathtext, e.g. ``diag(1, -1)``."""
+    W = np.asarray(W)
+    if np.array_equal(W, np.diag(np.diag(W))):
+        return r"\mathrm{diag}(" + ", ".join(f"{v:g}" for v in np.diag(W)) + ")"
+    return "(" + ", ".join("(" + ", ".join(f"{v:g}" for v in row) + ")" for row in W) + ")"  # mathtext has no matrices
 
 
 def plot_trajectories(data: dict, cfg: FlowConfig):
-    fig, axes = new_figure(2, 1, width=3.4, height=3.2)
+    fig, axes = new_figure(2, 1, width=3.4, height=2.7)
     _trajectories_panel(axes[0, 0], data["softmax_positions"], COLORS["softmax"], r"SoftMax $K^1$")
     _trajectories_panel(axes[0, 1], data["sinkhorn_positions"], COLORS["sinkhorn"], r"Sinkhorn $K^\infty$")
+    both = np.concatenate([data["softmax_positions"], data["sinkhorn_positions"]]).reshape(-1, 2)
+    lo, hi = both.min(0), both.max(0)
+    pad = 0.05 * (hi - lo)
+    for ax in axes[0]:  # the same window on both panels, so distances compare at a glance
+        ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
+        ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
     axes[0, 0].legend(loc="best")
     fig.suptitle(rf"$x_i \leftarrow x_i + h\sum_j K_{{ij}} W_V x_j$, $h={cfg.h}$, {cfg.steps} steps, "
-                 rf"$W=\mathrm{{diag}}(1,-1)/\tau$, $\tau={cfg.temperature}$")
+                 rf"$W_K = W = {_w_text(data['W'])}$, $W_V = W/\tau$, $\tau={cfg.temperature:g}$")
     return fig
 
 
@@ -89,6 +102,8 @@ def plot_energy(data: dict, cfg: FlowConfig):
     ax2.set_ylabel(r"$\|T + n\nabla F\| / \|T\|$")
     ax2.set_title("gradient-flow identity error")
     ax2.legend()
+    fig.suptitle(rf"$n = {cfg.n}$ particles, scores $x_i^\top W x_j/\tau$ with $W = {_w_text(data['W'])}$, "
+                 rf"$\tau = {cfg.temperature:g}$, values $W_V = W/\tau$", fontsize=9)
     return fig
 
 
@@ -114,13 +129,13 @@ class JacobianConfig:
 
 
 def compute_jacobian(cfg: JacobianConfig) -> dict:
-    x = random_particles(cfg.n, cfg.d, seed=cfg.seed)
+    x = sinkflow.random_particles(cfg.n, cfg.d, seed=cfg.seed)
     out = {"n_iters": np.array(cfg.n_iters), "temperatures": np.array(cfg.temperatures)}
     for tau in cfg.temperatures:
         W = np.eye(cfg.d) / tau
-        out[f"asym_{tau}"] = np.array([jacobian_asymmetry(x, "sinkhorn", W, n_iter=k) for k in cfg.n_iters])
-        out[f"asym_inf_{tau}"] = jacobian_asymmetry(x, "sinkhorn", W)
-        out[f"asym_0_{tau}"] = jacobian_asymmetry(x, "unnormalized", W)
+        out[f"asym_{tau}"] = np.array([sinkflow.jacobian_asymmetry(x, "sinkhorn", W, n_iter=k) for k in cfg.n_iters])
+        out[f"asym_inf_{tau}"] = sinkflow.jacobian_asymmetry(x, "sinkhorn", W)
+        out[f"asym_0_{tau}"] = sinkflow.jacobian_asymmetry(x, "unnormalized", W)
     return out
 
 
@@ -166,13 +181,13 @@ class SphereConfig:
 
 def compute_sphere(cfg: SphereConfig) -> dict:
     """SA dynamics of Geshkovski et al. (Q = K = V = I, beta = 1/tau) on S^{d-1}."""
-    x0 = random_particles(cfg.n, cfg.d, seed=cfg.seed, manifold="sphere")
+    x0 = sinkflow.random_particles(cfg.n, cfg.d, seed=cfg.seed, manifold="sphere")
     steps = int(round(cfg.t_max / cfg.h))
     betas = sorted(set(cfg.betas) | set(cfg.phase_betas))
     out = {"betas": np.array(cfg.betas), "phase_betas": np.array(cfg.phase_betas)}
     runs = {}
     for beta in betas:
-        traj = simulate(x0, cfg.attention, h=cfg.h, steps=steps, manifold="sphere", temperature=1.0 / beta,
+        traj = sinkflow.simulate(x0, cfg.attention, h=cfg.h, steps=steps, manifold="sphere", temperature=1.0 / beta,
                         monitors=["clusters", "energy"], save_every=steps)
         runs[beta] = traj
     out["times"] = runs[betas[0]].monitor_times
@@ -236,9 +251,9 @@ class AnimationConfig:
 
 
 def compute_animation(cfg: AnimationConfig) -> dict:
-    x0 = random_particles(cfg.n, 2, seed=cfg.seed)
+    x0 = sinkflow.random_particles(cfg.n, 2, seed=cfg.seed)
     W = np.diag([1.0, -1.0])
-    traj = simulate(x0, cfg.attention, W_K=W, W_V=W / cfg.temperature, h=cfg.h, steps=cfg.steps,
+    traj = sinkflow.simulate(x0, cfg.attention, W_K=W, W_V=W / cfg.temperature, h=cfg.h, steps=cfg.steps,
                     temperature=cfg.temperature)
     idx = np.linspace(0, cfg.steps, cfg.frames).round().astype(int)
     return {"positions": traj.positions[idx], "times": traj.times[idx]}
@@ -269,5 +284,5 @@ def plot_animation(data: dict, cfg: AnimationConfig):
 
 
 register("particles_animation", compute=compute_animation, plot=plot_animation,
-         quick=AnimationConfig(n=16, steps=10, frames=6), full=AnimationConfig(), default=False,
+         quick=AnimationConfig(n=16, steps=10, frames=6), full=AnimationConfig(), default=False, formats=("gif",),
          description="GIF of one Sinkhorn particle flow (meaningful with --full)")

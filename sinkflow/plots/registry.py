@@ -19,9 +19,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["FigureSpec", "register", "registry", "get", "compute", "render", "config_hash", "data_checksum"]
+__all__ = ["FigureSpec", "register", "registry", "get", "compute", "render", "config_hash", "data_checksum",
+           "flatten_data", "CHECKSUM_DIGITS", "FORMATS"]
 
 _REGISTRY: dict[str, "FigureSpec"] = {}
+
+#: Formats a matplotlib figure can be written in, and those written when none is asked for.
+FORMATS = ("png", "pdf", "svg")
+DEFAULT_FORMATS = ("png", "pdf")
 _NOT_FIGURE_MODULES = {"registry", "style"}
 
 
@@ -44,6 +49,9 @@ class FigureSpec:
         Whether ``sinkflow figures`` (no names) makes it.
     description : str
         One line for ``--list`` and the gallery.
+    formats : tuple of str
+        File formats the figure can be written in (:data:`FORMATS` for figures, ``("gif",)``
+        for an animation).
     """
 
     name: str
@@ -53,6 +61,23 @@ class FigureSpec:
     full: Any
     default: bool = True
     description: str = ""
+    formats: tuple = FORMATS
+
+    def writable(self, requested=None) -> tuple:
+        """The formats to write for ``requested`` (default: PNG and PDF, or what the figure supports),
+        always in the order of :attr:`formats`.
+
+        Raises ``ValueError`` naming the formats the figure can be written in when one is not.
+        """
+        if requested is None:
+            return tuple(f for f in DEFAULT_FORMATS if f in self.formats) or self.formats
+        bad = [f for f in requested if f not in self.formats]
+        if bad:
+            raise ValueError(f"figure {self.name!r} cannot be written as {', '.join(bad)}: "
+                             f"it supports {', '.join(self.formats)}")
+        # one order, whatever was asked: the first save lays the figure out, and a PDF-first
+        # layout gives other PNG pixels than a PNG-first one
+        return tuple(f for f in self.formats if f in requested)
 
     def config(self, mode: str = "quick"):
         if mode not in ("quick", "full"):
@@ -60,14 +85,16 @@ class FigureSpec:
         return self.quick if mode == "quick" else self.full
 
 
-def register(name: str, *, compute, plot, quick, full=None, default: bool = True, description: str = "") -> FigureSpec:
+def register(name: str, *, compute, plot, quick, full=None, default: bool = True, description: str = "",
+             formats: tuple = FORMATS) -> FigureSpec:
     """Register a figure (called at import time by figure modules)."""
     for cfg in (quick, full):
         if cfg is not None and not (dataclasses.is_dataclass(cfg) and cfg.__dataclass_params__.frozen):
             raise TypeError(f"figure {name!r}: configs must be frozen dataclass instances")
     if name in _REGISTRY and _REGISTRY[name].compute is not compute:
         raise ValueError(f"figure name {name!r} is registered twice")
-    spec = FigureSpec(name, compute, plot, quick, full if full is not None else quick, default, description)
+    spec = FigureSpec(name, compute, plot, quick, full if full is not None else quick, default, description,
+                      tuple(formats))
     _REGISTRY[name] = spec
     return spec
 
@@ -99,26 +126,80 @@ def config_hash(name: str, config) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def data_checksum(data: dict) -> str:
-    """Short SHA-256 over a figure's data (arrays rounded to 10 significant digits)."""
-    h = hashlib.sha256()
+#: Data checksums see every float rounded to this many significant digits, and magnitudes
+#: below :data:`CHECKSUM_ZERO` as 0: last-bit differences between BLAS builds, thread counts
+#: or CPUs (and chaotic amplification of them over a simulation) do not change a checksum.
+CHECKSUM_DIGITS = 6
+CHECKSUM_ZERO = 1e-12
+
+
+def flatten_data(data: dict) -> dict[str, np.ndarray]:
+    """A figure's data as flat ``name -> array`` (nested dicts as ``a.b``, ragged lists as ``a[i]``).
+
+    This is what ``sinkflow figures --data`` writes (NPZ) and what :func:`data_checksum` hashes.
+
+    Examples
+    --------
+    >>> from sinkflow.plots.registry import flatten_data
+    >>> sorted(flatten_data({"x": [1.0, 2.0], "run": {"err": [[1, 2], [3]]}}))
+    ['run.err[0]', 'run.err[1]', 'x']
+    """
+    flat: dict[str, np.ndarray] = {}
 
     def feed(key, value):
-        h.update(str(key).encode())
         if isinstance(value, dict):
             for k in sorted(value):
-                feed(f"{key}.{k}", value[k])
+                feed(f"{key}.{k}" if key else str(k), value[k])
         elif isinstance(value, (list, tuple)) and not all(isinstance(v, (int, float, np.number)) for v in value):
-            for i, v in enumerate(value):
-                feed(f"{key}[{i}]", v)
+            try:
+                flat[key] = np.asarray(value, dtype=float)
+            except (ValueError, TypeError):
+                for i, v in enumerate(value):
+                    feed(f"{key}[{i}]", v)
         else:
-            arr = np.asarray(value)
-            if arr.dtype.kind in "fc":
-                arr = np.array([float(f"{v:.10g}") for v in arr.ravel()]) if arr.size else arr
-            h.update(np.ascontiguousarray(arr).tobytes() if arr.dtype != object else repr(value).encode())
+            flat[key] = np.asarray(value)
 
-    for k in sorted(data):
-        feed(k, data[k])
+    feed("", data)
+    return flat
+
+
+def _rounded(arr: np.ndarray) -> np.ndarray:
+    """Floats as (mantissa, exponent) integer pairs at :data:`CHECKSUM_DIGITS` significant digits."""
+    x = np.where(np.abs(arr) < CHECKSUM_ZERO, 0.0, arr.astype(float)).ravel()
+    finite = np.isfinite(x) & (x != 0)
+    exp = np.zeros(x.shape, dtype=np.int64)
+    exp[finite] = np.floor(np.log10(np.abs(x[finite]))).astype(np.int64) - (CHECKSUM_DIGITS - 1)
+    mant = np.where(finite, np.rint(np.where(finite, x, 0) / 10.0 ** exp.astype(float)), 0).astype(np.int64)
+    carry = np.abs(mant) >= 10**CHECKSUM_DIGITS  # 9.999996 rounds up to 10.0000: renormalize
+    mant[carry] = np.rint(mant[carry] / 10).astype(np.int64)
+    exp[carry] += 1
+    special = np.where(np.isnan(x), 1, np.where(np.isposinf(x), 2, np.where(np.isneginf(x), 3, 0)))
+    return np.stack([mant, exp, special])
+
+
+def data_checksum(data: dict) -> str:
+    """Short SHA-256 over a figure's data, floats rounded (:data:`CHECKSUM_DIGITS` significant digits).
+
+    Examples
+    --------
+    >>> from sinkflow.plots.registry import data_checksum
+    >>> data_checksum({"x": [0.1 + 0.2]}) == data_checksum({"x": [0.3]})   # last bits do not count
+    True
+    >>> data_checksum({"x": [0.3]}) == data_checksum({"x": [0.3001]})
+    False
+    """
+    h = hashlib.sha256()
+    for key, arr in sorted(flatten_data(data).items()):
+        h.update(key.encode())
+        h.update(str(arr.shape).encode())
+        if arr.dtype.kind in "fc":
+            parts = [arr.real, arr.imag] if arr.dtype.kind == "c" else [arr]
+            for part in parts:
+                h.update(np.ascontiguousarray(_rounded(part)).tobytes())
+        elif arr.dtype == object:
+            h.update(repr(arr.tolist()).encode())
+        else:
+            h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -154,14 +235,19 @@ def _save(obj, stem: Path, formats) -> list[Path]:
     return written
 
 
-def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=("png", "pdf"), data: dict | None = None) -> list[Path]:
+def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=None, data: dict | None = None,
+           save_data: bool = False) -> list[Path]:
     """Compute (unless ``data`` is given) and write one figure; returns the written paths.
 
-    Also updates ``out/MANIFEST.tsv`` (figure, mode, file, config hash, data checksum).
+    ``formats`` defaults to PNG and PDF (GIF for an animation); a format the figure cannot be
+    written in is a ``ValueError``. ``save_data=True`` also writes the data as ``NAME.npz``
+    (:func:`flatten_data`). Updates ``out/MANIFEST.tsv`` (figure, mode, file, config hash,
+    data checksum, file hash).
     """
     from sinkflow.plots.style import style
 
     spec = get(name)
+    formats = spec.writable(formats)
     cfg = spec.config(mode)
     if data is None:
         data = spec.compute(cfg)
@@ -175,6 +261,9 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
             stem = out / (f"{name}_{suffix}" if suffix else name)
             written += _save(obj, stem, formats)
     _update_manifest(out, name, mode, written, config_hash(name, cfg), data_checksum(data))
+    if save_data:  # not in the manifest: the data checksum of the figure's rows covers it
+        np.savez(out / f"{name}.npz", **flatten_data(data))
+        written.append(out / f"{name}.npz")
     return written
 
 

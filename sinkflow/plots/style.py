@@ -49,7 +49,25 @@ RC = {
 
 @contextlib.contextmanager
 def style():
-    """Context manager applying the sinkflow style (use around any plotting code)."""
+    """Apply the sinkflow style inside a ``with`` block and leave no global state behind.
+
+    On exit every rcParam (interactive mode included) is back to its value on entry, and the
+    pyplot backend is the one pyplot would have chosen without the block.
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> before = dict(matplotlib.rcParams)
+    >>> with style():
+    ...     matplotlib.rcParams["font.size"]
+    9.0
+    >>> dict(matplotlib.rcParams) == before
+    True
+    """
+    # Load the pyplot backend *before* the snapshot: loading it has side effects that belong to
+    # the session, not to the block (IPython's inline backend switches interactive mode on), and
+    # a snapshot taken earlier would revert them on exit, hiding every later figure in Jupyter.
+    plt.draw_if_interactive()  # public entry to pyplot's backend selection; draws nothing new
     with plt.rc_context(RC):
         yield
 

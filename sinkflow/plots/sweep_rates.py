@@ -3,7 +3,7 @@ r"""Sinkhorn's contraction rate over a sweep of temperatures: observed, :math:`\
 The experiment :func:`sinkflow.experiments.sinkhorn_convergence` on a grid of score scales
 and seeds (the grid a ``sinkflow sweep`` would run; computed here point by point so the
 figure needs neither Dask nor pandas).
-THEORY.md section 1: the observed rate per full iteration should match
+docs/theory/normalizations.md: the observed rate per full iteration should match
 :math:`\sigma_2(P)^2` (Knight 2008) and stay below the loose bound
 :math:`\tanh(\Delta/4)^2`.
 """

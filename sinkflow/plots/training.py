@@ -1,4 +1,4 @@
-r"""Figures of full-model validations (THEORY.md sections 5 and 8).
+r"""Figures of full-model validations (docs/theory/training.md).
 
 Plot functions take a report of :func:`sinkflow.nn.validation.run_validation` (the JSON
 written by ``sinkflow validate``):

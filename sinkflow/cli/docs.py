@@ -8,7 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["docs_source", "build_command", "add_arguments", "run"]
+__all__ = ["DEFAULT_OUT", "docs_source", "build_command", "add_arguments", "run"]
+
+#: Where ``sinkflow docs`` writes, relative to the folder it is run from (as ``sinkflow figures``).
+DEFAULT_OUT = "docs/_build/html"
 
 
 def docs_source() -> Path:
@@ -26,10 +29,12 @@ def build_command(source: Path, out: Path, builder: str = "html", fresh: bool = 
 
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
-                   help="do not execute the notebooks (CI check); the gallery is still rendered")
+                   help="neither execute the notebooks nor render gallery images (pages, code and cached "
+                        "images are still built): a check that takes about a minute")
     p.add_argument("--skip-figures", action="store_true",
                    help="do not render gallery images (pages and code still built; cached images still shown)")
-    p.add_argument("--out", help="output folder (default: docs/_build/html)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"output folder, relative to the current folder (default: {DEFAULT_OUT})")
     p.add_argument("--fresh", action="store_true", help="rebuild every page (ignore Sphinx's saved environment)")
     p.add_argument("--source", help="docs source folder (default: the checkout's docs/)")
 
@@ -40,9 +45,10 @@ def run(args) -> int:
         print(f"sinkflow docs: no Sphinx project at {source} (the docs ship with a source checkout: "
               "pip install -e . from a clone)", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else source / "_build" / "html"
-    env = {**os.environ, "SINKFLOW_DOCS_QUICK": "1" if args.quick else os.environ.get("SINKFLOW_DOCS_QUICK", "0")}
-    if args.skip_figures:
+    out = Path(args.out).resolve()
+    env = {**os.environ, "SINKFLOW_DOCS_QUICK": "1" if args.quick else os.environ.get("SINKFLOW_DOCS_QUICK", "0"),
+           "SINKFLOW_DOCS_CACHE": str(out.parent / ".jupyter_cache")}
+    if args.skip_figures or args.quick:
         env["SINKFLOW_DOCS_FIGURES"] = "0"
     t0 = time.perf_counter()
     rc = subprocess.call(build_command(source, out, fresh=args.fresh), env=env)
