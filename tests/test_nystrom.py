@@ -247,6 +247,21 @@ def test_landmark_bound_on_identical_points_is_the_hand_computed_count():
     assert res.failures == 0 and res.max_error <= 1e-12
 
 
+def test_landmark_bound_with_unequal_leverage_is_the_hand_computed_count():
+    """Three equal points and one far away, each a query and a key: Cbar has a 6 x 6 block of ones
+    (eigenvalue 6) and a 2 x 2 one (eigenvalue 2); C = diag(ones(3, 3), 1) has norm 3, lambda = 0.3.
+
+    l = 1/6.3 (six entries) and 1/2.3 (two), d_stat = 6/6.3 + 2/2.3, beta* = d_stat / (8 / 2.3)
+    = 0.5238, so d_stat / beta* = 8 / 2.3 and m = ceil(56/3 * 8/2.3 * log(160)) = ceil(329.52) = 330.
+    """
+    Q = K = np.array([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [60.0, 0.0]])
+    res = sinkflow.nystrom_check(Q, K, 2, eps=0.1, delta=0.1, trials=2)
+    assert res.norm_C == pytest.approx(3.0, rel=1e-12) and res.lam == pytest.approx(0.3, rel=1e-12)
+    assert res.d_stat == pytest.approx(6 / 6.3 + 2 / 2.3, rel=1e-12)
+    assert res.beta == pytest.approx((6 / 6.3 + 2 / 2.3) / (8 / 2.3), rel=1e-12)
+    assert res.m_required == 330
+
+
 def _coupon_failure(m, k=5):
     """P(some of k equally likely coupons is missed in m draws) by inclusion-exclusion."""
     return sum((-1) ** (j + 1) * math.comb(k, j) * (1 - j / k) ** m for j in range(1, k + 1))
