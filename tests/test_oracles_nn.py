@@ -63,3 +63,20 @@ def test_padded_queries_leave_the_column_constraint_and_get_zero_rows(normalizat
         for s in range(b):
             cols = w[s, : n_real_q[s], : n_real_k[s]].sum(0).detach().numpy()
             assert np.allclose(cols, n_real_q[s] / n_real_k[s], atol=1e-12)
+
+
+def test_training_dropout_zeroes_weights_and_is_unbiased():
+    # Inverted dropout with p = 0.5: each weight is 0 or twice its value, so with V = I the
+    # output entries are exactly {0, 2 K_ij}, about half of them 0, and their mean is K.
+    from sinkflow.nn import scaled_attention
+
+    torch.manual_seed(1)
+    q, k = torch.randn(2, 64, 6, 4, dtype=torch.float64).unbind(0)
+    eye = torch.eye(6, dtype=torch.float64).expand(64, 6, 6)
+    out, K = scaled_attention(q, k, eye, "sinkhorn", n_iter=3, dropout=0.5, training=True)
+    zero = out == 0
+    assert torch.allclose(out[~zero], 2 * K[~zero], rtol=1e-12, atol=0)
+    assert 0.4 < zero.double().mean() < 0.6
+    assert (out.mean(0) - K.mean(0)).abs().max() < 0.1  # 64 heads average to the weights
+    evaluated, _ = scaled_attention(q, k, eye, "sinkhorn", n_iter=3, dropout=0.5, training=False)
+    assert torch.equal(evaluated, K)
