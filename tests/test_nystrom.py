@@ -318,6 +318,15 @@ def test_check_reports_observed_error_and_loose_bound():
     assert m_obs is not None and res.m_required > 10 * m_obs   # measured looseness ~ 100-400
 
 
+@pytest.mark.parametrize("method", ["dense", "lanczos"])
+def test_symmetric_spectral_norm_of_an_indefinite_matrix_is_its_largest_absolute_eigenvalue(method):
+    """An orthogonal similarity of diag(-5, 1, 2, 3, 4): ||A||_2 = 5, carried by the most negative eigenvalue."""
+    U = np.linalg.qr(np.random.default_rng(0).normal(size=(5, 5)))[0]
+    A = U @ np.diag([-5.0, 1.0, 2.0, 3.0, 4.0]) @ U.T
+    assert sinkflow.spectral_norm(A, symmetric=True, method=method) == pytest.approx(5.0, rel=1e-10)
+    assert sinkflow.spectral_norm(A, method=method) == pytest.approx(5.0, rel=1e-10)
+
+
 def test_lanczos_matches_dense_spectral_norms():
     """ARPACK Lanczos to tol 1e-12 gives the same extreme values as LAPACK."""
     Q, K = _data(60, 8, 0.5, 17)
