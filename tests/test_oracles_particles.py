@@ -158,3 +158,19 @@ def test_moment_errors_of_a_hand_computed_cloud():
     ref = sinkflow.moment_errors(pts + [1.0, 2.0], g)  # reference moments from the mixture
     assert ref.covariance == pytest.approx(np.linalg.norm([[-1.5, -0.5], [-0.5, 1.0]]) / np.linalg.norm(g.covariance()),
                                            rel=1e-14)
+
+
+def test_log_partition_and_sphere_energies_against_their_formulas():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(7, 3))
+    W = rng.normal(size=(3, 3))
+    W = (W + W.T) / 4
+    a = rng.dirichlet(np.ones(7))
+    S = x @ W @ x.T
+    # F^1 = -1/2 sum_i a_i log sum_j a_j exp(x_i^T W x_j)
+    expected = -0.5 * np.sum(a * logsumexp(S + np.log(a)[None, :], axis=1))
+    assert sinkflow.energy_log_partition(x, W, a) == pytest.approx(expected, rel=1e-13)
+    y = x / np.linalg.norm(x, axis=1, keepdims=True)
+    # E_beta = 1/(2 beta) sum_ij a_i a_j exp(beta <y_i, y_j>), beta = 1 by default
+    assert sinkflow.energy_sphere(y, weights=a) == pytest.approx(0.5 * a @ np.exp(y @ y.T) @ a, rel=1e-13)
+    assert sinkflow.energy_sphere(y, 3.0, a) == pytest.approx(a @ np.exp(3 * y @ y.T) @ a / 6, rel=1e-13)
