@@ -114,3 +114,17 @@ def test_unnormalized_barycentric_map_is_the_derivative_of_the_smoothed_density(
     inside = np.abs(y) <= np.sqrt(2 * s * np.log(1000))
     assert np.array_equal(r.interior, inside)
     assert r.error == pytest.approx(np.abs(smoothed - limit)[inside].max(), rel=1e-7)
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_barenblatt_samples_fill_the_support_with_the_profile_covariance(dim):
+    # The Barenblatt profile is supported in the ball of radius R; its covariance (closed form)
+    # is matched by the samples to Monte-Carlo accuracy (20,000 draws: ~1.5% relative).
+    from sinkflow.heat import Barenblatt
+
+    b = Barenblatt(dim=dim, time=0.5)
+    x = b.sample(20_000, seed=1)
+    r = np.linalg.norm(x - np.asarray(b.center), axis=1)
+    assert r.max() <= b.radius and r.max() > 0.95 * b.radius
+    cov = np.atleast_2d(np.cov(x.T, bias=True))
+    assert np.abs(cov - b.covariance()).max() <= 0.05 * np.abs(b.covariance()).max()
