@@ -167,12 +167,24 @@ def test_sinkhorn_flow_error_is_first_order_in_eps_and_matches_mean_field():
     assert err[0.05] < err[0.2] / 2.5
 
 
-def test_softmax_dot_fails_the_heat_check_by_a_clear_margin():
-    x0 = STD_1D.sample(600, seed=2)
-    S0, t = x0.var(), 0.5
-    x = heat_flow(x0, t, eps=0.1, dt=0.005, normalization="softmax_dot")
-    # no limit: the layer contracts the cloud to size ~sqrt(eps) instead of spreading it
-    assert abs(x.var() - (S0 + 2 * t)) / (S0 + 2 * t) > 0.5
+@pytest.mark.parametrize("eps", [0.1, 0.05])
+def test_softmax_dot_drives_the_cloud_to_size_sqrt_eps_not_to_heat(eps):
+    # Mean field for a centred Gaussian of variance S: SoftMax with scores x y / eps tilts it
+    # to mean x S / eps, so v(x) = (2/eps)(1 - S/eps) x and dS/dt = (4/eps) S (1 - S/eps):
+    # a logistic law with the fixed point S = eps (cloud size sqrt(eps)), reached on the
+    # time scale eps/4, whatever the initial spread. Starting at S0 = eps/4 keeps the tilt
+    # inside the sample (measured deviation from the law below 1% at n = 300, 600).
+    x0 = STD_1D.sample(300, seed=2)
+    x0 = (x0 - x0.mean()) / x0.std() * math.sqrt(eps / 4)
+    S0 = x0.var()
+    times = eps * np.array([0.25, 0.5, 1.0])
+    res = heat_trajectory(x0, times, eps, eps / 100, "softmax_dot")
+    for t, x in zip(times, res.positions):
+        logistic = eps / (1 + (eps / S0 - 1) * math.exp(-4 * t / eps))
+        assert x.var() == pytest.approx(logistic, rel=0.03)
+    assert res.positions[-1].var() == pytest.approx(eps, rel=0.1)  # at the fixed point S = eps
+    # ... while heat would have spread it to S0 + 2t: no heat limit.
+    assert abs(res.positions[-1].var() - (S0 + 2 * times[-1])) / (S0 + 2 * times[-1]) > 0.3
 
 
 def test_softmax_gaussian_diffuses_twice_as_fast():

@@ -31,15 +31,42 @@ def _gauss(x, y):
     return np.exp(-d2 / (2 * math.sqrt(x.shape[1])))
 
 
-def _lifted_pair(Q, K, J, **kw):
-    """(C - C~, Cbar - Cbar~) for the same landmark indices J into [Q; K]."""
+def _core(M, inverse, n_iter=6, gamma=0.1):
+    """The landmark block's inverse written from the formulas, independently of sinkflow.
+
+    ``"pinv"``: Moore-Penrose with singular values below sqrt(machine eps) x the largest dropped.
+    ``"iterative"``: Skyformer's (M + gamma I)^{-1} by n_iter cubic Newton-Schulz steps on
+    S = D^{-1/2}(M + gamma I)D^{-1/2}, D = diag((M + gamma I) 1), from Skyformer's Z_0 = S^T / |S|_1.
+    """
+    if inverse == "pinv":
+        return np.linalg.pinv(M, rcond=np.sqrt(np.finfo(float).eps), hermitian=True)
+    R = M + gamma * np.eye(len(M))
+    d = 1 / np.sqrt(R.sum(1))
+    S = d[:, None] * R * d[None, :]
+    Z = S.T / np.abs(S).sum(0).max()
+    eye = np.eye(len(M))
+    for _ in range(n_iter):
+        SZ = S @ Z
+        Z = 0.25 * Z @ (13 * eye - SZ @ (15 * eye - SZ @ (7 * eye - SZ)))
+    return d[:, None] * Z * d[None, :]
+
+
+def _lifted_pair(Q, K, J, inverse="pinv"):
+    """(C - C~, Cbar - Cbar~) for the same landmark indices J into [Q; K].
+
+    Cbar~ = Cbar[:, J] core(Cbar[J, J]) Cbar[J, :] is built here from the formula, and the
+    library's C~ must be its top-right block (checked here, for every caller).
+    """
     X = np.concatenate([Q, K])
+    J = np.asarray(J)
     Cbar = _gauss(X, X)
-    C = Cbar[: len(Q), len(Q):]
-    Ct = sinkflow.nystrom_matrix(Q, K, J, **kw)
-    # Cbar~ from the same landmark points: indices < N of [X; X] pick the same rows of X.
-    Cbart = sinkflow.nystrom_matrix(X, X, J, **kw)
-    return C - Ct, Cbar - Cbart, Cbar
+    n = len(Q)
+    C = Cbar[:n, n:]
+    Cbart = Cbar[:, J] @ _core(Cbar[np.ix_(J, J)], inverse) @ Cbar[J, :]
+    Ct = sinkflow.nystrom_matrix(Q, K, J, inverse=inverse)
+    # Two LAPACK pseudo-inverses (torch, numpy) agree to rounding amplified by the cutoff (measured <= 1e-9).
+    assert np.abs(Ct - Cbart[:n, n:]).max() <= 1e-7 * np.abs(Cbar).max()
+    return C - Cbart[:n, n:], Cbar - Cbart, Cbar
 
 
 problems = st.tuples(
@@ -87,6 +114,8 @@ def test_all_distinct_points_reproduce_C_exactly():
     top, E, Cbar = _lifted_pair(Q, K, J)
     # What pinv drops are eigen-directions below its cutoff m eps ||Cbar_JJ||.
     assert np.linalg.norm(top, 2) <= 1e-10 * np.linalg.norm(Cbar, 2)
+    C = Cbar[:24, 24:]
+    assert np.linalg.norm(C - sinkflow.nystrom_matrix(Q, K, J), 2) <= 1e-10 * np.linalg.norm(Cbar, 2)
     assert np.linalg.norm(E, 2) <= 1e-10 * np.linalg.norm(Cbar, 2)
 
 
@@ -201,13 +230,62 @@ def test_leverage_scores_statistical_dimension_and_beta():
     assert 0 < beta <= 1 and beta * 60 * lev.max() == pytest.approx(lev.sum())
 
 
-def test_landmark_constant_rederived_from_matrix_bernstein():
-    """c = 2(1 + t/3)/t^2 at t = 1/2 (tight Bernstein terms); the theory page's 56/3 doubles both terms."""
-    t = 0.5
-    assert sinkflow.SHARP_LANDMARK_CONSTANT == pytest.approx(2 * (1 + t / 3) / t**2)
-    assert sinkflow.LANDMARK_CONSTANT == pytest.approx(4 * (1 + t / 3) / t**2)
-    assert t / (1 - t) == 1.0   # ||E|| <= t/(1-t) lambda = lambda at t = 1/2
-    assert sinkflow.landmarks_required(3.0, 0.5, 40, 0.1) == math.ceil(56 / 3 * 6 * math.log(800))
+def test_landmark_bound_on_identical_points_is_the_hand_computed_count():
+    """All 2n = 20 points equal: Cbar = 1 1^T (eigenvalue 20), C = 1 1^T (norm 10), lambda = 0.1 * 10 = 1.
+
+    l_i = (20 / 21) / 20 = 1/21, d_stat = 20/21, beta* = 1, so with c = 56/3 and delta = 0.1
+    m = ceil(56/3 * 20/21 * log(400)) = ceil(106.52) = 107 (54 with the sharp c = 28/3).
+    A rank-one kernel is reproduced by any single landmark.
+    """
+    Q = K = np.zeros((10, 3))
+    res = sinkflow.nystrom_check(Q, K, 1, eps=0.1, delta=0.1, trials=3)
+    assert res.lam == pytest.approx(1.0, rel=1e-12)
+    assert res.d_stat == pytest.approx(20 / 21, rel=1e-12) and res.beta == pytest.approx(1.0, rel=1e-12)
+    assert res.m_required == 107
+    sharp = sinkflow.nystrom_check(Q, K, 1, eps=0.1, delta=0.1, trials=1, constant=sinkflow.SHARP_LANDMARK_CONSTANT)
+    assert sharp.m_required == 54
+    assert res.failures == 0 and res.max_error <= 1e-12
+
+
+def test_landmark_bound_with_unequal_leverage_is_the_hand_computed_count():
+    """Three equal points and one far away, each a query and a key: Cbar has a 6 x 6 block of ones
+    (eigenvalue 6) and a 2 x 2 one (eigenvalue 2); C = diag(ones(3, 3), 1) has norm 3, lambda = 0.3.
+
+    l = 1/6.3 (six entries) and 1/2.3 (two), d_stat = 6/6.3 + 2/2.3, beta* = d_stat / (8 / 2.3)
+    = 0.5238, so d_stat / beta* = 8 / 2.3 and m = ceil(56/3 * 8/2.3 * log(160)) = ceil(329.52) = 330.
+    """
+    Q = K = np.array([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [60.0, 0.0]])
+    res = sinkflow.nystrom_check(Q, K, 2, eps=0.1, delta=0.1, trials=2)
+    assert res.norm_C == pytest.approx(3.0, rel=1e-12) and res.lam == pytest.approx(0.3, rel=1e-12)
+    assert res.d_stat == pytest.approx(6 / 6.3 + 2 / 2.3, rel=1e-12)
+    assert res.beta == pytest.approx((6 / 6.3 + 2 / 2.3) / (8 / 2.3), rel=1e-12)
+    assert res.m_required == 330
+
+
+def _coupon_failure(m, k=5):
+    """P(some of k equally likely coupons is missed in m draws) by inclusion-exclusion."""
+    return sum((-1) ** (j + 1) * math.comb(k, j) * (1 - j / k) ** m for j in range(1, k + 1))
+
+
+def test_landmark_bound_on_separated_pairs_against_the_exact_failure_probability():
+    """Five far-apart points, each both a query and a key: Cbar = [[I, I], [I, I]], C = I, lambda = 0.1.
+
+    Cbar has eigenvalue 2 (five times), so l_i = (2 / 2.1) / 2 = 1/2.1, d_stat = 10/2.1, beta* = 1 and
+    m = ceil(56/3 * 10/2.1 * log(200)) = ceil(470.96) = 471. Nystrom is exact iff every point is
+    drawn (else a row of C~ is 0 and the error is 1 > lambda): a coupon-collector failure
+    probability, exact by inclusion-exclusion; the bound is valid and 26x loose here.
+    """
+    Q = K = 50.0 * np.array([[0, 0], [1, 0], [0, 1], [1, 1], [2, 0]], dtype=float)
+    res = sinkflow.nystrom_check(Q, K, 10, eps=0.1, delta=0.1, trials=200, seed=4)
+    assert res.norm_C == pytest.approx(1.0, rel=1e-12) and res.lam == pytest.approx(0.1, rel=1e-12)
+    assert res.d_stat == pytest.approx(10 / 2.1, rel=1e-12) and res.beta == pytest.approx(1.0, rel=1e-12)
+    assert res.m_required == 471
+    p10 = _coupon_failure(10)  # 0.4775
+    assert res.failure_ci[0] <= p10 <= res.failure_ci[1]
+    assert set(np.round(res.errors, 9)) <= {0.0, 1.0}
+    assert _coupon_failure(res.m_required) <= 0.1  # the theorem's promise holds ...
+    m_exact = next(m for m in range(1, 471) if _coupon_failure(m) <= 0.1)
+    assert m_exact == 18 and res.m_required / m_exact > 25  # ... with 26x more landmarks than needed
 
 
 def test_failure_rate_below_delta_once_m_exceeds_the_bound():
@@ -238,6 +316,15 @@ def test_check_reports_observed_error_and_loose_bound():
     assert on_torch.observed_error == pytest.approx(res.observed_error, rel=1e-12)   # same float64 path
     m_obs = sinkflow.smallest_sufficient_landmarks(Q, K, 0.1, 0.1, trials=5, seed=3)
     assert m_obs is not None and res.m_required > 10 * m_obs   # measured looseness ~ 100-400
+
+
+@pytest.mark.parametrize("method", ["dense", "lanczos"])
+def test_symmetric_spectral_norm_of_an_indefinite_matrix_is_its_largest_absolute_eigenvalue(method):
+    """An orthogonal similarity of diag(-5, 1, 2, 3, 4): ||A||_2 = 5, carried by the most negative eigenvalue."""
+    U = np.linalg.qr(np.random.default_rng(0).normal(size=(5, 5)))[0]
+    A = U @ np.diag([-5.0, 1.0, 2.0, 3.0, 4.0]) @ U.T
+    assert sinkflow.spectral_norm(A, symmetric=True, method=method) == pytest.approx(5.0, rel=1e-10)
+    assert sinkflow.spectral_norm(A, method=method) == pytest.approx(5.0, rel=1e-10)
 
 
 def test_lanczos_matches_dense_spectral_norms():

@@ -1,10 +1,12 @@
 """Doubly-stochasticity measures and Sinkhorn's contraction rate (docs/theory/normalizations.md and docs/theory/training.md)."""
 
 import numpy as np
+import ot
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles import kl, sinkhorn_log
 
 from sinkflow import (
     asymptotic_rate, birkhoff_hopf_rate, gaussian_scores, hilbert_diameter, kl_to_sinkhorn,
@@ -67,16 +69,47 @@ def test_sorted_column_sums_sort_and_sum():
     assert np.all(np.diff(s) >= 0) and np.isclose(s.sum(), K.shape[0])
 
 
-def test_kl_to_sinkhorn_zero_iff_doubly_stochastic():
+def test_kl_to_sinkhorn_zero_iff_doubly_stochastic_and_equal_to_the_pot_projection():
     C = gaussian_problem()
     assert kl_to_sinkhorn(sinkhorn(C, tol=1e-12)) < 1e-12
-    kl_soft = kl_to_sinkhorn(softmax(C))
-    assert kl_soft > 1e-3
-    # It decreases along half-iterations as K approaches the Birkhoff polytope.
-    kls = [kl_to_sinkhorn(sinkhorn(C, n_iter=ell)) for ell in (1, 3, 5, 9)]
-    assert all(a > b for a, b in zip(kls, kls[1:]))
+    K = softmax(C)
+    n = K.shape[0]
+    # Oracle: the Birkhoff projection of K is POT's entropic plan for cost -log K (times n).
+    S = n * ot.sinkhorn(np.full(n, 1 / n), np.full(n, 1 / n), -np.log(K), reg=1.0, stopThr=1e-14, numItermax=100_000)
+    expected = kl(K, S) / n
+    assert expected > 1e-3
+    assert kl_to_sinkhorn(K) == pytest.approx(expected, rel=1e-8)
+
+
+def test_kl_from_the_limit_decreases_along_half_iterations_by_the_pythagorean_identity():
+    # Sinkhorn's half-steps are KL (I-)projections onto affine marginal sets that contain the
+    # limit S, so KL(S | K_l) = KL(S | K_{l+1}) + KL(K_{l+1} | K_l) on the plans diag(a) K
+    # (Csiszar 1975; Benamou et al. 2015). Hence KL(S | K_l) decreases strictly. (The reverse
+    # KL(K_l | S) has no such theorem and is not asserted.)
+    C = gaussian_problem(n=12, scale=3.0)
+    n = C.shape[0]
+    S = sinkhorn_log(C, 400)[0] / n
+    plans = [sinkhorn_log(C, ell)[0] / n for ell in range(1, 9)]
+    forward = [kl(S, P) for P in plans]
+    assert all(x > y for x, y in zip(forward, forward[1:])) and forward[0] > 1e-2
+    for ell in range(len(plans) - 1):
+        gap = forward[ell] - forward[ell + 1]
+        assert gap == pytest.approx(kl(plans[ell + 1], plans[ell]), rel=1e-9, abs=1e-15)
+    # The library's matrices follow the same monotone sequence.
+    lib = [kl(S, sinkhorn(C, n_iter=ell) / n) for ell in range(1, 9)]
+    assert np.allclose(lib, forward, rtol=1e-9, atol=1e-15)
 
 
 def test_observed_rate_needs_data():
     with pytest.raises(ValueError, match="at least 3"):
         observed_rate([1e-20, 1e-20])
+
+
+def test_single_matrices_give_python_floats_and_batches_arrays():
+    C = gaussian_problem(n=6)
+    K = softmax(C)
+    assert type(birkhoff_hopf_rate(C)) is float and type(asymptotic_rate(sinkhorn(C))) is float
+    row, col = marginal_errors(K)
+    assert type(row) is float and type(col) is float
+    batch = np.stack([C, 2 * C])
+    assert birkhoff_hopf_rate(batch).shape == (2,) and marginal_errors(softmax(batch)).row.shape == (2,)
