@@ -492,7 +492,7 @@ def _newton_direction(K, a, r, c, grad):
     return s * _conjugate_gradient(apply, rhs)
 
 
-def _sparse_solve(B, rhs, d, active, ridge, drop=1e-10, max_fill=32):
+def _sparse_solve(B, rhs, d, active, ridge, drop=1e-10, max_fill=256):
     """Direct solve of the scaled system with ``B``'s entries below ``drop`` left out.
 
     At cold temperatures the plan is nearly sparse (a staircase in 1D), its graph a chain
@@ -528,7 +528,7 @@ def _sparse_solve(B, rhs, d, active, ridge, drop=1e-10, max_fill=32):
     return out.reshape(rhs.shape).to(rhs.device)
 
 
-def _conjugate_gradient(apply, rhs, rtol=1e-10, max_iter=500):
+def _conjugate_gradient(apply, rhs, rtol=1e-8, max_iter=200):
     """Batched conjugate gradients for an SPD operator (one step size per batch entry)."""
     x = torch.zeros_like(rhs)
     r = rhs.clone()
