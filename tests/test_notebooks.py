@@ -22,19 +22,25 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 
 # Runs in the kernel before the notebook: counts the pyplot figures each cell creates (every
-# pyplot figure gets a manager through Gcf), keyed by the cell's execution count.
+# pyplot figure gets a manager through Gcf), keyed by the cell's position after this one. The
+# position comes from IPython's pre_run_cell event: execution_count is incremented before the
+# cell runs in IPython 9 and after it in IPython 8, so it cannot name the running cell.
 FIGURE_PROBE = """
 from matplotlib._pylab_helpers import Gcf as _Gcf
 from IPython import get_ipython as _get_ipython
 _probe_created = {}
+_probe_cell = [0]
 _probe_set_active = _Gcf._set_new_active_manager.__func__
 
+def _probe_next_cell(*_args):
+    _probe_cell[0] += 1
+
 def _probe_count(cls, manager):
-    count = _get_ipython().execution_count
-    _probe_created[count] = _probe_created.get(count, 0) + 1
+    _probe_created[_probe_cell[0]] = _probe_created.get(_probe_cell[0], 0) + 1
     return _probe_set_active(cls, manager)
 
 _Gcf._set_new_active_manager = classmethod(_probe_count)
+_get_ipython().events.register("pre_run_cell", _probe_next_cell)
 """
 PROBE_REPORT = "import json as _json; print(_json.dumps(_probe_created))"
 
@@ -66,7 +72,7 @@ def execute_with_probe(cells, cwd, env, prelude=""):
     created = {int(k): v for k, v in json.loads(nb.cells[-1].outputs[0]["text"]).items()}
     widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
     cells = [c for c in nb.cells[1:-1] if c.cell_type == "code"]
-    return [(c, created.get(c.execution_count, 0), _images(c.outputs, widgets)) for c in cells]
+    return [(c, created.get(k, 0), _images(c.outputs, widgets)) for k, c in enumerate(cells, start=1)]
 
 
 def _images(outputs, widgets, seen=None):
