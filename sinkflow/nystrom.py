@@ -306,12 +306,12 @@ def _newton_schulz(S, n_iter, init="norms"):
 
     ``init="norms"`` starts at :math:`Z_0 = S^T / (\|S\|_1 \|S\|_\infty)`, which makes every
     eigenvalue of :math:`S Z_0` lie in (0, 1] for nonsingular ``S`` (Nyströmformer's start);
-    ``init="column"`` at :math:`Z_0 = S^T / \|S\|_1` (Skyformer's start, for the scaled
+    ``init="official"`` at :math:`Z_0 = S^T / \|S\|_1` (Skyformer's start, for the scaled
     symmetric blocks of :func:`iterative_inverse`, whose spectrum lies in (0, 1]). The
     residual :math:`r = 1 - x` of each eigenvalue then maps to :math:`r^3 (3 + r) / 4`.
     """
     norm1 = S.abs().sum(-2).amax(-1)
-    scale = norm1 if init == "column" else norm1 * S.abs().sum(-1).amax(-1)
+    scale = norm1 if init == "official" else norm1 * S.abs().sum(-1).amax(-1)
     Z = S.transpose(-1, -2) / scale[..., None, None]
     eye = _eye_like(S)
     for _ in range(n_iter):
@@ -347,7 +347,7 @@ def _iterative_inverse(a, n_iter, gamma, init="official"):
     if not bool((d > 0).all()):
         raise ValueError("iterative_inverse needs positive row sums of M + gamma I (a kernel block with gamma > 0)")
     s = d.rsqrt()
-    Z = _newton_schulz(s[..., :, None] * r * s[..., None, :], n_iter, "column" if init == "official" else "norms")
+    Z = _newton_schulz(s[..., :, None] * r * s[..., None, :], n_iter, init)
     return s[..., :, None] * Z * s[..., None, :]
 
 
@@ -675,6 +675,8 @@ def nystromformer_attention(Q, K, V, landmarks: int, *, inverse: str = "iterativ
     q, k, numpy_out = _check_pair(Q, K)
     v = _check_values(V, k)
     left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter))
+    if core is right:  # the exact case (landmarks >= tokens): both factors are the identity
+        return from_torch(left @ v, numpy_out)
     return from_torch(left @ (core @ (right @ v)), numpy_out)
 
 
