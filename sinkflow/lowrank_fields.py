@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sinkflow.nystrom import nystrom_factors, nystromformer_attention, sample_landmarks
+from sinkflow.nystrom import _core, _kernel, nystromformer_attention, sample_landmarks
 
 __all__ = ["NystromPositivityError", "LowRankField", "landmark_indices", "gaussian_coordinates", "lowrank_attention_field"]
 
@@ -124,7 +124,7 @@ class _NystromKernel:
         self.z = z
         self.zJ = z[idx.to(z.device)]
         m = self.zJ.shape[0]
-        self.core = nystrom_factors(self.zJ, self.zJ, torch.arange(m, device=z.device), lift=False, inverse="pinv").core
+        self.core = _core(_kernel(self.zJ, self.zJ, z.shape[-1]), "pinv", 0, 0.0, symmetric=False)
         self.rows = max(1, int(block_bytes) // (2 * m * z.element_size()))
         # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
         # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4))

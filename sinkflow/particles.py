@@ -484,7 +484,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         Seed of the landmark draw (done once: the approximate flow is an ODE of its own).
     tol, max_iter : float, int
         Sinkhorn stopping rule for ``n_iter=None``; ``tol`` defaults to :func:`default_tol`
-        of the particles' dtype (1e-10 in float64, 6e-6 in float32).
+        of the particles' dtype (1e-10 in float64, 1e-5 in float32).
     cluster_tol : float
         :math:`\delta` of the cluster monitor.
     progress : bool

@@ -177,6 +177,7 @@ def test_pathfinder_connectivity_by_flood_fill(params):
         off_marker = np.abs(lit[:, None] - np.rint(markers)[None]).max(-1).min(1) > 1
         assert (distance_to_paths(lit[off_marker].astype(float), paths) <= 0.5 * 2**0.5 + 1e-9).all()
         assert img[full].sum() < full.sum()
+        assert img[full].sum() > 0.5 * full.sum()  # the paths are drawn, not only the markers
 
 
 def test_pathfinder_balance_range_shape_and_seed():

@@ -421,6 +421,20 @@ def test_fused_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter):
     assert torch.allclose(g32.double(), grad_ref, atol=1e-5)
 
 
+def test_fused_multiplicative_path_itself_matches_the_log_domain_oracle():
+    # Called directly, so a path that always fell back to the solver could not pass unseen.
+    import numpy as np
+    from oracles import sinkhorn_log
+
+    from sinkflow.nn._fused import _MultiplicativeSinkhorn
+
+    C = 2 * torch.randn(6, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for n_iter in (2, 3, 4):
+        fused = _MultiplicativeSinkhorn.apply(C.clone(), n_iter)
+        assert np.allclose(fused.numpy(), sinkhorn_log(C.numpy(), n_iter)[0], rtol=0, atol=1e-13)
+        assert torch.autograd.gradcheck(lambda c: _MultiplicativeSinkhorn.apply(c, n_iter), (C.clone().requires_grad_(),))
+
+
 def test_fused_sinkhorn_falls_back_to_the_solver_on_underflow_and_masks():
     import sinkflow
     from sinkflow.nn import _fused

@@ -29,8 +29,9 @@ class _Underflow(Exception):
 
 
 def _safe(s: torch.Tensor) -> torch.Tensor:
-    lo = torch.finfo(s.dtype).tiny ** 0.5  # 1e-19 (float32): scaling by 1/s stays finite and normal
-    if not bool(torch.isfinite(s).all()) or bool((s < lo).any()):
+    finfo = torch.finfo(s.dtype)
+    lo = finfo.tiny ** 0.5  # 1e-19 (float32): scaling by 1/s stays finite and normal
+    if not bool(((s >= lo) & (s <= finfo.max)).all()):  # one sync; NaN fails both comparisons
         raise _Underflow
     return s
 

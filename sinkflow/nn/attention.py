@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sinkflow.attention import _sinkhorn as _builtin_sinkhorn
 from sinkflow.attention import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._fused import sinkhorn_attention
 from sinkflow.scores import dot_scores, gaussian_scores
@@ -108,7 +109,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
             # Scale the (n, p) queries rather than the (n, m) scores: one full-matrix pass less
             # forward and backward; same scores as dot_scores(q, k, temperature=sqrt(p)) up to rounding.
             scores = dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
-        if variant.name == "sinkhorn":  # the training hot path: unrolled solve, no diagnostics
+        if variant.normalize is _builtin_sinkhorn:  # the training hot path (not a user's override)
             return sinkhorn_attention(scores, n_iter, mask)  # multiplicative fast path, the solver otherwise
         return variant.normalize(scores, n_iter=n_iter, mask=mask).attention
 

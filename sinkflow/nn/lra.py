@@ -261,11 +261,6 @@ def reproducing_page(reports: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _slim(report: dict) -> dict:
-    """A report without per-epoch histories (what :func:`reproducing_page` reads)."""
-    return {k: v for k, v in report.items() if k != "runs"}
-
-
 if __name__ == "__main__":  # python -m sinkflow.nn.lra REPORT.json ... > docs/reproducing.md
     import json
     import sys

@@ -330,9 +330,7 @@ def summarize(runs: list[dict]) -> list[dict]:
     for r in rows:
         num, den = r["instability_last"]["median"], ref["instability_last"]["median"] if ref else None
         r["instability_ratio_to_softmax"] = num / den if num is not None and den else None
-        t, t0 = r["epoch_time"]["median"], ref["epoch_time"]["median"] if ref else None
-        r["epoch_time_ratio_to_softmax"] = t / t0 if t is not None and t0 else None
-        for key in ("step_time", "memory"):
+        for key in ("epoch_time", "step_time", "memory"):
             v, v0 = r[key]["median"], ref[key]["median"] if ref else None
             r[f"{key}_ratio_to_softmax"] = v / v0 if v is not None and v0 else None
     return rows

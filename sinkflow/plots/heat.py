@@ -352,10 +352,6 @@ def plot_barycentric(data, cfg):
     b.set_ylabel(r"$\max_x |(B_\varepsilon - x)/\mathrm{scale} - \partial_x\log\rho|$")
     b.set_title("First-order error")
     b.legend(fontsize=7)
-    fig.text(0.5, 0.0, "At $t = 0$ each curve is the $W_2$ of its initial sample alone: one i.i.d. draw, as random as "
-             "the grey band (median and range of other draws). On the left that draw is in the upper tail (its points "
-             "split unevenly between the two modes), which the flow then forgets.",
-             ha="center", va="top", fontsize=7, wrap=True)
     return fig
 
 
