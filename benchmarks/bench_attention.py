@@ -34,11 +34,12 @@ import torch
 import torch.nn.functional as F
 
 
-def _solver_path(scores, n_iter, mask=None):
-    """The attention's Sinkhorn before the multiplicative fast path: the solver's unrolled steps."""
+def _solver_path(scores, n_iter, mask=None, values=None):
+    """The attention's Sinkhorn before the factored fast path: the solver's unrolled steps, then the product."""
     from sinkflow.normalizations import sinkhorn
 
-    return sinkhorn(scores, n_iter=n_iter, mask=mask)
+    P = sinkhorn(scores, n_iter=n_iter, mask=mask)
+    return P if values is None else P @ values
 
 
 def _layer_step(normalization, n_iter, x, solver_path=False):

@@ -194,21 +194,28 @@ def _effective_weights(a, b, mask, shape):
 # numerical kernels
 
 
+def _masked_softmax(T, mask):
+    """Row SoftMax of ``T`` (torch's fused kernel) and ``T`` with inadmissible entries at -inf.
+
+    A row with no admissible entry is zero (not NaN).
+    """
+    if mask is None:
+        return torch.softmax(T, -1), T
+    T = T.masked_fill(~mask, -math.inf)
+    return torch.softmax(T, -1).masked_fill(~mask.any(-1, keepdim=True), 0.0), T
+
+
 def _row_softmax(T, mask):
-    """Row SoftMax of ``T`` (torch's fused kernel) and the log scaling ``f = -logsumexp``.
+    """Row SoftMax of ``T`` and the log scaling ``f = -logsumexp``.
 
     ``f`` is read off the result, ``f_i = log max_j P_ij - max_j T_ij``, which costs two
     cheap reductions instead of a second pass of exponentials. Rows with no admissible
     entry are zero with ``f = 0``.
     """
-    if mask is not None:
-        T = T.masked_fill(~mask, -math.inf)
-    P = torch.softmax(T, -1)
+    P, T = _masked_softmax(T, mask)
     mx = T.amax(-1)
     if mask is not None:
-        empty = ~mask.any(-1)
-        P = P.masked_fill(empty[..., None], 0.0)
-        mx = mx.masked_fill(empty, 0.0)
+        mx = mx.masked_fill(~mask.any(-1), 0.0)
     pmax = P.amax(-1)
     f = torch.where(pmax > 0, torch.log(torch.where(pmax > 0, pmax, torch.ones_like(pmax))) - mx, torch.zeros_like(mx))
     return P, f
@@ -884,8 +891,7 @@ def softmax(scores, mask=None):
     array([[0.25, 0.75]])
     """
     C, mask, _, _, numpy_out = _prepare(scores, mask, None, None)
-    P, _ = _row_softmax(C, mask)
-    return from_torch(P, numpy_out)
+    return from_torch(_masked_softmax(C, mask)[0], numpy_out)
 
 
 def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None, a=None, b=None,

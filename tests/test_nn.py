@@ -395,57 +395,109 @@ def test_cuda_validation_run(tmp_path):
     assert all(np.isfinite(r["history"]["loss"]).all() for r in rep["runs"])
 
 
-# ---------------------------------------------------------------- fused Sinkhorn, LRA tasks
+# ---------------------------------------------------------------- factored Sinkhorn, LRA tasks
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 7, 5), (1, 40, 40)])
 @pytest.mark.parametrize("n_iter", [2, 3, 4, 7])
-def test_fused_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter):
+def test_factored_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter):
+    # Both heads (the matrix, and the output P @ V that never forms P) against the solver's
+    # log-domain unrolled steps, values and gradients.
     import sinkflow
-    from sinkflow.nn._fused import sinkhorn_attention
+    from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
 
     g = torch.Generator().manual_seed(n_iter)
     C = (2 * torch.randn(*shape, generator=g, dtype=torch.float64)).requires_grad_()
+    V = torch.randn(*shape[:-2], shape[-1], 3, generator=g, dtype=torch.float64).requires_grad_()
     W = torch.randn(*shape, generator=g, dtype=torch.float64)
-    fused = sinkhorn_attention(C, n_iter)
-    (grad_fused,) = torch.autograd.grad((fused * W).sum(), C)
+    G = torch.randn(*shape[:-1], 3, generator=g, dtype=torch.float64)
     ref = sinkflow.sinkhorn(C, n_iter=n_iter)
-    (grad_ref,) = torch.autograd.grad((ref * W).sum(), C)
-    assert torch.allclose(fused, ref, rtol=0, atol=1e-13)
-    assert torch.allclose(grad_fused, grad_ref, rtol=0, atol=1e-12)
+    ref_out = torch.autograd.grad(((ref @ V) * G).sum(), (C, V), retain_graph=True)
+    ref_grads = torch.autograd.grad((ref * W).sum() + ((ref @ V) * G).sum(), (C, V))
+    P = sinkhorn_attention(C, n_iter)
+    out = sinkhorn_attention(C, n_iter, values=V)
+    grads = torch.autograd.grad((P * W).sum() + (out * G).sum(), (C, V))
+    assert torch.allclose(P, ref, rtol=0, atol=1e-13)
+    assert torch.allclose(out, ref @ V, rtol=0, atol=1e-13)
+    for got, want in zip(grads, ref_grads):
+        assert torch.allclose(got, want, rtol=0, atol=1e-12)
     # float32: same numbers to float32 rounding
-    C32 = C.detach().float().requires_grad_()
-    f32 = sinkhorn_attention(C32, n_iter)
-    (g32,) = torch.autograd.grad((f32 * W.float()).sum(), C32)
-    assert torch.allclose(f32.double(), ref.detach(), atol=1e-6)
-    assert torch.allclose(g32.double(), grad_ref, atol=1e-5)
+    C32, V32 = C.detach().float().requires_grad_(), V.detach().float().requires_grad_()
+    out32 = sinkhorn_attention(C32, n_iter, values=V32)
+    g32 = torch.autograd.grad((out32 * G.float()).sum(), (C32, V32))
+    assert torch.allclose(out32.double(), (ref @ V).detach(), atol=1e-5)
+    assert all(torch.allclose(a.double(), b, atol=1e-5) for a, b in zip(g32, ref_out))
 
 
-def test_fused_multiplicative_path_itself_matches_the_log_domain_oracle():
+def test_factored_path_itself_matches_the_log_domain_oracle():
     # Called directly, so a path that always fell back to the solver could not pass unseen.
     import numpy as np
     from oracles import sinkhorn_log
 
-    from sinkflow.nn._fused import _MultiplicativeSinkhorn
+    from sinkflow.nn._factored_sinkhorn import _FactoredSinkhorn
 
-    C = 2 * torch.randn(6, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    for n_iter in (2, 3, 4):
-        fused = _MultiplicativeSinkhorn.apply(C.clone(), n_iter)
-        assert np.allclose(fused.numpy(), sinkhorn_log(C.numpy(), n_iter)[0], rtol=0, atol=1e-13)
-        assert torch.autograd.gradcheck(lambda c: _MultiplicativeSinkhorn.apply(c, n_iter), (C.clone().requires_grad_(),))
+    g = torch.Generator().manual_seed(3)
+    C = 2 * torch.randn(2, 6, 5, generator=g, dtype=torch.float64)
+    V = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
+    for n_iter in (2, 3, 4, 5):
+        P_oracle = np.stack([sinkhorn_log(c, n_iter)[0] for c in C.numpy()])
+        assert np.allclose(_FactoredSinkhorn.apply(C, None, n_iter).numpy(), P_oracle, rtol=0, atol=1e-13)
+        assert np.allclose(_FactoredSinkhorn.apply(C, V, n_iter).numpy(), P_oracle @ V.numpy(), rtol=0, atol=1e-13)
+        assert torch.autograd.gradcheck(lambda c: _FactoredSinkhorn.apply(c, None, n_iter), (C.clone().requires_grad_(),))
+        assert torch.autograd.gradcheck(lambda c, v: _FactoredSinkhorn.apply(c, v, n_iter),
+                                        (C.clone().requires_grad_(), V.clone().requires_grad_()))
 
 
-def test_fused_sinkhorn_falls_back_to_the_solver_on_underflow_and_masks():
+def test_factored_sinkhorn_falls_back_to_the_solver_on_underflow_and_masks():
     import sinkflow
-    from sinkflow.nn import _fused
+    from sinkflow.nn import _factored_sinkhorn as fs
 
     C = torch.tensor([[0.0, -300.0], [0.0, -300.0]], dtype=torch.float64).mul(10).requires_grad_()  # column 2 underflows
-    with pytest.raises(_fused._Underflow):
-        _fused._MultiplicativeSinkhorn.apply(C, 3)
-    out = _fused.sinkhorn_attention(C, 3)
+    V = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    with pytest.raises(fs._OutOfRange):
+        fs._FactoredSinkhorn.apply(C, V, 3)
+    out = fs.sinkhorn_attention(C, 3)
     assert torch.equal(out, sinkflow.sinkhorn(C, n_iter=3)) and bool(torch.isfinite(out).all())
+    assert torch.equal(fs.sinkhorn_attention(C, 3, values=V), out @ V)
     mask = torch.tensor([[True, False], [True, True]])
-    assert torch.equal(_fused.sinkhorn_attention(C, 3, mask), sinkflow.sinkhorn(C, n_iter=3, mask=mask))
+    assert torch.equal(fs.sinkhorn_attention(C, 3, mask), sinkflow.sinkhorn(C, n_iter=3, mask=mask))
+
+
+def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax_saves():
+    # need_weights=False takes the factored output path: same output and gradients as the
+    # matrix path, and autograd keeps one n x n matrix (as SoftMax attention does), not n_iter of them.
+    from sinkflow.nn._cost import saved_bytes
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 48, 16)
+    mha = MultiheadAttention(16, 2, normalization="sinkhorn", n_iter=3)
+    results = []
+    for need in (True, False):
+        mha.zero_grad()
+        nbytes, (out, w) = saved_bytes(lambda: mha(x, x, x, need_weights=need))
+        out.square().mean().backward()
+        results.append((nbytes, out.detach(), [p.grad.clone() for p in mha.parameters()], w))
+    (_, out_w, grads_w, w), (nbytes, out_f, grads_f, none) = results
+    assert w is not None and none is None
+    assert torch.allclose(out_w, out_f, rtol=0, atol=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads_w, grads_f))
+    softmax = MultiheadAttention(16, 2, normalization="softmax")
+    softmax_bytes, _ = saved_bytes(lambda: softmax(x, x, x, need_weights=False))
+    matrix = 2 * 2 * 48 * 48 * 4  # batch x heads x n x n float32
+    assert nbytes <= softmax_bytes + matrix // 4, (nbytes, softmax_bytes)
+
+
+def test_recorder_sees_sinkhorn_weights_when_the_model_does_not_ask_for_them():
+    from sinkflow.nn import AttentionRecorder, SequenceClassifier
+
+    model = SequenceClassifier(10, 12, 3, dim=16, heads=2, normalization="sinkhorn", n_iter=3, pooling="mean")
+    tokens = torch.randint(0, 10, (4, 12), generator=torch.Generator().manual_seed(0))
+    with AttentionRecorder(model) as rec:
+        recorded = model(tokens)
+    (name,) = rec.matrices
+    K = rec.matrices[name][0]
+    assert K.shape == (4, 2, 12, 12) and torch.allclose(K.sum(-1), torch.ones(4, 2, 12), atol=1e-5)
+    assert torch.allclose(model(tokens), recorded, atol=1e-6)  # without the recorder: the factored path
 
 
 def test_sequence_classifier_mean_pooling_has_no_class_token():

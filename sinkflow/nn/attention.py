@@ -52,7 +52,7 @@ from torch import nn
 
 from sinkflow.attention import _sinkhorn as _builtin_sinkhorn
 from sinkflow.attention import available_attentions, compute_dtype, get_attention, register_attention
-from sinkflow.nn._fused import sinkhorn_attention
+from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
 from sinkflow.scores import dot_scores, gaussian_scores
 
 __all__ = [
@@ -98,20 +98,23 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
     variant = get_attention(normalization)
     if variant.normalize is None:
         raise ValueError(f"attention_weights needs a variant that forms the matrix; {variant.name!r} is output-only")
-    dtype = compute_dtype(q, k)
-    p = q.shape[-1]
-    device_type = q.device.type
-    with torch.autocast(device_type=device_type, enabled=False):
-        q32, k32 = q.to(dtype), k.to(dtype)
-        if variant.scores == "gaussian":
-            scores = gaussian_scores(q32, k32, temperature=math.sqrt(p))
-        else:
-            # Scale the (n, p) queries rather than the (n, m) scores: one full-matrix pass less
-            # forward and backward; same scores as dot_scores(q, k, temperature=sqrt(p)) up to rounding.
-            scores = dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        scores = _scores(q, k, variant)
         if variant.normalize is _builtin_sinkhorn:  # the training hot path (not a user's override)
-            return sinkhorn_attention(scores, n_iter, mask)  # multiplicative fast path, the solver otherwise
+            return sinkhorn_attention(scores, n_iter, mask)  # factored fast path, the solver otherwise
         return variant.normalize(scores, n_iter=n_iter, mask=mask).attention
+
+
+def _scores(q, k, variant):
+    """Scores of a variant in float32 (float64 for float64 inputs); call with autocast disabled."""
+    dtype = compute_dtype(q, k)
+    q32, k32 = q.to(dtype), k.to(dtype)
+    p = q.shape[-1]
+    if variant.scores == "gaussian":
+        return gaussian_scores(q32, k32, temperature=math.sqrt(p))
+    # Scale the (n, p) queries rather than the (n, m) scores: one full-matrix pass less
+    # forward and backward; same scores as dot_scores(q, k, temperature=sqrt(p)) up to rounding.
+    return dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
 
 
 def available_normalizations() -> tuple[str, ...]:
@@ -160,12 +163,19 @@ def _model_variant(name):
 
 
 def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3, mask=None,
-                     dropout: float = 0.0, training: bool = False, landmarks: int = 64):
+                     dropout: float = 0.0, training: bool = False, landmarks: int = 64, need_weights: bool = True):
     r"""Per-head attention ``(output, weights)`` for ``q (..., n, p)``, ``k (..., m, p)``, ``v (..., m, p_v)``.
 
     ``weights`` is the normalized matrix before dropout (None for output-only
-    normalizations); ``output = dropout(weights) @ v`` in the dtype of ``v``.
-    ``landmarks`` is the number of Nyström landmarks (``"skyformer"``, ``"nystromformer"``).
+    normalizations, and for Sinkhorn when ``need_weights=False``); ``output =
+    dropout(weights) @ v`` in the dtype of ``v``. ``landmarks`` is the number of Nyström
+    landmarks (``"skyformer"``, ``"nystromformer"``).
+
+    With ``need_weights=False`` and no dropout, unmasked Sinkhorn attention never forms the
+    matrix: after ``n_iter`` half-steps it is :math:`\mathrm{diag}(\alpha) S
+    \mathrm{diag}(\beta)` with :math:`S` the SoftMax, so the output is
+    :math:`\alpha \odot S(\beta \odot v)`, the same numbers to rounding at about the cost
+    of SoftMax attention.
 
     Examples
     --------
@@ -175,10 +185,18 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     >>> out, K = scaled_attention(q, k, v, "softmax")
     >>> bool(torch.allclose(out, K))
     True
+    >>> fast, none = scaled_attention(q, k, v, "sinkhorn", need_weights=False)
+    >>> bool(torch.allclose(fast, scaled_attention(q, k, v, "sinkhorn")[0])), none
+    (True, None)
     """
     variant = _model_variant(normalization)
     if variant.normalize is None:
         return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
+    if not need_weights and variant.normalize is _builtin_sinkhorn and not (dropout > 0 and training):
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            scores = _scores(q, k, variant)
+            out = sinkhorn_attention(scores, n_iter, mask, values=v.to(scores.dtype))
+        return out.to(v.dtype), None
     K = attention_weights(q, k, variant, n_iter=n_iter, mask=mask)
     Kd = F.dropout(K, dropout, training) if dropout > 0 and training else K
     # The product with V may run in autocast precision; the weights were float32.
@@ -189,8 +207,10 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
 class AttentionKernel(nn.Module):
     """The normalization step as a module, so forward hooks can capture attention matrices.
 
-    ``forward(q, k, v, mask) -> (output, weights)`` on per-head tensors; see
-    :func:`scaled_attention`. :class:`sinkflow.nn.AttentionRecorder` hooks these modules.
+    ``forward(q, k, v, mask, need_weights=True) -> (output, weights)`` on per-head tensors;
+    see :func:`scaled_attention`. :class:`sinkflow.nn.AttentionRecorder` hooks these
+    modules: while a forward hook is registered, the weights are formed even when the
+    caller does not need them, so the hook sees them.
     """
 
     def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0, landmarks: int = 64):
@@ -207,9 +227,10 @@ class AttentionKernel(nn.Module):
         self.dropout = dropout
         self.landmarks = landmarks
 
-    def forward(self, q, k, v, mask=None):
-        return scaled_attention(q, k, v, self.normalization, n_iter=self.n_iter, mask=mask,
-                                dropout=self.dropout, training=self.training, landmarks=self.landmarks)
+    def forward(self, q, k, v, mask=None, need_weights: bool = True):
+        need_weights = need_weights or bool(self._forward_hooks)
+        return scaled_attention(q, k, v, self.normalization, n_iter=self.n_iter, mask=mask, dropout=self.dropout,
+                                training=self.training, landmarks=self.landmarks, need_weights=need_weights)
 
     def extra_repr(self) -> str:
         it = f", n_iter={self.n_iter}" if self.normalization == "sinkhorn" else ""
@@ -351,7 +372,7 @@ class MultiheadAttention(nn.Module):
         k = self._heads(self.k_proj(key))
         v = self._heads(self.v_proj(value))
         allowed = self._mask(b, n, m, key_padding_mask, attn_mask, query_padding_mask, query.device)
-        out, weights = self.kernel(q, k, v, allowed)
+        out, weights = self.kernel(q, k, v, allowed, need_weights)
         out = self.out_proj(out.transpose(1, 2).reshape(b, n, self.embed_dim))
         if not self.batch_first:
             out = out.transpose(0, 1)

@@ -1,0 +1,206 @@
+r"""Fixed-``n_iter`` Sinkhorn attention in factored form, for training.
+
+Every half-step after the first rescales the SoftMax matrix :math:`S = N_R(e^C)` by a
+diagonal: after ``n_iter`` half-steps the attention is
+
+.. math:: P = \mathrm{diag}(\alpha)\, S\, \mathrm{diag}(\beta),
+
+with the column steps :math:`\beta = b / (S^T \alpha)` and the row steps
+:math:`\alpha = 1 / (S \beta)` (rows sum to 1, columns to :math:`b = n / m`, the convention
+of :func:`sinkflow.sinkhorn`). Each half-step is one matrix-vector product with ``S``; the
+output :math:`P V = \alpha \odot S (\beta \odot V)` never forms ``P``, and the last row
+step's sums come with that product (one matmul with one extra column). Forward: SoftMax,
+then ``n_iter - 2`` products with ``S``, then the output product.
+
+Backward keeps only ``S`` (as SoftMax attention does) and the line sums. Each half-step
+contributes a rank-one term to :math:`\partial L / \partial S` and one product with ``S``
+to the adjoint of the previous scaling, so
+
+.. math:: \partial L / \partial S = [\,dY \mid x_1 \dots x_k\,]\,[\,W \mid y_1 \dots y_k\,]^T
+          \;(+\ \mathrm{diag}(\alpha) (G \odot \dots) \mathrm{diag}(\beta) \text{ for the matrix}),
+
+one matmul of inner width ``p_v + k``. The SoftMax backward needs no row correction:
+:math:`P` is unchanged when a row of :math:`e^C` is rescaled, so
+:math:`\sum_j S_{ij} (\partial L / \partial S)_{ij} = 0` once the SoftMax's own row
+normalization is one of the terms, and :math:`\partial L / \partial C = S \odot \partial L / \partial S`.
+
+Division by line sums equals the log-domain iteration to rounding while every line sum is
+well inside the floating-point range; when one is not (a column of the SoftMax underflowing
+at small temperature), or with a mask, :func:`sinkhorn_attention` runs :func:`sinkflow.sinkhorn`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from sinkflow.normalizations import sinkhorn
+
+
+class _OutOfRange(Exception):
+    """A line sum left the range where multiplicative steps are exact to rounding."""
+
+
+def _in_range(sums: list[torch.Tensor]) -> bool:
+    """Every line sum in [sqrt(tiny), max] (NaN fails): one synchronization for all of them."""
+    if not sums:
+        return True
+    finfo = torch.finfo(sums[0].dtype)
+    lo = finfo.tiny ** 0.5  # 1e-19 in float32: 1 / sum stays finite and normal
+    return bool(torch.stack([((s >= lo) & (s <= finfo.max)).all() for s in sums]).all())
+
+
+def _matvec(S, x):
+    return (S @ x.unsqueeze(-1)).squeeze(-1)
+
+
+def _vecmat(x, S):
+    return (x.unsqueeze(-2) @ S).squeeze(-2)
+
+
+def _scalings(sums, n_iter, target, n, m, like):
+    """Row scalings alpha_t (even t) and column scalings beta_t (odd t) from the line sums; t = 0: ones."""
+    alphas, betas = {0: like.new_ones(like.shape[:-2] + (n,))}, {0: like.new_ones(like.shape[:-2] + (m,))}
+    for t in range(1, n_iter):
+        s = sums[t - 1]
+        if t % 2:
+            betas[t] = target / s
+        else:
+            alphas[t] = 1 / s
+    return alphas, betas
+
+
+def _forward(S, n_iter, target, V):
+    """Line sums of half-steps 2..n_iter; with values, also ``Y = S (beta V)`` (the last row sums fused in)."""
+    last = n_iter - 1
+    fuse = V is not None and last % 2 == 0
+    sums, alpha, beta, Y = [], None, None, None
+    for t in range(1, n_iter):
+        if t % 2:  # column step
+            s = S.sum(-2) if alpha is None else _vecmat(alpha, S)
+            beta = target / s
+        elif fuse and t == last:  # the last row step: its sums are one more column of the output product
+            YR = S @ torch.cat([beta.unsqueeze(-1) * V, beta.unsqueeze(-1)], -1)
+            Y, s = YR[..., :-1], YR[..., -1]
+            alpha = 1 / s
+        else:  # row step
+            s = _matvec(S, beta)
+            alpha = 1 / s
+        sums.append(s)
+    if V is not None and Y is None:
+        Y = S @ (V if beta is None else beta.unsqueeze(-1) * V)
+    return sums, Y
+
+
+class _FactoredSinkhorn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, values, n_iter):
+        S = torch.softmax(scores, -1)
+        n, m = scores.shape[-2:]
+        target = n / m
+        sums, Y = _forward(S, n_iter, target, values)
+        if not _in_range(sums):
+            raise _OutOfRange
+        alphas, betas = _scalings(sums, n_iter, target, n, m, S)
+        alpha, beta = alphas[max(alphas)], betas[max(betas)]
+        ctx.n_iter, ctx.target, ctx.matrix = n_iter, target, values is None
+        if values is None:
+            ctx.save_for_backward(S, *sums)
+            return alpha.unsqueeze(-1) * S * beta.unsqueeze(-2)
+        ctx.save_for_backward(S, values, Y, *sums)
+        return alpha.unsqueeze(-1) * Y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        if ctx.matrix:
+            S, *sums = ctx.saved_tensors
+            return _matrix_backward(ctx, grad, S, sums), None, None
+        S, V, Y, *sums = ctx.saved_tensors
+        dC, dV = _output_backward(ctx, grad, S, V, Y, sums)
+        return dC, dV, None
+
+
+def _reverse(S, sums, alphas, betas, target, t0, d_alpha, d_beta, xs, ys):
+    """Walk half-steps t0..1 back: rank-one terms of dL/dS into ``xs``, ``ys``; returns d(alpha_0)."""
+    for t in range(t0, 0, -1):
+        s = sums[t - 1]
+        if t % 2:  # beta_t = target / s,  s = S^T alpha_{t-1}
+            ds = -d_beta * (target / (s * s))
+            xs.append(alphas[t - 1])
+            ys.append(ds)
+            d_alpha = d_alpha + _matvec(S, ds)
+            d_beta = torch.zeros_like(d_beta)
+        else:  # alpha_t = 1 / s,  s = S beta_{t-1}
+            ds = -d_alpha / (s * s)
+            xs.append(ds)
+            ys.append(betas[t - 1])
+            d_beta = d_beta + _vecmat(ds, S)
+            d_alpha = torch.zeros_like(d_alpha)
+    return d_alpha
+
+
+def _low_rank(xs, ys, d_alpha0, left=None, right=None):
+    """``[left | xs | -d_alpha0] @ [right | ys | 1]^T``: dL/dS from the factors (plus the SoftMax's own row step)."""
+    X = torch.stack(xs + [-d_alpha0], -1)
+    Yt = torch.stack(ys + [torch.ones_like(ys[0])], -2)
+    if left is not None:
+        X, Yt = torch.cat([left, X], -1), torch.cat([right.transpose(-1, -2), Yt], -2)
+    return X @ Yt
+
+
+def _output_backward(ctx, grad, S, V, Y, sums):
+    n_iter, target = ctx.n_iter, ctx.target
+    n, m = S.shape[-2:]
+    alphas, betas = _scalings(sums, n_iter, target, n, m, S)
+    last = n_iter - 1
+    alpha, beta = alphas[max(alphas)], betas[max(betas)]
+    d_alpha = torch.linalg.vecdot(grad, Y)
+    dY = alpha.unsqueeze(-1) * grad
+    W = beta.unsqueeze(-1) * V
+    xs, ys = [], []
+    if last % 2 == 0:  # fused last row step: its adjoint product rides on S^T dY
+        s = sums[-1]
+        ds = -d_alpha / (s * s)
+        xs.append(ds)
+        ys.append(betas[last - 1])
+        M = S.transpose(-1, -2) @ torch.cat([dY, ds.unsqueeze(-1)], -1)
+        dW, d_beta = M[..., :-1], M[..., -1]
+        d_alpha, t0 = torch.zeros_like(d_alpha), last - 1
+    else:
+        dW = S.transpose(-1, -2) @ dY
+        d_beta, t0 = torch.zeros_like(beta), last
+    d_beta = d_beta + torch.linalg.vecdot(dW, V)
+    d_alpha0 = _reverse(S, sums, alphas, betas, target, t0, d_alpha, d_beta, xs, ys)
+    dC = _low_rank(xs, ys, d_alpha0, dY, W).mul_(S) if ctx.needs_input_grad[0] else None
+    dV = beta.unsqueeze(-1) * dW if ctx.needs_input_grad[1] else None
+    return dC, dV
+
+
+def _matrix_backward(ctx, grad, S, sums):
+    n_iter, target = ctx.n_iter, ctx.target
+    n, m = S.shape[-2:]
+    alphas, betas = _scalings(sums, n_iter, target, n, m, S)
+    alpha, beta = alphas[max(alphas)], betas[max(betas)]
+    H = grad * S
+    d_alpha, d_beta = _matvec(H, beta), _vecmat(alpha, H)
+    xs, ys = [], []
+    d_alpha0 = _reverse(S, sums, alphas, betas, target, n_iter - 1, d_alpha, d_beta, xs, ys)
+    return _low_rank(xs, ys, d_alpha0).mul_(S).add_(H.mul_(alpha.unsqueeze(-1)).mul_(beta.unsqueeze(-2)))
+
+
+def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | None = None,
+                       values: torch.Tensor | None = None) -> torch.Tensor:
+    """``sinkflow.sinkhorn(scores, n_iter=n_iter, mask=mask)``, times ``values`` when given.
+
+    The factored path runs for unmasked float32/float64 scores with ``n_iter >= 2`` whose
+    line sums stay in range, and then never forms the matrix when ``values`` are given;
+    otherwise (masks, ``n_iter = 1``, underflow) the solver runs.
+    """
+    if mask is None and n_iter >= 2 and scores.dtype in (torch.float32, torch.float64):
+        try:
+            return _FactoredSinkhorn.apply(scores, values, int(n_iter))
+        except _OutOfRange:
+            pass
+    P = sinkhorn(scores, n_iter=n_iter, mask=mask)
+    return P if values is None else P @ values
