@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from sinkflow.normalizations import sinkhorn
+from sinkflow.normalizations import sinkhorn, softmax
 
 
 class _OutOfRange(Exception):
@@ -195,12 +195,17 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
 
     The factored path runs for unmasked float32/float64 scores with ``n_iter >= 2`` whose
     line sums stay in range, and then never forms the matrix when ``values`` are given;
-    otherwise (masks, ``n_iter = 1``, underflow) the solver runs.
+    ``n_iter = 1`` is SoftMax; otherwise (masks, underflow) the solver runs.
     """
-    if mask is None and n_iter >= 2 and scores.dtype in (torch.float32, torch.float64):
+    if n_iter == 1:
+        return _times(softmax(scores, mask), values)
+    if mask is None and scores.dtype in (torch.float32, torch.float64):
         try:
             return _FactoredSinkhorn.apply(scores, values, int(n_iter))
         except _OutOfRange:
             pass
-    P = sinkhorn(scores, n_iter=n_iter, mask=mask)
+    return _times(sinkhorn(scores, n_iter=n_iter, mask=mask), values)
+
+
+def _times(P, values):
     return P if values is None else P @ values
