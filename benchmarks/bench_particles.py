@@ -5,7 +5,7 @@ half-iterations (``d = 2``, ``W = W_V = I / 2``), the setting of docs/performanc
 markdown table: steps per second of
 
 - ``sinkflow``: :func:`sinkflow.simulate` on a float32 torch tensor (block-wise evaluation,
-  :mod:`sinkflow.lazy`, switches on automatically above n ~ 11600 in float32);
+  :mod:`sinkflow.blockwise_fields`, switches on automatically above n ~ 11600 in float32);
 - ``numpy``: the research-script step (scipy ``logsumexp`` on the full ``n x n`` score
   matrix, float32, same half-iteration convention and warm start),
 

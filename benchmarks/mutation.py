@@ -44,14 +44,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULE_TESTS = {
     "normalizations": ["tests/test_oracles_normalizations.py", "tests/test_normalizations.py"],
     "stochasticity": ["tests/test_oracles_normalizations.py", "tests/test_stochasticity.py"],
-    "fields": ["tests/test_oracles_particles.py", "tests/test_particles.py", "tests/test_energies.py"],
-    "lazy": ["tests/test_oracles_particles.py", "tests/test_particles.py"],
+    "dense_fields": ["tests/test_oracles_particles.py", "tests/test_particles.py", "tests/test_energies.py"],
+    "blockwise_fields": ["tests/test_oracles_particles.py", "tests/test_particles.py"],
     "energies": ["tests/test_oracles_particles.py", "tests/test_energies.py"],
     "heat": ["tests/test_oracles_heat.py", "tests/test_heat.py"],
     "heat_limit": ["tests/test_oracles_heat.py", "tests/test_heat.py"],
     "nystrom": ["tests/test_nystrom.py"],
     "nystrom_bounds": ["tests/test_nystrom.py"],
     "nn/attention": ["tests/test_oracles_nn.py", "tests/test_nn.py"],
+    "nn/_factored_sinkhorn": ["tests/test_nn.py"],
 }
 
 _BINOP_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,

@@ -20,7 +20,7 @@ Built-in variants
 ``"nystromformer"`` ``"softmax"`` approximated by Nyströmformer's segment means (landmarks).
 
 Each variant also says how it is evaluated without an ``n x n`` matrix: block-wise
-(:mod:`sinkflow.lazy`, exact) and with ``m`` landmarks (:mod:`sinkflow.lowrank_fields`,
+(:mod:`sinkflow.blockwise_fields`, exact) and with ``m`` landmarks (:mod:`sinkflow.lowrank_fields`,
 ``O(n m)``). A variant registered with :func:`register_attention` works in the three
 callers above without touching sinkflow: its ``normalize(scores, n_iter=..., mask=...)``
 receives the dense scores and returns :math:`K`.

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from sinkflow._backend import check_finite, check_float, to_torch
-from sinkflow.fields import attention_field, check_matrix, check_weights, single_thread_if_small
+from sinkflow.dense_fields import attention_field, check_matrix, check_weights, single_thread_if_small
 from sinkflow.normalizations import solve_sinkhorn
 from sinkflow.scores import gaussian_scores
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from sinkflow.energies import energy_inf
-from sinkflow.fields import attention_field
+from sinkflow.dense_fields import attention_field
 from sinkflow.heat import GaussianMixture
 from sinkflow.heat_limit import heat_flow
 from sinkflow.lowrank_fields import gaussian_coordinates, landmark_indices

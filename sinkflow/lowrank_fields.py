@@ -58,7 +58,7 @@ class NystromPositivityError(ValueError):
 
 @dataclass(frozen=True)
 class LowRankField:
-    """Result of :func:`lowrank_attention_field` (fields as :class:`sinkflow.lazy.LazyField`)."""
+    """Result of :func:`lowrank_attention_field` (fields as :class:`sinkflow.blockwise_fields.LazyField`)."""
 
     velocity: torch.Tensor
     g: torch.Tensor | None
@@ -311,7 +311,7 @@ def lowrank_attention_field(x: torch.Tensor, V: torch.Tensor, landmarks, *, norm
         Landmark scheme (see the module docstring); ``"segment_means"`` is Nyströmformer's
         approximation of SoftMax (uniform weights, ``normalization="row"``, dot scores).
     W, temperature, weights, n_iter, tol, max_iter, init_g
-        As in :func:`sinkflow.lazy.lazy_attention_field` (``init_g``: the ``g`` of a previous call).
+        As in :func:`sinkflow.blockwise_fields.lazy_attention_field` (``init_g``: the ``g`` of a previous call).
     generator : seed for drawing a landmark count.
 
     Returns

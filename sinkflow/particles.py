@@ -4,7 +4,7 @@ docs/theory/gradient_flows.md and docs/theory/sphere.md. Tokens :math:`x_i` move
 
 .. math:: x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j
 
-(:mod:`sinkflow.fields` defines :math:`K` for each attention kind); RK4 with the same
+(:mod:`sinkflow.dense_fields` defines :math:`K` for each attention kind); RK4 with the same
 field is the continuous-depth reference. On the sphere (the layer-norm model of
 Geshkovski et al.) the velocity is projected by :math:`P_x^\perp = I - x x^T` and
 each step is followed by renormalization.
@@ -42,7 +42,7 @@ import torch
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.energies import energy_0, energy_gaussian, energy_inf, energy_sphere
 from sinkflow.attention import get_attention
-from sinkflow.fields import attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
+from sinkflow.dense_fields import attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
 from sinkflow.lowrank_fields import landmark_indices
 
 __all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS", "INTEGRATORS",
@@ -77,7 +77,7 @@ class Trajectory:
     temperature : float
     weights : array (n,) or None
     chunked : bool
-        Whether the field was evaluated block-wise (:mod:`sinkflow.lazy`).
+        Whether the field was evaluated block-wise (:mod:`sinkflow.blockwise_fields`).
     landmarks : int or None
         Number of landmarks of an approximate flow (:mod:`sinkflow.lowrank_fields`).
     """
@@ -261,7 +261,7 @@ def lipschitz_scale(x: torch.Tensor, W: torch.Tensor | None, W_V: torch.Tensor |
 class ParticleField:
     """The velocity field of one simulation: an attention variant and its options.
 
-    ``velocity(Y)`` returns the (tangent) velocity and the :class:`~sinkflow.fields.FieldEvaluation`;
+    ``velocity(Y)`` returns the (tangent) velocity and the :class:`~sinkflow.dense_fields.FieldEvaluation`;
     Sinkhorn potentials are carried from one evaluation to the next when ``warm_start``.
     """
 
@@ -472,7 +472,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         True for ``n_iter=None`` (same fixed point, far fewer iterations), False for a
         fixed ``n_iter`` (each layer normalizes from scratch, as a Sinkformer does).
     chunked : bool, optional
-        Evaluate the field block-wise (:mod:`sinkflow.lazy`, memory O(n) per block). Default:
+        Evaluate the field block-wise (:mod:`sinkflow.blockwise_fields`, memory O(n) per block). Default:
         automatically when one ``n x n`` matrix would exceed 512 MiB.
     landmarks : int, optional
         Approximate the attention with ``m`` landmarks in ``O(n m)`` per step

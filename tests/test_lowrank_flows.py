@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow.fields import attention_field
+from sinkflow.dense_fields import attention_field
 from sinkflow import lowrank_fields
 from sinkflow.lowrank_fields import NystromPositivityError, lowrank_attention_field
 

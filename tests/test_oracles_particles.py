@@ -12,8 +12,8 @@ from oracles import kl, sinkhorn_log
 from scipy.special import logsumexp
 
 import sinkflow
-from sinkflow.fields import attention_field
-from sinkflow.lazy import lazy_attention_field
+from sinkflow.dense_fields import attention_field
+from sinkflow.blockwise_fields import lazy_attention_field
 
 TAU = 0.4
 

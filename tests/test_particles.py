@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 import sinkflow
 from sinkflow.energies import energy_inf
-from sinkflow.fields import attention_field
-from sinkflow.lazy import lazy_attention_field
+from sinkflow.dense_fields import attention_field
+from sinkflow.blockwise_fields import lazy_attention_field
 
 
 def spd(d, rng, scale=0.5):

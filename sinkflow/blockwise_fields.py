@@ -131,7 +131,7 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
     Examples
     --------
     >>> import numpy as np, sinkflow
-    >>> from sinkflow.lazy import lazy_attention_field
+    >>> from sinkflow.blockwise_fields import lazy_attention_field
     >>> x = np.random.default_rng(0).normal(size=(50, 2))
     >>> res = lazy_attention_field(x, block_bytes=800)   # blocks of 2 rows
     >>> K = sinkflow.sinkhorn(x @ x.T, tol=1e-12)

@@ -12,7 +12,7 @@ half-iterations from :math:`K^0` (``None``: the doubly stochastic limit :math:`K
 rows sum to 1 and :math:`a^T K = a^T`); ``"gaussian"`` Skyformer's unnormalized Gaussian
 kernel :math:`a_j e^{-\|x_i - x_j\|_W^2 / (2\tau)}`.
 
-Large ``n`` switches to :mod:`sinkflow.lazy` (blocks of rows, never an ``n x n`` matrix).
+Large ``n`` switches to :mod:`sinkflow.blockwise_fields` (blocks of rows, never an ``n x n`` matrix).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from sinkflow._backend import check_finite, to_torch, torch_threads
-from sinkflow.lazy import lazy_attention_field
+from sinkflow.blockwise_fields import lazy_attention_field
 from sinkflow.attention import get_attention
 from sinkflow.lowrank_fields import lowrank_attention_field
 from sinkflow.scores import dot_scores, gaussian_scores
