@@ -421,6 +421,8 @@ def test_factored_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter
     assert torch.allclose(out, ref @ V, rtol=0, atol=1e-13)
     for got, want in zip(grads, ref_grads):
         assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    (scores_only,) = torch.autograd.grad((sinkhorn_attention(C, n_iter, values=V.detach()) * G).sum(), C)
+    assert torch.allclose(scores_only, ref_out[0], rtol=0, atol=1e-12)  # values that need no gradient
     # float32: same numbers to float32 rounding
     C32, V32 = C.detach().float().requires_grad_(), V.detach().float().requires_grad_()
     out32 = sinkhorn_attention(C32, n_iter, values=V32)
