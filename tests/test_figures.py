@@ -10,15 +10,9 @@ import numpy as np
 import pytest
 
 from sinkflow.cli import main
-from sinkflow.plots.registry import config_hash, data_checksum, flatten_data, get, registry, render
+from sinkflow.plots.registry import config_hash, data_checksum, flatten_data, get, read_manifest, registry, render
 
 NAMES = sorted(registry())
-
-
-def _manifest(folder):
-    lines = (folder / "MANIFEST.tsv").read_text().splitlines()
-    header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +36,7 @@ def test_figure_renders_in_quick_mode_and_is_recorded_in_the_manifest(name, tmp_
     paths = render(name, out=tmp_path, data=data)
     plt.close("all")
     assert paths and all(p.exists() and p.stat().st_size > 0 for p in paths)
-    rows = [r for r in _manifest(tmp_path) if r["figure"] == name]
+    rows = [r for r in read_manifest(tmp_path).values() if r["figure"] == name]
     assert {r["file"] for r in rows} == {p.name for p in paths}
     assert all(r["mode"] == "quick" and r["config_hash"] == config_hash(name, spec.quick) for r in rows)
     assert all(r["data_checksum"] == data_checksum(data) for r in rows)
