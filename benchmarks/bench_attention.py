@@ -98,21 +98,9 @@ def _model_step(normalization, n_iter, tokens, labels):
     return step
 
 
-def _step_memory(step, device) -> int:
-    """Peak CUDA memory of one step, or the bytes saved for backward on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    from sinkflow.nn._cost import saved_bytes
-
-    return saved_bytes(step)[0]
-
-
 def _long_table(lengths, device, repeats) -> None:
+    from sinkflow.nn._cost import step_bytes
+
     print(f"\nLayer step at long lengths (batch 1, embed 64, 4 heads), median of {repeats}, memory: "
           f"{'peak CUDA allocated' if device.type == 'cuda' else 'bytes saved for backward'}\n")
     print("| n | variant | ms / step | x SoftMax | memory MiB | x SoftMax |")
@@ -129,7 +117,7 @@ def _long_table(lengths, device, repeats) -> None:
             for k, t in timers.items():
                 samples[k].append(t())
         med = {k: statistics.median(v) for k, v in samples.items()}
-        mem = {k: _step_memory(s, device) for k, s in steps.items()}
+        mem = {k: step_bytes(s, device)[0] for k, s in steps.items()}
         for k in steps:
             print(f"| {n} | {k} | {1e3 * med[k]:.1f} | {med[k] / med['softmax']:.2f} | {mem[k] / 2**20:.1f} | "
                   f"{mem[k] / mem['softmax']:.2f} |")

@@ -10,15 +10,9 @@ import numpy as np
 import pytest
 
 from sinkflow.cli import main
-from sinkflow.plots.registry import config_hash, data_checksum, flatten_data, get, registry, render
+from sinkflow.plots.registry import config_hash, data_checksum, flatten_data, get, read_manifest, registry, render
 
 NAMES = sorted(registry())
-
-
-def _manifest(folder):
-    lines = (folder / "MANIFEST.tsv").read_text().splitlines()
-    header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +36,7 @@ def test_figure_renders_in_quick_mode_and_is_recorded_in_the_manifest(name, tmp_
     paths = render(name, out=tmp_path, data=data)
     plt.close("all")
     assert paths and all(p.exists() and p.stat().st_size > 0 for p in paths)
-    rows = [r for r in _manifest(tmp_path) if r["figure"] == name]
+    rows = [r for r in read_manifest(tmp_path).values() if r["figure"] == name]
     assert {r["file"] for r in rows} == {p.name for p in paths}
     assert all(r["mode"] == "quick" and r["config_hash"] == config_hash(name, spec.quick) for r in rows)
     assert all(r["data_checksum"] == data_checksum(data) for r in rows)
@@ -75,12 +69,17 @@ def test_unknown_figure_is_a_clear_error():
 # `sinkflow figures --check`, `--data`, formats
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
-CHEAP = ["normalizations_attention", "normalizations_convergence"]
+# The two cheapest default figures, checked in the default run; the slow test checks them all.
+# `sinkflow figures --check` seconds per figure (1 thread, shared 2-core machine, compute + render):
+# normalizations_convergence 1.1, particles_trajectories 1.2, particles_energy 1.5,
+# nystrom_error_vs_landmarks 2.0, normalizations_attention 2.1, heat_snapshots 2.7, landmark_flow_errors 2.7,
+# heat_normalizations 7.5 (all eight: about 30 s).
+CHEAP = ["normalizations_convergence", "particles_trajectories"]
+DEFAULTS = [name for name, spec in registry().items() if spec.default]
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_committed_figures_reproduce_under_any_thread_count(threads, capsys):
-    """`sinkflow figures --check` regenerates and matches figures/MANIFEST.tsv with 1 or 2 threads."""
+def _check(names, threads):
+    """`sinkflow figures NAMES --check` against figures/MANIFEST.tsv with torch and BLAS on ``threads``."""
     import torch
     from threadpoolctl import threadpool_limits
 
@@ -88,10 +87,22 @@ def test_committed_figures_reproduce_under_any_thread_count(threads, capsys):
     torch.set_num_threads(threads)
     try:
         with threadpool_limits(threads):
-            rc = main(["figures", *CHEAP, "--check", "--out", str(FIGURES)])
+            return main(["figures", *names, "--check", "--out", str(FIGURES)])
     finally:
         torch.set_num_threads(before)
-    assert rc == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_committed_figures_reproduce_under_any_thread_count(threads, capsys):
+    """`sinkflow figures --check` regenerates and matches figures/MANIFEST.tsv with 1 or 2 threads."""
+    assert set(CHEAP) <= set(DEFAULTS)
+    assert _check(CHEAP, threads) == 0, capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_every_committed_default_figure_reproduces(capsys):
+    """`sinkflow figures --check` over the whole default set (what the default run samples with CHEAP)."""
+    assert _check(DEFAULTS, 1) == 0, capsys.readouterr().err
 
 
 def test_check_fails_on_a_changed_manifest(tmp_path, capsys):

@@ -15,7 +15,9 @@ def test_spectral_error_matches_a_plain_nystrom_in_numpy():
     G = np.exp(-((x[:, None, :] - x[None, :, :]) ** 2).sum(-1) / (2 * tau))
     approx = G[:, J] @ np.linalg.pinv(G[np.ix_(J, J)]) @ G[J, :]
     oracle = np.linalg.norm(G - approx, 2) / np.linalg.norm(G, 2)
-    assert nystrom_spectral_error(x, J, temperature=tau) == pytest.approx(oracle, rel=1e-6)
+    # Measured over 30 draws (x and J from seeds 0-29): relative differences up to 2.2e-14, i.e.
+    # rounding. Bound 1e-12, 45x that, as rounding moves with the BLAS build (a float32 step fails).
+    assert nystrom_spectral_error(x, J, temperature=tau) == pytest.approx(oracle, rel=1e-12)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,10 @@ def study():
 
 def test_deviation_stays_under_the_gronwall_bound_and_vanishes_with_all_landmarks(study):
     assert np.all(study.deviation <= study.bound + 1e-12)
-    assert study.deviation[-1].max() < 1e-8 and study.field_error[-1] < 1e-8
+    # All 24 particles as landmarks: rounding and the 1e-11 solves only. Measured on starts of seeds
+    # 0-15: deviation up to 1.5e-10 and field error up to 1.13e-9 (seed 0: 3.3e-11, 2.0e-10).
+    # Bounds: 2x the worst of those seeds.
+    assert study.deviation[-1].max() < 3e-10 and study.field_error[-1] < 2.5e-9
     # more landmarks: smaller spectral error, field error and deviation
     assert np.all(np.diff(study.spectral_error) < 0) and np.all(np.diff(study.field_error) < 0)
     assert np.all(np.diff(study.deviation[:, -1]) < 0)
@@ -41,6 +46,8 @@ def test_energy_decreases_along_the_approximate_sinkhorn_flow(study):
 
 
 def test_heat_variance_error_of_the_landmark_layer_is_small():
-    errors = heat_variance_errors([1000, 4000], 64, t=0.1, eps=0.2, dt=0.05)
-    # the eps-bias of the Sinkhorn layer is O(eps t); sampling noise O(n^-1/2)
-    assert np.all(errors < 0.06)
+    # the eps-bias of the Sinkhorn layer is O(eps t); sampling noise O(n^-1/2): mean over 4 seeds.
+    # Measured over seeds 0-47: one seed's error up to 0.030 (n = 1000) and 0.026 (n = 4000);
+    # the mean of 4 consecutive seeds up to 0.0100 and 0.0112 (12 groups). Bound: 2x that worst mean.
+    errors = np.mean([heat_variance_errors([1000, 4000], 64, t=0.1, eps=0.2, dt=0.05, seed=s) for s in range(4)], 0)
+    assert np.all(errors < 0.022)

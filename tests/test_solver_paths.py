@@ -251,8 +251,11 @@ def test_every_dtype_converges_or_warns_to_the_same_fixed_point(problem, dtype):
         assert err <= res.tol
         # Against float64 on the scores as the dtype holds them (float16 rounds 1e3 to +-0.5).
         exact = solve_sinkhorn(C.to(dtype).double(), mask=mask, a=a, b=b, tol=1e-12, warn=False)
+        # Measured on 700 problems drawn like these (4 dtypes each): the largest entry difference was
+        # 4.2 tol with uniform row weights, 11.4 tol with drawn ones (light rows carry tol / a_i).
+        # Bounds: 2x those (bfloat16, tol = 1e-2: 0.085 and 0.23 instead of 0.25).
         if exact.converged:
-            assert float((P - exact.attention).abs().max()) <= 25 * res.tol
+            assert float((P - exact.attention).abs().max()) <= (8.5 if a is None else 23) * res.tol
 
 
 # ---------------------------------------------------------------------------------------- parity with the papers' code

@@ -39,25 +39,15 @@ def add_arguments(p) -> None:
                         "OUT/MANIFEST.tsv; exit 1 on a mismatch")
 
 
-def _manifest(folder: Path) -> dict[str, dict]:
-    """Rows of ``folder/MANIFEST.tsv`` by file name."""
-    path = folder / "MANIFEST.tsv"
-    if not path.is_file():
-        return {}
-    lines = path.read_text().splitlines()
-    header = lines[0].split("\t")
-    return {row["file"]: row for row in (dict(zip(header, line.split("\t"))) for line in lines[1:])}
-
-
 def check(names, mode: str, reference: Path, log=print) -> list[str]:
     """Regenerate ``names`` and compare with ``reference/MANIFEST.tsv``; returns the mismatches.
 
     Config hash and data checksum must agree; a differing file hash alone is reported as a
     note (pixels depend on matplotlib and font versions).
     """
-    from sinkflow.plots.registry import render
+    from sinkflow.plots.registry import read_manifest, render
 
-    expected = _manifest(reference)
+    expected = read_manifest(reference)
     problems = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -67,7 +57,7 @@ def check(names, mode: str, reference: Path, log=print) -> list[str]:
                 continue
             formats = tuple(Path(f).suffix[1:] for f in rows)
             render(name, mode=mode, out=tmp, formats=formats)
-            for file, new in _manifest(Path(tmp)).items():
+            for file, new in read_manifest(tmp).items():
                 old = rows.get(file)
                 if old is None:
                     continue

@@ -23,27 +23,30 @@ def saved_bytes(forward) -> tuple[int, object]:
     return int(sum(seen.values())), out
 
 
-def step_memory(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, str]:
-    """Bytes of one forward + backward on the batch ``(x, y)`` and how they were measured.
+def step_bytes(step, device: torch.device) -> tuple[int, str]:
+    """Bytes of running ``step()`` on ``device`` and how they were measured.
 
     On CUDA: ``torch.cuda.max_memory_allocated`` during the step, above what was allocated
     before it. On CPU, where torch keeps no allocator statistics: the bytes of the tensors
     autograd saves for backward (the activation memory that grows with the sequence length;
-    storages shared by several saved tensors are counted once).
+    :func:`saved_bytes`).
     """
+    if device.type != "cuda":
+        return saved_bytes(step)[0], "saved activations (cpu)"
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - base), "cuda peak allocated"
+
+
+def step_memory(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, str]:
+    """Bytes of one forward + backward on the batch ``(x, y)`` and how they were measured (:func:`step_bytes`)."""
     was_training = model.training
     model.train()
     try:
-        if x.device.type == "cuda":
-            torch.cuda.synchronize(x.device)
-            base = torch.cuda.memory_allocated(x.device)
-            torch.cuda.reset_peak_memory_stats(x.device)
-            F.cross_entropy(model(x).float(), y).backward()
-            torch.cuda.synchronize(x.device)
-            return int(torch.cuda.max_memory_allocated(x.device) - base), "cuda peak allocated"
-        nbytes, loss = saved_bytes(lambda: F.cross_entropy(model(x).float(), y))
-        loss.backward()
-        return nbytes, "saved activations (cpu)"
+        return step_bytes(lambda: F.cross_entropy(model(x).float(), y).backward(), x.device)
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)

@@ -139,12 +139,21 @@ def _setting(report: dict) -> str:
 
 def comparison_table(report: dict, with_setting: bool = False) -> str:
     """:func:`paper_comparison` as a markdown table (optionally a first column with the setting)."""
+    return _table(report, paper_comparison(report), with_setting)
+
+
+def _contradicted(rows: list[dict]) -> list[str]:
+    return [c["variant"] for c in rows if c["verdict"] == "contradicts"]
+
+
+def _table(report: dict, rows: list[dict], with_setting: bool) -> str:
+    """:func:`comparison_table` from the rows :func:`paper_comparison` already gave."""
     first = "| setting " if with_setting else ""
     lines = [first + "| variant | accuracy % (ours / paper) | instability x SoftMax (ours / paper) | ms per step | "
              "time x SoftMax (ours / paper) | memory MiB | memory x SoftMax (ours / paper) | verdict |",
              ("|---" if with_setting else "") + "|---|---|---|---|---|---|---|---|"]
     prefix = f"| {_setting(report)} " if with_setting else ""
-    for c in paper_comparison(report):
+    for c in rows:
         lines.append(
             prefix + f"| {c['variant']} | {_f(c['accuracy'], '{:.1f}')} / {_f(c['paper_accuracy'])} | "
             f"{_f(c['instability_ratio'])} / {_f(c['paper_instability_ratio'])} | {_f(c['step_time'] and 1e3 * c['step_time'], '{:.1f}')} | "
@@ -155,16 +164,19 @@ def comparison_table(report: dict, with_setting: bool = False) -> str:
 
 def report_markdown(report: dict) -> str:
     """The report of an LRA task as markdown: setting, comparison table, differences, contradictions."""
+    return _markdown(report, paper_comparison(report))
+
+
+def _markdown(report: dict, rows: list[dict]) -> str:
     cfg, size = report["config"], report["config"]["size"]
     device = cfg["device"] + (f" ({report['environment']['gpu']})" if report["environment"].get("gpu") else "")
-    rows = paper_comparison(report)
-    contradicted = [c["variant"] for c in rows if c["verdict"] == "contradicts"]
+    contradicted = _contradicted(rows)
     lines = [f"## {report['task']} ({report['mode']} mode, {device}, {report['environment']['threads']} thread(s))", "",
              f"Model: {size['depth']} layers, embedding {size['dim']}, FFN {size['mlp_ratio'] * size['dim']}, "
              f"{size['heads']} heads, mean pooling, {size['landmarks']} landmarks; sequence length "
              f"{size['seq_len']}; {cfg['n_train']} train / {cfg['n_test']} test examples; {size['epochs']} epochs of "
              f"batch {size['batch_size']}; seeds {cfg['seeds']}; memory: {report.get('memory_method', '-')}.", "",
-             comparison_table(report), "",
+             _table(report, rows, with_setting=False), "",
              "Paper: Skyformer, Table 1 and Appendix F (LRA, 50k steps, 3 seeds, GPU); Sinkformers for the "
              "Sinkhorn time ratio. Differences from the paper's setting: " + "; ".join(SETTING_DIFFERENCES)
              + (f"; quick mode: reduced data and model ({size['data']})" if report["mode"] == "quick" else "") + ".", ""]
@@ -175,9 +187,12 @@ def report_markdown(report: dict) -> str:
 
 def plot_paper_comparison(report: dict):
     """Bar chart: accuracy and instability ratio, ours beside the paper's, per variant."""
+    return _plot(report, paper_comparison(report))
+
+
+def _plot(report: dict, rows: list[dict]):
     import matplotlib.pyplot as plt
 
-    rows = paper_comparison(report)
     names = [c["variant"] for c in rows]
     x = np.arange(len(names))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
@@ -199,7 +214,8 @@ def write_paper_report(report: dict, stem) -> list:
     from pathlib import Path
 
     md = Path(f"{stem}.md")
-    md.write_text(report_markdown(report))
+    rows = paper_comparison(report)  # once for the markdown and the figure
+    md.write_text(_markdown(report, rows))
     written = [md]
     try:
         import matplotlib.pyplot as plt
@@ -208,7 +224,7 @@ def write_paper_report(report: dict, stem) -> list:
     except ImportError:  # a bare GPU machine: the markdown is the report
         return written
     with style():
-        fig = plot_paper_comparison(report)
+        fig = _plot(report, rows)
         png = Path(f"{stem}_paper.png")
         fig.savefig(png, metadata={"Software": None})
         plt.close(fig)
@@ -247,14 +263,14 @@ def reproducing_page(reports: list[dict]) -> str:
              "saved for backward) and its ratio; the paper's number after each slash; the verdict says whether our "
              "run agrees with the direction the paper claims (see `sinkflow.nn.lra.paper_comparison`).", ""]
     for report in reports:
-        size, cfg = report["config"]["size"], report["config"]
+        size, cfg, rows = report["config"]["size"], report["config"], paper_comparison(report)
         lines += [f"## {report['task']}: {_setting(report)}", "",
                   f"{report['description']}. Sequence length {size['seq_len']}, embedding {size['dim']}, "
                   f"{size['depth']} layers, {size['landmarks']} landmarks, {cfg['n_train']} training examples, "
                   f"{size['epochs']} epochs of batch {size['batch_size']}, seeds {cfg['seeds']}; torch "
                   f"{report['environment']['torch']}; {report['total_time']:.0f} s in all.", "",
-                  comparison_table(report, with_setting=True), ""]
-        contradicted = [c["variant"] for c in paper_comparison(report) if c["verdict"] == "contradicts"]
+                  _table(report, rows, with_setting=True), ""]
+        contradicted = _contradicted(rows)
         lines += [("Contradicts the paper here: " + ", ".join(contradicted) + ".") if contradicted
                   else "Nothing here contradicts the paper's claims.", ""]
     lines += ["Setting differences from the paper in every run: " + "; ".join(SETTING_DIFFERENCES) + ".", ""]

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["FigureSpec", "register", "registry", "get", "compute", "render", "config_hash", "data_checksum",
-           "flatten_data", "CHECKSUM_DIGITS", "FORMATS"]
+           "flatten_data", "read_manifest", "write_manifest", "CHECKSUM_DIGITS", "FORMATS", "MANIFEST_COLUMNS"]
 
 _REGISTRY: dict[str, "FigureSpec"] = {}
 
@@ -267,16 +267,47 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
     return written
 
 
+#: Columns of ``MANIFEST.tsv``, one row per written file.
+MANIFEST_COLUMNS = ("figure", "mode", "file", "config_hash", "data_checksum", "file_sha256")
+
+
+def read_manifest(folder: str | Path) -> dict[str, dict[str, str]]:
+    """The rows of ``folder/MANIFEST.tsv``, keyed by file name.
+
+    Parameters
+    ----------
+    folder : str or Path
+        Folder holding ``MANIFEST.tsv``.
+
+    Returns
+    -------
+    dict
+        ``file name -> {column: value}`` over :data:`MANIFEST_COLUMNS`; empty when there is
+        no manifest. Lines without one value per column are skipped.
+    """
+    path = Path(folder) / "MANIFEST.tsv"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    rows = (line.split("\t") for line in lines[1:])
+    return {cells[2]: dict(zip(MANIFEST_COLUMNS, cells)) for cells in rows if len(cells) == len(MANIFEST_COLUMNS)}
+
+
+def write_manifest(folder: str | Path, rows: dict[str, dict[str, str]]) -> None:
+    """Write ``folder/MANIFEST.tsv``: a header, then the rows sorted by file name.
+
+    Parameters
+    ----------
+    folder : str or Path
+        Folder to write ``MANIFEST.tsv`` in.
+    rows : dict
+        ``file name -> {column: value}``, as :func:`read_manifest` returns.
+    """
+    lines = ["\t".join(MANIFEST_COLUMNS)] + ["\t".join(rows[f][c] for c in MANIFEST_COLUMNS) for f in sorted(rows)]
+    (Path(folder) / "MANIFEST.tsv").write_text("\n".join(lines) + "\n")
+
+
 def _update_manifest(out: Path, name: str, mode: str, written, chash: str, dsum: str) -> None:
-    path = out / "MANIFEST.tsv"
-    header = "figure\tmode\tfile\tconfig_hash\tdata_checksum\tfile_sha256"
-    rows = {}
-    if path.exists():
-        for line in path.read_text().splitlines()[1:]:
-            parts = line.split("\t")
-            if len(parts) == 6:
-                rows[parts[2]] = line
+    rows = read_manifest(out)
     for p in written:
         digest = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-        rows[p.name] = "\t".join([name, mode, p.name, chash, dsum, digest])
-    path.write_text("\n".join([header] + [rows[k] for k in sorted(rows)]) + "\n")
+        rows[p.name] = dict(zip(MANIFEST_COLUMNS, (name, mode, p.name, chash, dsum, digest)))
+    write_manifest(out, rows)
