@@ -82,7 +82,6 @@ def _forward(S, n_iter, target, V):
         elif fuse and t == last:  # the last row step: its sums are one more column of the output product
             YR = S @ torch.cat([beta.unsqueeze(-1) * V, beta.unsqueeze(-1)], -1)
             Y, s = YR[..., :-1], YR[..., -1]
-            alpha = 1 / s
         else:  # row step
             s = _matvec(S, beta)
             alpha = 1 / s
