@@ -303,6 +303,64 @@ def test_instability_score_restores_the_weights_and_is_reproducible():
     assert s3 == pytest.approx(s1, rel=0.05)
 
 
+def test_update_instability_is_the_papers_ratio_of_squared_changes_across_one_step():
+    from sinkflow.nn import SequenceClassifier, update_instability
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(12, 10, 3, dim=16, heads=2, depth=2, pooling="mean", normalization="skyformer",
+                               landmarks=4)
+    x, y = torch.randint(0, 12, (6, 10)), torch.tensor([0, 1, 2, 0, 1, 2])
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    w0 = [p.detach().clone() for p in model.parameters()]
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        f0 = model.features(x).detach()
+
+    def sgd():  # a plain gradient step: the weight change is known exactly
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+
+    tau = update_instability(model, x, sgd, seed=3)
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        f1 = model.features(x).detach()
+    dw = sum(float(((p.detach() - w) ** 2).sum()) for p, w in zip(model.parameters(), w0))
+    assert dw > 0 and tau == pytest.approx(float(((f1 - f0) ** 2).sum()) / dw, rel=1e-5)
+    assert math.isnan(update_instability(model, x, lambda: None))  # no weight change: no score
+    with pytest.raises(ValueError, match="features"):
+        update_instability(PatchViT(dim=16), digits().inputs[:2], lambda: None)
+
+
+def test_sequence_classifier_normalizes_every_token_before_mean_pooling():
+    from sinkflow.nn import SequenceClassifier
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(12, 10, 3, dim=16, pooling="mean", normalization="gaussian")
+    x = torch.randint(0, 12, (4, 10))
+    f = model.features(x)
+    assert torch.allclose(f.mean(-1), torch.zeros(4, 10), atol=1e-5)  # LayerNorm per token (weight 1, bias 0)
+    assert torch.allclose(model(x), model.head[1](f.mean(1)), atol=1e-6)
+
+
+def test_summary_averages_the_per_step_instability_ratio_to_softmax_of_the_same_seed():
+    from sinkflow.nn.validation import summarize
+
+    def run(variant, seed, taus):
+        hist = {"test_accuracy": [0.5], "column_deviation": [0.0], "kl": [None], "epoch_time": [1.0],
+                "instability": [1.0], "update_instability": taus}
+        return {"variant": variant, "attention": variant, "n_iter": 1, "seed": seed, "step_time": 1.0, "memory": 1,
+                "history": hist}
+
+    runs = [run("softmax", 0, [1.0, 2.0]), run("gaussian", 0, [0.5, 3.0]),
+            run("softmax", 1, [4.0, 4.0]), run("gaussian", 1, [1.0, 1.0])]
+    rows = {r["variant"]: r for r in summarize(runs)}
+    # seed 0: mean(0.5, 1.5) = 1.0; seed 1: mean(0.25, 0.25) = 0.25; median over seeds 0.625
+    assert rows["gaussian"]["update_instability_ratio_to_softmax"] == pytest.approx(0.625)
+    assert rows["softmax"]["update_instability_ratio_to_softmax"] == pytest.approx(1.0)
+    assert summarize([run("gaussian", 0, [1.0])])[0]["update_instability_ratio_to_softmax"] is None
+
+
 # ----------------------------------------------------------------------------------------
 # training: the trajectory, and the doubly stochastic drift of SoftMax (Sinkformers RQ1)
 
@@ -531,15 +589,31 @@ def test_lra_tasks_run_in_quick_mode_with_the_paper_beside(task):
     md = report_markdown(rep)
     assert "quick mode" in md and "Differences from the paper" in md and "| skyformer |" in md
     assert ("Contradicts the paper:" in md) == any(c["verdict"] == "contradicts" for c in comparison.values())
+    # the paper's instability score: the first optimizer steps of every run, ratio to SoftMax
+    assert all(len(r["history"]["update_instability"]) == 3 for r in rep["runs"])  # 48 examples / 16: 3 steps
+    assert comparison["softmax"]["instability_ratio"] == pytest.approx(1.0)
+    assert comparison["skyformer"]["instability_ratio"] > 0
+
+
+@pytest.mark.parametrize("task", ["listops", "pathfinder"])
+def test_lra_quick_data_match_the_stated_sequence_length(task):
+    from sinkflow.nn.validation import TASKS
+
+    quick = TASKS[task].quick
+    train, test = TASKS[task].data(quick, 0)
+    assert train.inputs.shape[1] == test.inputs.shape[1] == quick.seq_len
+    assert len(train) + len(test) == quick.n_samples
 
 
 def _fake_report(task, inst_ratio, acc, time_ratio):
     stat = lambda v: {"median": v, "min": v, "max": v}  # noqa: E731
     rows = [{"variant": "softmax", "attention": "softmax", "test_accuracy": stat(0.5), "step_time": stat(1.0),
-             "memory": stat(1.0), "instability_ratio_to_softmax": 1.0, "step_time_ratio_to_softmax": 1.0,
+             "memory": stat(1.0), "update_instability_ratio_to_softmax": 1.0, "step_time_ratio_to_softmax": 1.0,
              "memory_ratio_to_softmax": 1.0},
             {"variant": "skyformer", "attention": "skyformer", "test_accuracy": stat(acc), "step_time": stat(time_ratio),
-             "memory": stat(0.5), "instability_ratio_to_softmax": inst_ratio, "step_time_ratio_to_softmax": time_ratio,
+             "memory": stat(0.5), "update_instability_ratio_to_softmax": inst_ratio,
+             "instability_ratio_to_softmax": 1 / inst_ratio,  # the perturbation proxy: not what the paper measured
+             "step_time_ratio_to_softmax": time_ratio,
              "memory_ratio_to_softmax": 0.5}]
     return {"task": task, "summary": rows}
 

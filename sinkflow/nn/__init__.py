@@ -15,7 +15,13 @@ from sinkflow.nn.attention import (
     scaled_attention,
 )
 from sinkflow.nn.models import AttentionBlock, PatchViT, SequenceClassifier, SetClassifier
-from sinkflow.nn.tracking import AttentionRecorder, StochasticitySummary, instability_score, stochasticity_summary
+from sinkflow.nn.tracking import (
+    AttentionRecorder,
+    StochasticitySummary,
+    instability_score,
+    stochasticity_summary,
+    update_instability,
+)
 from sinkflow.nn.training import TrainConfig, TrainingHistory, evaluate, train
 
 __all__ = [
@@ -26,6 +32,7 @@ __all__ = [
     "AttentionBlock", "PatchViT", "SetClassifier", "SequenceClassifier",
     # tracking
     "AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score",
+    "update_instability",
     # training
     "TrainConfig", "TrainingHistory", "train", "evaluate",
 ]

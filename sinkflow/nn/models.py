@@ -182,7 +182,10 @@ class SequenceClassifier(nn.Module):
 
     ``pooling="cls"`` reads a prepended class token; ``pooling="mean"`` averages the token
     states (the LRA models of the Skyformer paper), over non-padded tokens when a
-    ``key_padding_mask`` is given. ``landmarks`` sets the Nyström landmarks.
+    ``key_padding_mask`` is given. As in the Skyformer paper's LRA model, a final LayerNorm
+    normalizes every token state before pooling; :meth:`features` returns these normalized
+    token states (the "embedding after the layers" of the paper's instability score,
+    :func:`sinkflow.nn.update_instability`). ``landmarks`` sets the Nyström landmarks.
 
     Examples
     --------
@@ -206,14 +209,43 @@ class SequenceClassifier(nn.Module):
                                                    landmarks) for _ in range(depth))
         self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, n_classes))
 
-    def forward(self, tokens: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
+    def _padding(self, key_padding_mask, b):
+        if self.cls_token is not None and key_padding_mask is not None:
+            return torch.cat([key_padding_mask.new_zeros(b, 1), key_padding_mask], 1)
+        return key_padding_mask
+
+    def features(self, tokens: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
+        """Token states after the blocks and the final LayerNorm, ``(batch, length (+1), dim)``.
+
+        Parameters
+        ----------
+        tokens : torch.Tensor of int64, shape (batch, length)
+        key_padding_mask : torch.Tensor of bool, shape (batch, length), optional
+            ``True`` = padding (excluded from attention and pooling).
+
+        Returns
+        -------
+        torch.Tensor
+            One row per token (the class token first with ``pooling="cls"``).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from sinkflow.nn import SequenceClassifier
+        >>> model = SequenceClassifier(48, 64, 8, dim=16, pooling="mean")
+        >>> model.features(torch.zeros(3, 64, dtype=torch.long)).shape
+        torch.Size([3, 64, 16])
+        """
         b, n = tokens.shape
         x = self.tokens(tokens)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(b, -1, -1), x], 1)
-            if key_padding_mask is not None:
-                key_padding_mask = torch.cat([key_padding_mask.new_zeros(b, 1), key_padding_mask], 1)
+        key_padding_mask = self._padding(key_padding_mask, b)
         x = x + self.pos[:, : x.shape[1]]
         for block in self.blocks:
             x = block(x, key_padding_mask)
-        return self.head(_pool(x, self.pooling, key_padding_mask))
+        return self.head[0](x)
+
+    def forward(self, tokens: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
+        x = self.features(tokens, key_padding_mask)
+        return self.head[1](_pool(x, self.pooling, self._padding(key_padding_mask, tokens.shape[0])))

@@ -5,8 +5,11 @@ r"""Trackers for attention during training (docs/theory/training.md).
 * :func:`stochasticity_summary` — how doubly stochastic a batch of attention matrices is:
   mean sorted column sums (the Sinkformers RQ1 plot), mean :math:`|\text{col sum} - 1|`,
   KL to the Sinkhorn projection.
-* :func:`instability_score` — Skyformer's sensitivity measure: squared change of the model
-  output over squared change of the query/key weights under a small random perturbation.
+* :func:`update_instability` — the Skyformer paper's instability score (its Appendix F, after
+  Liu et al. 2020): squared change of the token embeddings after the layers over the squared
+  change of all the weights across one optimizer step, on that step's batch.
+* :func:`instability_score` — a random-perturbation proxy: squared change of the model
+  output over squared change of the query/key weights under a small Gaussian perturbation.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from torch import nn
 from sinkflow.nn.attention import AttentionKernel, MultiheadAttention
 from sinkflow.stochasticity import kl_to_sinkhorn, marginal_errors, sorted_column_sums
 
-__all__ = ["AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score"]
+__all__ = ["AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score",
+           "update_instability"]
 
 
 class AttentionRecorder:
@@ -133,7 +137,7 @@ def _attention_parameters(model: nn.Module):
 
 @torch.no_grad()
 def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int = 4, seed: int = 0) -> float:
-    r"""Skyformer's instability score: squared output change over squared weight change.
+    r"""Sensitivity of the output to a random perturbation of the query and key weights.
 
     .. math:: S = \mathbb E_\delta \frac{\|f_{\theta + \delta}(x) - f_\theta(x)\|^2 / B}{\|\delta\|^2},
 
@@ -142,7 +146,11 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
     model output on the batch ``inputs`` of size ``B`` (eval mode, torch's random state reset to
     ``seed`` before every forward pass, so random landmarks do not count). For small ``eps`` it is
     the mean squared directional derivative of the output along random weight
-    directions; Skyformer reports its ratio to SoftMax (0.64-0.81 on LRA).
+    directions. It is *not* the Skyformer paper's instability score (that one follows the
+    optimizer's updates of all the weights and the embeddings after the layers:
+    :func:`update_instability`), and its ratios to SoftMax are not comparable with the
+    paper's: the logits of an unnormalized (Gaussian-kernel) attention move with the sum,
+    not the mean, of the value vectors, so this proxy grows with the sequence length.
 
     Examples
     --------
@@ -186,3 +194,77 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
     finally:
         model.train(was_training)
     return float(np.mean(scores))
+
+
+def _same_randomness(model: nn.Module, seed: int, fn):
+    """``fn()`` with torch's random state set to ``seed`` and restored afterwards (CPU and CUDA)."""
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return fn()
+
+
+def update_instability(model: nn.Module, inputs, step, seed: int = 0) -> float:
+    r"""The Skyformer paper's instability score of one optimizer step (its Appendix F).
+
+    .. math:: \tau = \frac{\|f(x; W^+) - f(x; W)\|_F^2}{\|W^+ - W\|_F^2},
+
+    where ``step()`` moves all the trainable weights from :math:`W` to :math:`W^+` (e.g.
+    ``optimizer.step``; the gradients must already be computed), :math:`x` is ``inputs`` (the
+    batch of that step) and :math:`f` is ``model.features`` (the token embeddings after the
+    layers and the final LayerNorm, e.g. :meth:`sinkflow.nn.SequenceClassifier.features`).
+    Both evaluations run without gradients, in eval mode, with torch's random state reset to
+    ``seed`` (random Nyström landmarks do not count). The paper computes :math:`\tau_i` for
+    the first 20 steps of training from the same initialization and batches, divides each
+    by SoftMax's :math:`\tau_i` and averages the 20 ratios
+    (:func:`sinkflow.nn.validation.summarize`, ``update_instability_ratio_to_softmax``).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Has a ``features(inputs)`` method.
+    inputs : torch.Tensor
+        The step's batch.
+    step : callable
+        Performs the update, e.g. ``optimizer.step``.
+    seed : int
+
+    Returns
+    -------
+    float
+        :math:`\tau` (NaN when the step did not move the weights).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.nn import SequenceClassifier, update_instability
+    >>> torch.manual_seed(0) and None
+    >>> model = SequenceClassifier(10, 12, 3, dim=16, pooling="mean")
+    >>> x, y = torch.randint(0, 10, (4, 12)), torch.tensor([0, 1, 2, 0])
+    >>> opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    >>> torch.nn.functional.cross_entropy(model(x), y).backward()
+    >>> update_instability(model, x, opt.step) > 0
+    True
+    """
+    features = getattr(model, "features", None)
+    if not callable(features):
+        raise ValueError(f"{type(model).__name__} has no features(inputs) method (the embeddings after the layers)")
+    params = [p for p in model.parameters() if p.requires_grad]
+    was_training = model.training
+
+    def embed():
+        model.eval()
+        try:
+            with torch.no_grad():
+                return _same_randomness(model, seed, lambda: features(inputs)).float()
+        finally:
+            model.train(was_training)
+
+    before = embed()
+    saved = [p.detach().clone() for p in params]
+    step()
+    after = embed()
+    with torch.no_grad():
+        num = float(((after - before) ** 2).sum())
+        den = float(sum(((p.detach() - s).float() ** 2).sum() for p, s in zip(params, saved)))
+    return num / den if den > 0 else float("nan")

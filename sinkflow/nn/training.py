@@ -3,15 +3,17 @@ r"""Seeded training loop that tracks doubly stochasticity, accuracy, loss and ti
 :func:`train` fits a classifier with Adam and cross-entropy and records, at epoch 0
 (initialization) and after every epoch, on a fixed probe batch of the test set: the
 attention matrices of the first attention layer summarized by
-:func:`sinkflow.nn.stochasticity_summary`, and Skyformer's
-:func:`sinkflow.nn.instability_score`. The result is a :class:`TrainingHistory`.
+:func:`sinkflow.nn.stochasticity_summary`, and the perturbation proxy
+:func:`sinkflow.nn.instability_score`; optionally, over the first optimizer steps, the
+Skyformer paper's instability score :func:`sinkflow.nn.update_instability`. The result is a
+:class:`TrainingHistory`.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sinkflow.nn.data import Dataset
-from sinkflow.nn.tracking import AttentionRecorder, instability_score, stochasticity_summary
+from sinkflow.nn.tracking import AttentionRecorder, instability_score, stochasticity_summary, update_instability
 
 __all__ = ["TrainConfig", "TrainingHistory", "train", "evaluate"]
 
@@ -45,6 +47,11 @@ class TrainConfig:
         Also compute KL to the Sinkhorn projection (a converged solve per matrix).
     instability_eps : float or None
         Weight perturbation of :func:`instability_score` (None: not computed).
+    update_instability_steps : int
+        Record the Skyformer paper's instability score :func:`update_instability` on each of
+        the first this many optimizer steps (the paper: 20; 0: not recorded). The model needs
+        a ``features`` method; these steps' extra forward passes (and the updates they bracket)
+        are not counted in ``epoch_time``.
     progress : bool
         tqdm bar over epochs.
     """
@@ -59,6 +66,7 @@ class TrainConfig:
     probe_size: int = 64
     track_kl: bool = True
     instability_eps: float | None = 1e-3
+    update_instability_steps: int = 0
     progress: bool = False
 
 
@@ -78,6 +86,10 @@ class TrainingHistory:
     sorted_column_sums : numpy.ndarray (E + 1, n)
     instability : numpy.ndarray (E + 1,)
         :func:`~sinkflow.nn.instability_score` (NaN when not computed).
+    update_instability : numpy.ndarray (S,)
+        :func:`~sinkflow.nn.update_instability` of the first ``S`` optimizer steps
+        (``S = config.update_instability_steps``, fewer when training is shorter; empty when
+        not recorded).
     """
 
     loss: np.ndarray
@@ -89,6 +101,7 @@ class TrainingHistory:
     kl: np.ndarray
     sorted_column_sums: np.ndarray
     instability: np.ndarray
+    update_instability: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def as_dict(self) -> dict:
         """JSON-ready dict of lists (NaN, e.g. no attention matrix to track, becomes None)."""
@@ -196,6 +209,7 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
     rec = {k: [] for k in ("loss", "train_accuracy", "test_accuracy", "column_deviation", "row_deviation", "kl",
                            "sorted_column_sums", "instability")}
     times = []
+    update_taus, step_count = [], 0
 
     def record(loss, train_acc):
         summary, inst = _probe(model, probe, config, device)
@@ -238,7 +252,15 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
             loss = F.cross_entropy(logits, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            if step_count < config.update_instability_steps:  # its forward passes are not optimization time
+                t_extra = time.perf_counter()
+                update_taus.append(update_instability(model, x, opt.step, seed=config.seed))
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t0 += time.perf_counter() - t_extra
+            else:
+                opt.step()
+            step_count += 1
             total += loss.detach() * len(idx)
             correct += (logits.detach().argmax(-1) == y).sum()
         if device.type == "cuda":
@@ -255,4 +277,5 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
         loss=np.array(rec["loss"]), train_accuracy=np.array(rec["train_accuracy"]),
         test_accuracy=np.array(rec["test_accuracy"]), epoch_time=np.array(times),
         column_deviation=np.array(rec["column_deviation"]), row_deviation=np.array(rec["row_deviation"]),
-        kl=np.array(rec["kl"]), sorted_column_sums=scs, instability=np.array(rec["instability"]))
+        kl=np.array(rec["kl"]), sorted_column_sums=scs, instability=np.array(rec["instability"]),
+        update_instability=np.array(update_taus, dtype=float))
