@@ -347,7 +347,8 @@ def _place_paths(rng, n, n_paths, resolution, n_dashes, step, max_turn, separati
             ok = np.ones((k, draws), dtype=bool)
             pts = _samples(cand, spacing)
             for q in range(p):
-                other = np.broadcast_to(_samples(placed[alive, q], spacing)[:, None], pts.shape)
+                fixed = _samples(placed[alive, q], spacing)  # its own sample count: segment lengths vary
+                other = np.broadcast_to(fixed[:, None], (k, draws) + fixed.shape[1:])
                 ok[ok] = _min_distance(pts[ok], other[ok]) >= separation + spacing
             found = ok.any(1)
             placed[alive[found], p] = cand[found, ok[found].argmax(1)]
