@@ -456,37 +456,54 @@ def test_cuda_validation_run(tmp_path):
 # ---------------------------------------------------------------- factored Sinkhorn, LRA tasks
 
 
+def _masks(shape, g):
+    """None, key padding, key and query padding, causal, a random pattern and an empty row."""
+    n, m = shape[-2:]
+    keys = torch.rand(shape[:-2] + (1, m), generator=g) > 0.3
+    keys[..., 0] = True
+    queries = torch.rand(shape[:-2] + (n, 1), generator=g) > 0.3
+    empty_row = torch.ones(shape, dtype=torch.bool)
+    empty_row[..., 1, :] = False
+    return {"none": None, "keys": keys, "keys+queries": keys & queries,
+            "causal": torch.ones(n, m, dtype=torch.bool).tril(), "random": torch.rand(shape, generator=g) > 0.4,
+            "empty row": empty_row}
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "keys", "keys+queries", "causal", "random", "empty row"])
 @pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 7, 5), (1, 40, 40)])
 @pytest.mark.parametrize("n_iter", [2, 3, 4, 7])
-def test_factored_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter):
+def test_factored_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter, mask_kind):
     # Both heads (the matrix, and the output P @ V that never forms P) against the solver's
-    # log-domain unrolled steps, values and gradients.
+    # log-domain unrolled steps, values and gradients, with and without masks.
     import sinkflow
-    from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+    from sinkflow.nn._factored_sinkhorn import _FactoredSinkhorn, sinkhorn_attention
 
     g = torch.Generator().manual_seed(n_iter)
+    mask = _masks(shape, g)[mask_kind]
     C = (2 * torch.randn(*shape, generator=g, dtype=torch.float64)).requires_grad_()
     V = torch.randn(*shape[:-2], shape[-1], 3, generator=g, dtype=torch.float64).requires_grad_()
     W = torch.randn(*shape, generator=g, dtype=torch.float64)
     G = torch.randn(*shape[:-1], 3, generator=g, dtype=torch.float64)
-    ref = sinkflow.sinkhorn(C, n_iter=n_iter)
+    ref = sinkflow.sinkhorn(C, n_iter=n_iter, mask=mask)
     ref_out = torch.autograd.grad(((ref @ V) * G).sum(), (C, V), retain_graph=True)
     ref_grads = torch.autograd.grad((ref * W).sum() + ((ref @ V) * G).sum(), (C, V))
-    P = sinkhorn_attention(C, n_iter)
-    out = sinkhorn_attention(C, n_iter, values=V)
+    P = sinkhorn_attention(C, n_iter, mask)
+    out = sinkhorn_attention(C, n_iter, mask, values=V)
     grads = torch.autograd.grad((P * W).sum() + (out * G).sum(), (C, V))
     assert torch.allclose(P, ref, rtol=0, atol=1e-13)
     assert torch.allclose(out, ref @ V, rtol=0, atol=1e-13)
     for got, want in zip(grads, ref_grads):
         assert torch.allclose(got, want, rtol=0, atol=1e-12)
-    (scores_only,) = torch.autograd.grad((sinkhorn_attention(C, n_iter, values=V.detach()) * G).sum(), C)
+    (scores_only,) = torch.autograd.grad((sinkhorn_attention(C, n_iter, mask, values=V.detach()) * G).sum(), C)
     assert torch.allclose(scores_only, ref_out[0], rtol=0, atol=1e-12)  # values that need no gradient
     # float32: same numbers to float32 rounding
     C32, V32 = C.detach().float().requires_grad_(), V.detach().float().requires_grad_()
-    out32 = sinkhorn_attention(C32, n_iter, values=V32)
+    out32 = sinkhorn_attention(C32, n_iter, mask, values=V32)
     g32 = torch.autograd.grad((out32 * G.float()).sum(), (C32, V32))
     assert torch.allclose(out32.double(), (ref @ V).detach(), atol=1e-5)
     assert all(torch.allclose(a.double(), b, atol=1e-5) for a, b in zip(g32, ref_out))
+    # the factored path itself ran (no fallback to the solver it is compared with)
+    assert torch.allclose(_FactoredSinkhorn.apply(C.detach(), None, n_iter, mask), ref.detach(), rtol=0, atol=1e-13)
 
 
 def test_factored_path_itself_matches_the_log_domain_oracle():
@@ -523,7 +540,8 @@ def test_factored_sinkhorn_falls_back_to_the_solver_on_underflow_and_masks():
     assert torch.equal(fs.sinkhorn_attention(C, 3, mask), sinkflow.sinkhorn(C, n_iter=3, mask=mask))
 
 
-def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax_saves():
+@pytest.mark.parametrize("padded", [False, True])
+def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax_saves(padded):
     # need_weights=False takes the factored output path: same output and gradients as the
     # matrix path, and autograd keeps one n x n matrix (as SoftMax attention does), not n_iter of them.
     from sinkflow.nn._cost import saved_bytes
@@ -531,10 +549,11 @@ def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax
     torch.manual_seed(0)
     x = torch.randn(2, 48, 16)
     mha = MultiheadAttention(16, 2, normalization="sinkhorn", n_iter=3)
+    pad = (torch.arange(48) >= 40).expand(2, 48) if padded else None
     results = []
     for need in (True, False):
         mha.zero_grad()
-        nbytes, (out, w) = saved_bytes(lambda: mha(x, x, x, need_weights=need))
+        nbytes, (out, w) = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=need))
         out.square().mean().backward()
         results.append((nbytes, out.detach(), [p.grad.clone() for p in mha.parameters()], w))
     (_, out_w, grads_w, w), (nbytes, out_f, grads_f, none) = results

@@ -24,30 +24,62 @@ one matmul of inner width ``p_v + k``. The SoftMax backward needs no row correct
 :math:`\sum_j S_{ij} (\partial L / \partial S)_{ij} = 0` once the SoftMax's own row
 normalization is one of the terms, and :math:`\partial L / \partial C = S \odot \partial L / \partial S`.
 
-Division by line sums equals the log-domain iteration to rounding while every line sum is
-well inside the floating-point range; when one is not (a column of the SoftMax underflowing
-at small temperature), or with a mask, :func:`sinkhorn_attention` runs :func:`sinkflow.sinkhorn`.
+Masks (any boolean pattern: key or query padding, causal) keep the form: ``S`` is the masked
+SoftMax, and with ``n'`` admissible rows and ``m'`` admissible columns the columns sum to
+``n' / m'``, as in :func:`sinkflow.sinkhorn`; a line with no admissible entry gets scaling 0.
+
+Division by line sums equals the log-domain iteration to rounding while every admissible
+line sum is well inside the floating-point range; when one is not (a column of the SoftMax
+underflowing at small temperature), :func:`sinkhorn_attention` runs :func:`sinkflow.sinkhorn`.
 """
 
 from __future__ import annotations
 
 import torch
+from dataclasses import dataclass
+
 from torch.autograd.function import once_differentiable
 
-from sinkflow.normalizations import sinkhorn, softmax
+from sinkflow.normalizations import _masked_softmax, sinkhorn, softmax
 
 
 class _OutOfRange(Exception):
     """A line sum left the range where multiplicative steps are exact to rounding."""
 
 
-def _in_range(sums: list[torch.Tensor]) -> bool:
-    """Every line sum in [sqrt(tiny), max] (NaN fails): one synchronization for all of them."""
-    if not sums:
-        return True
+def _in_range(sums: list[torch.Tensor], marg) -> bool:
+    """Every admissible line sum in [sqrt(tiny), max] (NaN fails): one synchronization for all."""
     finfo = torch.finfo(sums[0].dtype)
     lo = finfo.tiny ** 0.5  # 1e-19 in float32: 1 / sum stays finite and normal
-    return bool(torch.stack([((s >= lo) & (s <= finfo.max)).all() for s in sums]).all())
+    ok = [((s >= lo) & (s <= finfo.max)) for s in sums]
+    if marg.rows is not None:  # an empty line has sum 0 and scaling 0 by definition
+        ok = [o | ~(marg.cols if t % 2 == 0 else marg.rows) for t, o in enumerate(ok)]
+    return bool(torch.stack([o.all() for o in ok]).all())
+
+
+@dataclass(frozen=True)
+class _Marginals:
+    """Column targets ``b`` (a number without a mask) and the admissible rows and columns (None without)."""
+
+    b: torch.Tensor | float
+    rows: torch.Tensor | None = None
+    cols: torch.Tensor | None = None
+
+    @staticmethod
+    def of(mask, shape, dtype):
+        n, m = shape[-2:]
+        if mask is None:
+            return _Marginals(n / m)
+        mask = torch.broadcast_to(mask, shape)
+        rows, cols = mask.any(-1), mask.any(-2)
+        ratio = rows.sum(-1, keepdim=True).to(dtype) / cols.sum(-1, keepdim=True).clamp_min(1).to(dtype)
+        return _Marginals(cols * ratio, rows, cols)
+
+    def scale(self, t, s):
+        """Scaling of half-step ``t`` from its line sums: ``b / s`` (columns) or ``1 / s`` (rows); 0 on empty lines."""
+        num = self.b if t % 2 else 1.0
+        ok = self.cols if t % 2 else self.rows
+        return num / s if ok is None else torch.where(ok, num / torch.where(ok, s, 1), 0)
 
 
 def _matvec(S, x):
@@ -58,19 +90,15 @@ def _vecmat(x, S):
     return (x.unsqueeze(-2) @ S).squeeze(-2)
 
 
-def _scalings(sums, n_iter, target, n, m, like):
+def _scalings(sums, marg, S):
     """Row scalings alpha_t (even t) and column scalings beta_t (odd t) from the line sums; t = 0: ones."""
-    alphas, betas = {0: like.new_ones(like.shape[:-2] + (n,))}, {0: like.new_ones(like.shape[:-2] + (m,))}
-    for t in range(1, n_iter):
-        s = sums[t - 1]
-        if t % 2:
-            betas[t] = target / s
-        else:
-            alphas[t] = 1 / s
+    alphas, betas = {0: S.new_ones(S.shape[:-1])}, {0: S.new_ones(S.shape[:-2] + S.shape[-1:])}
+    for t, s in enumerate(sums, start=1):
+        (betas if t % 2 else alphas)[t] = marg.scale(t, s)
     return alphas, betas
 
 
-def _forward(S, n_iter, target, V):
+def _forward(S, n_iter, marg, V):
     """Line sums of half-steps 2..n_iter; with values, also ``Y = S (beta V)`` (the last row sums fused in)."""
     last = n_iter - 1
     fuse = V is not None and last % 2 == 0
@@ -78,13 +106,13 @@ def _forward(S, n_iter, target, V):
     for t in range(1, n_iter):
         if t % 2:  # column step
             s = S.sum(-2) if alpha is None else _vecmat(alpha, S)
-            beta = target / s
+            beta = marg.scale(t, s)
         elif fuse and t == last:  # the last row step: its sums are one more column of the output product
             YR = S @ torch.cat([beta.unsqueeze(-1) * V, beta.unsqueeze(-1)], -1)
             Y, s = YR[..., :-1], YR[..., -1]
         else:  # row step
             s = _matvec(S, beta)
-            alpha = 1 / s
+            alpha = marg.scale(t, s)
         sums.append(s)
     if V is not None and Y is None:
         Y = S @ (V if beta is None else beta.unsqueeze(-1) * V)
@@ -93,16 +121,15 @@ def _forward(S, n_iter, target, V):
 
 class _FactoredSinkhorn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores, values, n_iter):
-        S = torch.softmax(scores, -1)
-        n, m = scores.shape[-2:]
-        target = n / m
-        sums, Y = _forward(S, n_iter, target, values)
-        if not _in_range(sums):
+    def forward(ctx, scores, values, n_iter, mask=None):
+        S = _masked_softmax(scores, mask)[0]
+        marg = _Marginals.of(mask, scores.shape, scores.dtype)
+        sums, Y = _forward(S, n_iter, marg, values)
+        if not _in_range(sums, marg):
             raise _OutOfRange
-        alphas, betas = _scalings(sums, n_iter, target, n, m, S)
+        alphas, betas = _scalings(sums, marg, S)
         alpha, beta = alphas[max(alphas)], betas[max(betas)]
-        ctx.n_iter, ctx.target, ctx.matrix = n_iter, target, values is None
+        ctx.n_iter, ctx.marg, ctx.matrix = n_iter, marg, values is None
         if values is None:
             ctx.save_for_backward(S, *sums)
             return alpha.unsqueeze(-1) * S * beta.unsqueeze(-2)
@@ -114,24 +141,29 @@ class _FactoredSinkhorn(torch.autograd.Function):
     def backward(ctx, grad):
         if ctx.matrix:
             S, *sums = ctx.saved_tensors
-            return _matrix_backward(ctx, grad, S, sums), None, None
+            return _matrix_backward(ctx, grad, S, sums), None, None, None
         S, V, Y, *sums = ctx.saved_tensors
         dC, dV = _output_backward(ctx, grad, S, V, Y, sums)
-        return dC, dV, None
+        return dC, dV, None, None
 
 
-def _reverse(S, sums, alphas, betas, target, t0, d_alpha, d_beta, xs, ys):
+def _sum_adjoint(d_scale, scale, s):
+    """Adjoint of a line sum ``s`` whose scaling is ``scale = num / s`` (0 on an empty line)."""
+    return -d_scale * scale / torch.where(scale != 0, s, 1)
+
+
+def _reverse(S, sums, alphas, betas, t0, d_alpha, d_beta, xs, ys):
     """Walk half-steps t0..1 back: rank-one terms of dL/dS into ``xs``, ``ys``; returns d(alpha_0)."""
     for t in range(t0, 0, -1):
         s = sums[t - 1]
-        if t % 2:  # beta_t = target / s,  s = S^T alpha_{t-1}
-            ds = -d_beta * (target / (s * s))
+        if t % 2:  # beta_t = b / s,  s = S^T alpha_{t-1}
+            ds = _sum_adjoint(d_beta, betas[t], s)
             xs.append(alphas[t - 1])
             ys.append(ds)
             d_alpha = d_alpha + _matvec(S, ds)
             d_beta = torch.zeros_like(d_beta)
         else:  # alpha_t = 1 / s,  s = S beta_{t-1}
-            ds = -d_alpha / (s * s)
+            ds = _sum_adjoint(d_alpha, alphas[t], s)
             xs.append(ds)
             ys.append(betas[t - 1])
             d_beta = d_beta + _vecmat(ds, S)
@@ -149,18 +181,15 @@ def _low_rank(xs, ys, d_alpha0, left=None, right=None):
 
 
 def _output_backward(ctx, grad, S, V, Y, sums):
-    n_iter, target = ctx.n_iter, ctx.target
-    n, m = S.shape[-2:]
-    alphas, betas = _scalings(sums, n_iter, target, n, m, S)
-    last = n_iter - 1
+    alphas, betas = _scalings(sums, ctx.marg, S)
+    last = ctx.n_iter - 1
     alpha, beta = alphas[max(alphas)], betas[max(betas)]
     d_alpha = torch.linalg.vecdot(grad, Y)
     dY = alpha.unsqueeze(-1) * grad
     W = beta.unsqueeze(-1) * V
     xs, ys = [], []
     if last % 2 == 0:  # fused last row step: its adjoint product rides on S^T dY
-        s = sums[-1]
-        ds = -d_alpha / (s * s)
+        ds = _sum_adjoint(d_alpha, alpha, sums[-1])
         xs.append(ds)
         ys.append(betas[last - 1])
         M = S.transpose(-1, -2) @ torch.cat([dY, ds.unsqueeze(-1)], -1)
@@ -170,21 +199,19 @@ def _output_backward(ctx, grad, S, V, Y, sums):
         dW = S.transpose(-1, -2) @ dY
         d_beta, t0 = torch.zeros_like(beta), last
     d_beta = d_beta + torch.linalg.vecdot(dW, V)
-    d_alpha0 = _reverse(S, sums, alphas, betas, target, t0, d_alpha, d_beta, xs, ys)
+    d_alpha0 = _reverse(S, sums, alphas, betas, t0, d_alpha, d_beta, xs, ys)
     dC = _low_rank(xs, ys, d_alpha0, dY, W).mul_(S) if ctx.needs_input_grad[0] else None
     dV = beta.unsqueeze(-1) * dW if ctx.needs_input_grad[1] else None
     return dC, dV
 
 
 def _matrix_backward(ctx, grad, S, sums):
-    n_iter, target = ctx.n_iter, ctx.target
-    n, m = S.shape[-2:]
-    alphas, betas = _scalings(sums, n_iter, target, n, m, S)
+    alphas, betas = _scalings(sums, ctx.marg, S)
     alpha, beta = alphas[max(alphas)], betas[max(betas)]
     H = grad * S
     d_alpha, d_beta = _matvec(H, beta), _vecmat(alpha, H)
     xs, ys = [], []
-    d_alpha0 = _reverse(S, sums, alphas, betas, target, n_iter - 1, d_alpha, d_beta, xs, ys)
+    d_alpha0 = _reverse(S, sums, alphas, betas, ctx.n_iter - 1, d_alpha, d_beta, xs, ys)
     return _low_rank(xs, ys, d_alpha0).mul_(S).add_(H.mul_(alpha.unsqueeze(-1)).mul_(beta.unsqueeze(-2)))
 
 
@@ -192,15 +219,15 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
                        values: torch.Tensor | None = None) -> torch.Tensor:
     """``sinkflow.sinkhorn(scores, n_iter=n_iter, mask=mask)``, times ``values`` when given.
 
-    The factored path runs for unmasked float32/float64 scores with ``n_iter >= 2`` whose
-    line sums stay in range, and then never forms the matrix when ``values`` are given;
-    ``n_iter = 1`` is SoftMax; otherwise (masks, underflow) the solver runs.
+    The factored path runs for float32/float64 scores (any boolean mask) with ``n_iter >= 2``
+    whose admissible line sums stay in range, and then never forms the matrix when
+    ``values`` are given; ``n_iter = 1`` is SoftMax; otherwise (underflow) the solver runs.
     """
     if n_iter == 1:
         return _times(softmax(scores, mask), values)
-    if mask is None and scores.dtype in (torch.float32, torch.float64):
+    if scores.dtype in (torch.float32, torch.float64):
         try:
-            return _FactoredSinkhorn.apply(scores, values, int(n_iter))
+            return _FactoredSinkhorn.apply(scores, values, int(n_iter), mask)
         except _OutOfRange:
             pass
     return _times(sinkhorn(scores, n_iter=n_iter, mask=mask), values)

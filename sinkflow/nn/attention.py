@@ -171,7 +171,7 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     dropout(weights) @ v`` in the dtype of ``v``. ``landmarks`` is the number of Nyström
     landmarks (``"skyformer"``, ``"nystromformer"``).
 
-    With ``need_weights=False`` and no dropout, unmasked Sinkhorn attention never forms the
+    With ``need_weights=False`` and no dropout, Sinkhorn attention (masked or not) never forms the
     matrix: after ``n_iter`` half-steps it is :math:`\mathrm{diag}(\alpha) S
     \mathrm{diag}(\beta)` with :math:`S` the SoftMax, so the output is
     :math:`\alpha \odot S(\beta \odot v)`, the same numbers to rounding at about the cost
