@@ -67,7 +67,22 @@ def test_heat_flow_with_few_landmarks_still_diffuses():
     assert abs((x1.var() - x0.var()) - 0.2) < 0.03
 
 
-def test_particles_no_landmark_sees_keep_their_own_weight_never_nan():
+@pytest.mark.parametrize("normalization", ["sinkhorn", "row", "none"])
+def test_kept_and_recomputed_factors_give_the_same_field(monkeypatch, normalization):
+    # B = L A^{+1/2} kept in memory (small n) or L recomputed block by block with A^+ in between (large n)
+    x = torch.tensor(np.random.default_rng(4).normal(size=(300, 2)))
+    idx = lowrank_fields.landmark_indices(300, 40, generator=2)
+    kw = dict(normalization=normalization, W=W, temperature=0.7, weights=_weights(300), n_iter=7, block_bytes=4000)
+    kept = lowrank_attention_field(x, x, idx, **kw)
+    monkeypatch.setattr(lowrank_fields, "CACHE_BYTES", 0)
+    recomputed = lowrank_attention_field(x, x, idx, **kw)
+    torch.testing.assert_close(recomputed.velocity, kept.velocity, rtol=1e-9, atol=1e-9)
+    assert recomputed.row_error == pytest.approx(kept.row_error, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("cache_bytes", [lowrank_fields.CACHE_BYTES, 0])
+def test_particles_no_landmark_sees_keep_their_own_weight_never_nan(monkeypatch, cache_bytes):
+    monkeypatch.setattr(lowrank_fields, "CACHE_BYTES", cache_bytes)
     # two far clusters, landmarks only in the first: rows of the second get no (or negative) Nyström
     # mass; with the exact diagonal restored each of them is isolated, K_ii = 1, as in the exact kernel
     x = torch.cat([torch.randn(10, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64),
