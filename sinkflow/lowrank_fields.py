@@ -40,7 +40,7 @@ mass :math:`\approx 0` of either sign. Uniform draws follow the density, so the 
 Gaussian cloud are left uncovered (``heat_flow`` of 2000 normal points, ``eps = 0.05``, failed
 for ``m`` = 64, 128, 256); the greedy choice bounds the distance of every particle to its nearest
 landmark by the covering radius, at most twice the best possible with ``m`` points. It costs
-``O(n m d)`` once per flow (1.3-2.1 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
+at most ``O(n m d)`` once per flow (about 1 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
 ``m >= n`` still makes every particle a landmark (distinct points: the lifted kernel of
 ``[x; x]`` is then exact too).
 
@@ -75,6 +75,8 @@ BLOCK_BYTES = 8 * 2**20
 CACHE_BYTES = 256 * 2**20
 LANDMARK_METHODS = ("nystrom", "lifted", "segment_means")
 LANDMARK_SAMPLINGS = ("farthest", "uniform")
+#: Points per block of the farthest-point search (a block far from a new landmark is skipped).
+FPS_BLOCK = 1024
 
 
 class NystromPositivityError(ValueError):
@@ -158,7 +160,11 @@ def farthest_point_indices(points: torch.Tensor, m: int, generator=0) -> torch.T
     landmark, :math:`r_k` does not increase with ``k``, the chosen points are at least
     :math:`r_k` apart (so :math:`r_k` is at most twice the best radius with ``k`` centres,
     Gonzalez 1985), and the choice for ``k`` is a prefix of the choice for ``k + 1``.
-    ``O(n m p)`` time, ``O(n)`` memory; ``m >= n`` returns all indices.
+    ``O(n m p)`` time at most, ``O(n)`` memory; ``m >= n`` returns all indices. The points are
+    sorted into spatially compact blocks of ``FPS_BLOCK``; a block whose bounding box is farther
+    from the new landmark than its farthest point is from its nearest landmark cannot change and
+    is skipped (the picks are those of the plain greedy: 1.1 s instead of 7.1 s at ``n = 10^6``,
+    ``m = 256``, ``d = 2``, one thread on a loaded machine).
 
     Parameters
     ----------
@@ -188,19 +194,55 @@ def farthest_point_indices(points: torch.Tensor, m: int, generator=0) -> torch.T
         raise ValueError(f"m must be a positive integer, got {m!r}")
     if m >= n:
         return torch.arange(n, device=points.device)
-    z = points.detach()
-    sq = (z * z).sum(1)
+    start = int(sample_landmarks(n, 1, generator=generator)[0])
+    return _farthest_points(points.detach(), m, start, FPS_BLOCK)
+
+
+def _compact_order(z: torch.Tensor, block: int) -> torch.Tensor:
+    """A row order whose consecutive ``block`` rows are close: strips of coordinate 0, each by coordinate 1."""
+    n = z.shape[0]
+    if n <= block:
+        return torch.arange(n, device=z.device)
+    u = z[:, :2] - z[:, :2].amin(0)
+    u = u / u.amax(0).clamp_min(torch.finfo(z.dtype).tiny)  # in [0, 1]
+    fine = 2 ** 20
+    key = (u[:, -1] * fine).long()
+    if z.shape[1] > 1:  # about sqrt(n / block) strips of sqrt(n / block) blocks each
+        strips = max(1, math.isqrt(n // block))
+        key += (u[:, 0] * strips).long().clamp_max_(strips - 1) * (fine + 1)
+    return torch.argsort(key)
+
+
+def _farthest_points(z: torch.Tensor, m: int, start: int, block: int) -> torch.Tensor:
+    """Greedy farthest points from row ``start``; blocks whose bounding box is farther from the new
+    landmark than their farthest point is from its nearest landmark cannot change and are skipped."""
+    n, d = z.shape
+    order = _compact_order(z, block)
+    nb = -(-n // block)
+    Z = z[order]
+    Z = torch.cat([Z, Z[-1:].expand(nb * block - n, d)]).view(nb, block, d)
+    lo, hi = Z.amin(1), Z.amax(1)
+    sq = (Z * Z).sum(2)
     nearest = torch.full_like(sq, math.inf)  # squared distance to the nearest landmark so far
-    to_new = torch.empty_like(sq)
+    nearest.view(-1)[n:] = -math.inf  # padding rows: never picked
+    top = nearest.amax(1)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(n, device=z.device)
+    i = int(rank[start])
     idx = torch.empty(m, dtype=torch.long, device=z.device)
-    i = int(sample_landmarks(n, 1, generator=generator)[0])
     for k in range(m):
-        idx[k] = i
-        # |z - z_i|^2 = |z|^2 - 2 z.z_i + |z_i|^2: one matrix-vector product, no (n, p) temporary
-        torch.addmv(sq, z, z[i], alpha=-2.0, out=to_new).add_(sq[i])
-        torch.minimum(nearest, to_new, out=nearest)
-        nearest[i] = -math.inf  # never chosen twice (rounding leaves ~eps at the landmarks); minimum keeps it
-        i = int(nearest.argmax())
+        idx[k] = order[i]
+        c = Z.view(-1, d)[i]
+        gap = ((lo - c).clamp_min_(0.0).square_() + (c - hi).clamp_min_(0.0).square_()).sum(1)
+        hit = (gap < top).nonzero().squeeze(1)
+        # |z - c|^2 = |z|^2 + |c|^2 - 2 z.c: one batched product over the blocks hit
+        to_c = torch.baddbmm((sq[hit] + c.dot(c)).unsqueeze(2), Z[hit], (-2.0 * c).view(1, d, 1).expand(len(hit), d, 1))
+        nearest[hit] = torch.minimum(nearest[hit], to_c.squeeze(2))
+        nearest.view(-1)[i] = -math.inf  # never chosen twice (rounding leaves ~eps at the landmarks)
+        top[hit] = nearest[hit].amax(1)
+        top[i // block] = nearest[i // block].max()
+        b = int(top.argmax())
+        i = b * block + int(nearest[b].argmax())
     return idx
 
 

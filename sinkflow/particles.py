@@ -428,8 +428,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
              n_iter=None, weights=None, integrator: str = "euler", manifold: str = "euclidean",
              temperature: float = 1.0, monitors=(), monitor_every: int = 1, save_every: int = 1,
              warm_start: bool | None = None, chunked: bool | None = None, landmarks: int | None = None,
-             landmark_seed: int = 0, landmark_sampling: str = "farthest", tol: float | None = None, max_iter: int = 20_000, cluster_tol: float = 1e-3,
-             progress: bool = False) -> Trajectory:
+             landmark_seed: int = 0, landmark_sampling: str = "farthest", tol: float | None = None,
+             max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool = False) -> Trajectory:
     r"""Simulate tokens moving under self-attention (a residual network of depth ``steps``).
 
     Parameters

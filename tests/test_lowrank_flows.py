@@ -133,6 +133,20 @@ def test_farthest_points_cover_the_cloud_and_certify_the_radius():
     assert lowrank_fields.farthest_point_indices(z, 400).tolist() == list(range(len(x)))
 
 
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_blocked_farthest_point_search_makes_the_plain_greedy_picks(monkeypatch, d):
+    # small blocks: most of them are skipped, by the bounding-box test, once the radius shrinks
+    monkeypatch.setattr(lowrank_fields, "FPS_BLOCK", 32)
+    rng = np.random.default_rng(d)
+    z = np.concatenate([rng.normal(size=(3000, d)), 8 + rng.normal(size=(5, d))])
+    idx = lowrank_fields.farthest_point_indices(torch.tensor(z), 80, generator=3).tolist()
+    picks, nearest = [idx[0]], ((z - z[idx[0]]) ** 2).sum(1)
+    for _ in range(79):
+        picks.append(int(nearest.argmax()))
+        nearest = np.minimum(nearest, ((z - z[picks[-1]]) ** 2).sum(1))
+    assert idx == picks
+
+
 @pytest.fixture(scope="module")
 def heat_tails():
     """2000 normal points, eps = 0.05: uniform landmarks left the tails uncovered (NystromPositivityError)."""
