@@ -24,20 +24,21 @@ prints the ratios. Then, at n = 10^5, the exact block-wise step measured in the 
 step, ~5 minutes; ``--skip-exact`` leaves it out), with the relative field error
 ``|v_m - v| / |v|`` printed beside the ratio.
 
-Measured on the shared 2-core machine (float32, m = 256, load average 4.9-5.5, medians of 3,
+Measured on the shared 2-core machine (float32, m = 256, load average 1.0-2.0, medians of 3,
 ``--landmarks --baseline 1a183d7 --skip-exact``), seconds per step:
 
 | n | farthest (incl. choice) | the choice | uniform | peak RSS (GiB) | before (uniform) | before RSS | speed-up farthest / uniform |
 |---|---|---|---|---|---|---|---|
-| 10^4 | 0.0575 | 0.0322 | 0.0225 | 0.24 | 0.0598 | 0.25 | 1.0x / 2.7x |
-| 10^5 | 0.377 | 0.219 | 0.135 | 0.26 | 0.775 | 0.35 | 2.1x / 5.7x |
-| 10^6 | 4.53 | 2.07 | 1.33 | 0.48 | 7.19 | 0.39 | 1.6x / 5.4x |
+| 10^4 | 0.072 | 0.052 | 0.0168 | 0.25 | 0.0437 | 0.25 | 0.6x / 2.6x |
+| 10^5 | 0.216 | 0.090 | 0.107 | 0.26 | 0.629 | 0.35 | 2.9x / 5.9x |
+| 10^6 | 1.96 | 0.367 | 1.15 | 0.49 | 5.35 | 0.39 | 2.7x / 4.6x |
 
 Before, each of the twelve passes recomputed the 10^6 x 256 kernel factor's exponentials (32.5 s
 in an earlier, more loaded run); now the factor ``B = L A^{+1/2}`` of the numerical rank of the
 landmark block (23 of 256 farthest points, 10 of 256 uniform ones) is formed once and kept. The
-farthest-point choice is made once per flow; the step itself is ~2.5 s at n = 10^6 (the farthest
-landmarks cover the cloud, so ``B`` has more columns than with uniform ones).
+farthest-point choice is made once per flow (at n = 10^4 it costs more than the step); the step
+itself is ~1.6 s at n = 10^6 (the farthest landmarks cover the cloud, so ``B`` has more columns
+than with uniform ones).
 At n = 10^5 the exact block-wise step took 1680 s against 8.0 s for the Nyström step of the time (210x),
 field error 5.2e-4 (an earlier run).
 

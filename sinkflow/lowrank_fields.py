@@ -40,7 +40,7 @@ mass :math:`\approx 0` of either sign. Uniform draws follow the density, so the 
 Gaussian cloud are left uncovered (``heat_flow`` of 2000 normal points, ``eps = 0.05``, failed
 for ``m`` = 64, 128, 256); the greedy choice bounds the distance of every particle to its nearest
 landmark by the covering radius, at most twice the best possible with ``m`` points. It costs
-at most ``O(n m d)`` once per flow (about 1 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
+at most ``O(n m d)`` once per flow (0.4-1.1 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
 ``m >= n`` still makes every particle a landmark (distinct points: the lifted kernel of
 ``[x; x]`` is then exact too).
 
@@ -51,10 +51,9 @@ pseudo-inverse cutoff), :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth 
 farthest points, 10 of 256 uniform ones). ``B`` is formed once per field (``n m`` exponentials)
 and kept when it fits ``CACHE_BYTES`` (256 MiB), so a pass is two ``n x r`` products; otherwise
 each pass recomputes the blocks :math:`L_b` (memory ``O(m^2 + block)`` besides ``O(n)`` vectors).
-One step at ``n = 10^6``, ``d = 2``, ``m = 256``, ten half-iterations, float32, one thread on a
-loaded machine (load average ~5): 1.33 s with uniform landmarks (7.19 s before the factor was
-kept, 5.4x), 4.53 s with the farthest-point choice included (2.07 s of it, once per flow), peak
-RSS 0.48 GiB.
+One step at ``n = 10^6``, ``d = 2``, ``m = 256``, ten half-iterations, float32, one thread (load
+average 1-2): 1.15 s with uniform landmarks (5.35 s before the factor was kept, 4.6x), 1.96 s with
+the farthest-point choice included (0.37 s of it, once per flow), peak RSS 0.49 GiB.
 """
 
 from __future__ import annotations
@@ -165,7 +164,7 @@ def farthest_point_indices(points: torch.Tensor, m: int, generator=0) -> torch.T
     sorted into spatially compact blocks of ``FPS_BLOCK``; a block whose bounding box is farther
     from the new landmark than its farthest point is from its nearest landmark cannot change and
     is skipped (the picks are those of the plain greedy: 1.1 s instead of 7.1 s at ``n = 10^6``,
-    ``m = 256``, ``d = 2``, one thread on a loaded machine).
+    ``m = 256``, ``d = 2``, one thread on a loaded machine; 0.37 s at load 1).
 
     Parameters
     ----------
