@@ -93,7 +93,7 @@ register("landmark_flow_errors", compute=compute_errors, plot=plot_errors, quick
 
 @dataclass(frozen=True)
 class LandmarkHeat2DConfig:
-    """Start :math:`\mathcal N(0, I_2)`; exact Sinkhorn heat layer on ``n_exact`` particles, the
+    r"""Start :math:`\mathcal N(0, I_2)`; exact Sinkhorn heat layer on ``n_exact`` particles, the
     Nyström one on ``n_landmark`` (``landmarks`` farthest points, in ``dtype``: float32 solves meet a
     column-error floor near 1e-4 at n = 10^6, m = 256), snapshots at ``times``."""
 
