@@ -71,7 +71,7 @@ __all__ = ["NystromPositivityError", "LowRankField", "landmark_indices", "farthe
 
 #: Memory of one block of kernel rows (bytes).
 BLOCK_BYTES = 8 * 2**20
-#: The whole ``n x m`` factor is kept between passes when it takes at most this many bytes.
+#: The factor ``B = L A^{+1/2}`` (``n x r``) is kept between passes when it takes at most this many bytes.
 CACHE_BYTES = 256 * 2**20
 LANDMARK_METHODS = ("nystrom", "lifted", "segment_means")
 LANDMARK_SAMPLINGS = ("farthest", "uniform")
