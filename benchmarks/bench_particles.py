@@ -16,17 +16,34 @@ each, ~1 minute per pass on a loaded core) to show the memory stays bounded.
 
 Landmark rows (``--landmarks``, also part of the full run): one Euler step of the same flow
 with ``m = 256`` Nyström landmarks (:mod:`sinkflow.lowrank_fields`, ``simulate(landmarks=m)``)
-at n = 10^4, 10^5, 10^6 (time, peak RSS of a fresh process, time / n to show the linear
-growth), and at n = 10^5 against the exact block-wise step measured in the same run (one
-step, ~5 minutes), with the relative field error ``|v_m - v| / |v|`` printed beside the ratio.
+at n = 10^4, 10^5, 10^6: time with the default farthest-point landmarks (their choice, once per
+flow, included and also timed alone) and with uniform ones, peak RSS of a fresh process, time / n
+to show the linear growth. ``--baseline REV`` runs the same step with the package of git revision
+``REV`` (extracted with ``git archive`` into a temporary folder) in the same run, interleaved, and
+prints the ratios. Then, at n = 10^5, the exact block-wise step measured in the same run (one
+step, ~5 minutes; ``--skip-exact`` leaves it out), with the relative field error
+``|v_m - v| / |v|`` printed beside the ratio.
 
-Measured on the shared 2-core machine under load (float32, m = 256): one Nyström step 0.146 s /
-3.58 s / 32.5 s at n = 10^4 / 10^5 / 10^6 (peak RSS 0.30 / 0.40 / 0.43 GiB, linear in n from 10^5);
-at n = 10^5 the exact block-wise step took 1680 s against 8.0 s (210x), field error 5.2e-4.
-The 10 s target at n = 10^6 is not met (eleven passes over the 10^6 x 256 kernel factor).
+Measured on the shared 2-core machine (float32, m = 256, load average 1.0-2.0, medians of 3,
+``--landmarks --baseline 1a183d7 --skip-exact``), seconds per step:
+
+| n | farthest (incl. choice) | the choice | uniform | peak RSS (GiB) | before (uniform) | before RSS | speed-up farthest / uniform |
+|---|---|---|---|---|---|---|---|
+| 10^4 | 0.072 | 0.052 | 0.0168 | 0.25 | 0.0437 | 0.25 | 0.6x / 2.6x |
+| 10^5 | 0.216 | 0.090 | 0.107 | 0.26 | 0.629 | 0.35 | 2.9x / 5.9x |
+| 10^6 | 1.96 | 0.367 | 1.15 | 0.49 | 5.35 | 0.39 | 2.7x / 4.6x |
+
+Before, each of the twelve passes recomputed the 10^6 x 256 kernel factor's exponentials (32.5 s
+in an earlier, more loaded run); now the factor ``B = L A^{+1/2}`` of the numerical rank of the
+landmark block (23 of 256 farthest points, 10 of 256 uniform ones) is formed once and kept. The
+farthest-point choice is made once per flow (at n = 10^4 it costs more than the step); the step
+itself is ~1.6 s at n = 10^6 (the farthest landmarks cover the cloud, so ``B`` has more columns
+than with uniform ones).
+At n = 10^5 the exact block-wise step took 1680 s against 8.0 s for the Nyström step of the time (210x),
+field error 5.2e-4 (an earlier run).
 
 One torch / BLAS thread (reported). Medians over ``--repeats`` runs after one warm-up step.
-Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks]``.
+Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks] [--baseline REV] [--skip-exact]``.
 """
 
 from __future__ import annotations
@@ -38,11 +55,15 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import io  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tarfile  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -78,13 +99,22 @@ def single(method, n, steps, repeats, n_iter):
 
     torch.set_num_threads(1)
     x = _particles(n)
-    if method == "nystrom":
+    extra = {}
+    if method.startswith("nystrom"):
         xt = torch.from_numpy(x)
+        sampling = {"landmark_sampling": "uniform"} if method == "nystrom_uniform" else {}
+        from sinkflow import lowrank_fields
+
+        if method == "nystrom" and hasattr(lowrank_fields, "farthest_point_indices"):  # not in older revisions
+            z = lowrank_fields.gaussian_coordinates(xt, torch.tensor(W, dtype=torch.float32), 1.0)
+            t0 = time.perf_counter()
+            lowrank_fields.farthest_point_indices(z, LANDMARKS)
+            extra["choice_s"] = time.perf_counter() - t0
 
         def run(k):
             return sinkflow.simulate(xt, "sinkhorn", W_K=torch.tensor(W, dtype=torch.float32),
                                      W_V=torch.tensor(W, dtype=torch.float32), h=H, steps=k, n_iter=n_iter,
-                                     warm_start=True, landmarks=LANDMARKS)
+                                     warm_start=True, landmarks=LANDMARKS, **sampling)
     elif method == "sinkflow":
         xt = torch.from_numpy(x)
 
@@ -106,17 +136,30 @@ def single(method, n, steps, repeats, n_iter):
         t0 = time.perf_counter()
         out = run(steps)
         rates.append(steps / (time.perf_counter() - t0))
-    extra = {}
-    if method in ("sinkflow", "nystrom"):
+    if method != "numpy":
         extra["chunked"] = bool(out.chunked)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     return {"rate": statistics.median(rates), "peak_gib": peak_gib, "threads": torch.get_num_threads(), **extra}
 
 
-def run_case(method, n, steps, repeats, n_iter=N_ITER):
+def run_case(method, n, steps, repeats, n_iter=N_ITER, package=None):
+    """One case in a fresh process; ``package``: a folder holding another ``sinkflow`` to import."""
     cmd = [sys.executable, __file__, "--single", method, str(n), str(steps), str(repeats), str(n_iter)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    env = dict(os.environ)
+    if package is not None:
+        env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def baseline_package(rev: str) -> str:
+    """The ``sinkflow`` package of git revision ``rev``, extracted into a temporary folder."""
+    root = Path(__file__).resolve().parents[1]
+    tar = subprocess.run(["git", "-C", str(root), "archive", rev, "sinkflow"], capture_output=True, check=True).stdout
+    folder = tempfile.mkdtemp(prefix="sinkflow-baseline-")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(folder, filter="data")
+    return folder
 
 
 def agreement(n=300):
@@ -148,14 +191,29 @@ def landmark_comparison(n=100_000):
     return seconds, error
 
 
-def landmark_rows(quick: bool, repeats: int):
+def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact: bool = True):
     sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
-    print(f"\nNyström landmarks m={LANDMARKS}: one Euler step, Sinkhorn n_iter={N_ITER}, d={D}, float32, 1 thread\n")
-    print("| n | seconds / step | peak RSS (GiB) | microseconds / particle |")
-    print("|---|---|---|---|")
+    package = None if baseline is None else baseline_package(baseline)
+    print(f"\nNyström landmarks m={LANDMARKS}: one Euler step, Sinkhorn n_iter={N_ITER}, d={D}, float32, 1 thread, "
+          f"median of {repeats}; the farthest-point choice is made once per flow and included\n")
+    head = "| n | farthest (s) | of which the choice (s) | uniform (s) | peak RSS (GiB) | microseconds / particle |"
+    rule = "|---|---|---|---|---|---|"
+    if package is not None:
+        head += f" before, {baseline} (s) | before RSS (GiB) | speed-up farthest | speed-up uniform |"
+        rule += "---|---|---|---|"
+    print(head)
+    print(rule)
     for n in sizes:
-        r = run_case("nystrom", n, 1, 1 if n >= 1_000_000 else repeats)
-        print(f"| {n} | {1 / r['rate']:.3g} | {r['peak_gib']:.2f} | {1e6 / r['rate'] / n:.3g} |")
+        cases = [("nystrom", None), ("nystrom_uniform", None)] + ([("nystrom", package)] if package else [])
+        far, uni, *before = [run_case(method, n, 1, repeats, package=pkg) for method, pkg in cases]
+        row = (f"| {n} | {1 / far['rate']:.3g} | {far['choice_s']:.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} | "
+               f"{1e6 / far['rate'] / n:.3g} |")
+        if before:
+            b = before[0]
+            row += f" {1 / b['rate']:.3g} | {b['peak_gib']:.2f} | {far['rate'] / b['rate']:.1f}x | {uni['rate'] / b['rate']:.1f}x |"
+        print(row, flush=True)
+    if not exact:
+        return
     n = 20_000 if quick else 100_000
     seconds, error = landmark_comparison(n)
     print(f"\n| n | exact block-wise step (s) | Nyström step (s) | speed-up | field error |")
@@ -169,10 +227,12 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="n in {1000, 4000}, big case n = 20000")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--landmarks", action="store_true", help="only the Nyström-landmark rows")
+    p.add_argument("--baseline", metavar="REV", help="also time the landmark step with the package of git revision REV")
+    p.add_argument("--skip-exact", action="store_true", help="leave out the exact block-wise step of the landmark rows")
     p.add_argument("--single", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.landmarks:
-        landmark_rows(args.quick, args.repeats)
+        landmark_rows(args.quick, args.repeats, args.baseline, not args.skip_exact)
         return 0
     if args.single:
         method, n, steps, repeats, n_iter = args.single
@@ -198,7 +258,7 @@ def main(argv=None):
     ours = run_case("sinkflow", big, 1, 1, n_iter=3)
     print(f"| {big} (n_iter=3, one step) | {ours['rate']:.3g} ({1 / ours['rate']:.0f} s/step) | - | - | "
           f"{ours['peak_gib']:.2f} | - | {ours['chunked']} |")
-    landmark_rows(args.quick, args.repeats)
+    landmark_rows(args.quick, args.repeats, args.baseline, not args.skip_exact)
     print(f"\ntorch threads: {ours['threads']}")
     return 0
 

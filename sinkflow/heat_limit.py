@@ -52,7 +52,7 @@ import torch
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.heat import Barenblatt, GaussianMixture, _check_time
 from sinkflow.attention import get_attention
-from sinkflow.lowrank_fields import lowrank_attention_field
+from sinkflow.lowrank_fields import LANDMARK_SAMPLINGS, _flow_landmarks, lowrank_attention_field
 from sinkflow.normalizations import softmax, solve_sinkhorn
 from sinkflow.scores import dot_scores, gaussian_scores
 
@@ -321,7 +321,8 @@ def _check_bandwidth_resolves_particles(x: torch.Tensor, eps: float, sample: int
 
 
 def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sinkhorn", *, tol: float | None = None,
-                    max_iter: int = 5000, landmarks: int | None = None, progress: bool = False) -> HeatFlowResult:
+                    max_iter: int = 5000, landmarks: int | None = None, landmark_sampling: str = "farthest",
+                    landmark_seed: int = 0, progress: bool = False) -> HeatFlowResult:
     r"""Run the rescaled attention flow and keep snapshots at ``times``.
 
     Explicit Euler, :math:`x \leftarrow x + h\,v_\varepsilon(x)`, with each interval
@@ -350,7 +351,13 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     landmarks : int, optional
         Evaluate the kernel with ``m`` landmarks in ``O(n m)`` per step
         (:mod:`sinkflow.lowrank_fields`: Nyström for Sinkhorn and SoftMax, ``m >= n`` exact;
-        Skyformer's lifted Nyström for the unnormalized kernel, ``m >= 2n`` exact).
+        Skyformer's lifted Nyström for the unnormalized kernel, ``m >= 2n`` exact), chosen once
+        from ``x0``.
+    landmark_sampling : {"farthest", "uniform"}
+        Greedy farthest points of ``x0`` (they cover the support, so no particle is far from
+        every landmark) or uniform random particles (:func:`sinkflow.lowrank_fields.landmark_indices`).
+    landmark_seed : int
+        Seed of the landmark draw (the first farthest point).
     tol, max_iter : Sinkhorn marginal tolerance and half-iteration budget per step. The
         default ``tol = eps**2 / 100`` (clipped to [1e-10, 1e-4], float32 floor 2e-6) keeps the
         velocity error (~``3 tol / eps`` relative) well below the O(eps) bias of the limit.
@@ -384,6 +391,11 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
         _check_heat_step(x, eps, dt, normalization)
         _check_bandwidth_resolves_particles(x, eps)
     tol = _default_tol(x, tol, eps)
+    if landmark_sampling not in LANDMARK_SAMPLINGS:
+        raise ValueError(f"landmark_sampling must be one of {LANDMARK_SAMPLINGS}, got {landmark_sampling!r}")
+    if landmarks is not None:  # drawn once: the approximate flow is an ODE of its own
+        landmarks = _flow_landmarks(x, landmarks, layer.variant.landmark_method, None, eps, landmark_sampling,
+                                    landmark_seed)
     from sinkflow._progress import progress_bar
 
     plans = []
@@ -451,7 +463,8 @@ def heat_flow(x0, t: float, eps: float, dt: float, normalization: str = "sinkhor
         Largest Euler step, ``0 < dt <= t``.
     normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
     **kwargs
-        ``tol``, ``max_iter``, ``landmarks``, ``progress`` of :func:`heat_trajectory`.
+        ``tol``, ``max_iter``, ``landmarks``, ``landmark_sampling``, ``landmark_seed``, ``progress`` of
+        :func:`heat_trajectory`.
 
     Returns
     -------

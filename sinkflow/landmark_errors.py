@@ -35,7 +35,7 @@ from sinkflow.energies import energy_inf
 from sinkflow.dense_fields import attention_field
 from sinkflow.heat import GaussianMixture
 from sinkflow.heat_limit import heat_flow
-from sinkflow.lowrank_fields import gaussian_coordinates, landmark_indices
+from sinkflow.lowrank_fields import _flow_landmarks, gaussian_coordinates
 from sinkflow.nystrom import _kernel, nystrom_factors
 from sinkflow.particles import lipschitz_scale, simulate
 
@@ -73,11 +73,13 @@ class LandmarkFlowErrors:
     energy_exact: np.ndarray
 
 
-def nystrom_spectral_error(x, landmarks, W=None, temperature: float = 1.0, seed: int = 0) -> float:
+def nystrom_spectral_error(x, landmarks, W=None, temperature: float = 1.0, seed: int = 0,
+                           sampling: str = "farthest") -> float:
     r"""Relative spectral error :math:`\|G - \tilde G\|_2 / \|G\|_2` of the particles' Gaussian kernel.
 
     ``G`` is the kernel :math:`e^{-\|x_i - x_j\|_W^2 / (2\tau)}` that every landmark flow
-    approximates, ``landmarks`` a count (drawn as the flows draw them) or indices.
+    approximates, ``landmarks`` a count (drawn as the flows draw them, ``sampling`` and ``seed``
+    as in :func:`sinkflow.lowrank_fields.landmark_indices`) or indices.
 
     Examples
     --------
@@ -90,7 +92,9 @@ def nystrom_spectral_error(x, landmarks, W=None, temperature: float = 1.0, seed:
     X = torch.as_tensor(np.asarray(x, dtype=float))
     Wt = None if W is None else torch.as_tensor(np.asarray(W, dtype=float))
     z = gaussian_coordinates(X, Wt, float(temperature))
-    idx = landmarks if not isinstance(landmarks, (int, np.integer)) else landmark_indices(len(X), landmarks, "nystrom", seed)
+    idx = landmarks
+    if isinstance(landmarks, (int, np.integer)):
+        idx = _flow_landmarks(X, int(landmarks), "nystrom", Wt, float(temperature), sampling, seed)
     G = _kernel(z, z, z.shape[-1])  # the exact kernel (what every landmark would give)
     approx = nystrom_factors(z, z, torch.as_tensor(idx), lift=False).matrix()
     return float(torch.linalg.matrix_norm(G - approx, 2) / torch.linalg.matrix_norm(G, 2))
@@ -102,11 +106,10 @@ def _euler(x0, W, h, steps, landmarks, temperature, n_iter):
 
 
 def _field(x, W, landmarks, temperature, n_iter):
-    X = torch.as_tensor(x)
+    """The exact field, or the approximate one with the landmark indices of the flow."""
     Wt = torch.as_tensor(W)
-    idx = None if landmarks is None else landmark_indices(len(x), landmarks, "nystrom", 0)
-    return attention_field(X, "sinkhorn", Wt, Wt, n_iter=n_iter, temperature=temperature, tol=1e-11,
-                           landmarks=idx).velocity.numpy()
+    return attention_field(torch.as_tensor(x), "sinkhorn", Wt, Wt, n_iter=n_iter, temperature=temperature, tol=1e-11,
+                           landmarks=landmarks).velocity.numpy()
 
 
 def landmark_flow_errors(x0, landmarks=(8, 16, 32, 64), *, W=None, h: float = 0.05, steps: int = 40,
@@ -146,9 +149,10 @@ def landmark_flow_errors(x0, landmarks=(8, 16, 32, 64), *, W=None, h: float = 0.
     out = {key: [] for key in ("spectral", "field", "deviation", "bound", "energy")}
     for m in ms:
         approx = _euler(x0, W, h, steps, int(m), temperature, n_iter)
-        delta = max(np.linalg.norm(_field(y, W, int(m), temperature, n_iter) - _field(y, W, None, temperature, n_iter),
+        idx = _flow_landmarks(torch.as_tensor(x0), int(m), "nystrom", torch.as_tensor(W), temperature, "farthest", 0)
+        delta = max(np.linalg.norm(_field(y, W, idx, temperature, n_iter) - _field(y, W, None, temperature, n_iter),
                                    axis=1).max() for y in approx[:-1])
-        out["spectral"].append(nystrom_spectral_error(x0, int(m), W, temperature))
+        out["spectral"].append(nystrom_spectral_error(x0, idx, W, temperature))
         out["field"].append(delta)
         out["deviation"].append(np.linalg.norm(approx - exact, axis=2).max(1))
         out["bound"].append(delta * ((1 + h * L) ** k - 1) / L)

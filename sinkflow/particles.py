@@ -43,7 +43,7 @@ from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.energies import energy_0, energy_gaussian, energy_inf, energy_sphere
 from sinkflow.attention import get_attention
 from sinkflow.dense_fields import attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
-from sinkflow.lowrank_fields import landmark_indices
+from sinkflow.lowrank_fields import LANDMARK_SAMPLINGS, _flow_landmarks
 
 __all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS", "INTEGRATORS",
            "ParticleField", "euler_step", "rk4_step", "lipschitz_scale", "default_tol"]
@@ -428,8 +428,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
              n_iter=None, weights=None, integrator: str = "euler", manifold: str = "euclidean",
              temperature: float = 1.0, monitors=(), monitor_every: int = 1, save_every: int = 1,
              warm_start: bool | None = None, chunked: bool | None = None, landmarks: int | None = None,
-             landmark_seed: int = 0, tol: float | None = None, max_iter: int = 20_000, cluster_tol: float = 1e-3,
-             progress: bool = False) -> Trajectory:
+             landmark_seed: int = 0, landmark_sampling: str = "farthest", tol: float | None = None,
+             max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool = False) -> Trajectory:
     r"""Simulate tokens moving under self-attention (a residual network of depth ``steps``).
 
     Parameters
@@ -482,6 +482,10 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         symmetric positive semi-definite ``W_Q^T W_K``.
     landmark_seed : int
         Seed of the landmark draw (done once: the approximate flow is an ODE of its own).
+    landmark_sampling : {"farthest", "uniform"}
+        Greedy farthest points of ``x0`` in the kernel's metric (cover the support: no particle
+        far from every landmark) or uniform random particles
+        (:func:`sinkflow.lowrank_fields.landmark_indices`).
     tol, max_iter : float, int
         Sinkhorn stopping rule for ``n_iter=None``; ``tol`` defaults to :func:`default_tol`
         of the particles' dtype (1e-10 in float64, 1e-5 in float32).
@@ -522,6 +526,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     variant = get_attention(attention)
     _check_choice(integrator, "integrator", INTEGRATORS)
     _check_choice(manifold, "manifold", MANIFOLDS)
+    _check_choice(landmark_sampling, "landmark_sampling", LANDMARK_SAMPLINGS)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
     if not (math.isfinite(float(temperature)) and float(temperature) > 0):
@@ -555,8 +560,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     tau = float(temperature)
     _check_step_size(h, X, W, Wv, tau, variant, integrator)
     hh = float(h)
-    if landmarks is not None and variant.landmark_method in ("nystrom", "lifted"):
-        landmarks = landmark_indices(n, landmarks, variant.landmark_method, landmark_seed).to(X.device)
+    if landmarks is not None:
+        landmarks = _flow_landmarks(X, landmarks, variant.landmark_method, W, tau, landmark_sampling, landmark_seed)
     field = ParticleField(variant, W, Wv, n_iter, a, tau, _solver_tol(tol, X.dtype), max_iter, bool(chunked), landmarks,
                           n_iter is None if warm_start is None else bool(warm_start), sphere,
                           "marginal_errors" in monitors)
