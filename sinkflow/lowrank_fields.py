@@ -217,6 +217,7 @@ def _farthest_points(z: torch.Tensor, m: int, start: int, block: int) -> torch.T
     """Greedy farthest points from row ``start``; blocks whose bounding box is farther from the new
     landmark than their farthest point is from its nearest landmark cannot change and are skipped."""
     n, d = z.shape
+    z = z - z.mean(0)  # |z|^2 + |c|^2 - 2 z.c below loses digits far from the origin
     order = _compact_order(z, block)
     nb = -(-n // block)
     Z = z[order]

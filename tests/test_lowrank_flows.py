@@ -178,3 +178,13 @@ def test_landmark_sampling_is_checked():
         lowrank_fields.landmark_indices(10, 4, sampling="farthest")
     with pytest.raises(ValueError, match="shape"):
         lowrank_fields.farthest_point_indices(torch.zeros(5), 2)
+
+
+def test_farthest_points_do_not_depend_on_where_the_cloud_sits():
+    # float32 squared distances expanded as |z|^2 + |c|^2 - 2 z.c lose their digits far from
+    # the origin (the picks of a cloud shifted by 1000 used to differ); the search centres first
+    from sinkflow.lowrank_fields import farthest_point_indices
+
+    z = torch.randn(5000, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(farthest_point_indices(z + 1000.0, 64, generator=0), farthest_point_indices(z, 64, generator=0))
+

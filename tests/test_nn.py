@@ -504,6 +504,8 @@ def test_factored_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter
     assert all(torch.allclose(a.double(), b, atol=1e-5) for a, b in zip(g32, ref_out))
     # the factored path itself ran (no fallback to the solver it is compared with)
     assert torch.allclose(_FactoredSinkhorn.apply(C.detach(), None, n_iter, mask), ref.detach(), rtol=0, atol=1e-13)
+    direct = _FactoredSinkhorn.apply(C.detach(), V.detach(), n_iter, mask)
+    assert torch.allclose(direct, (ref @ V).detach(), rtol=0, atol=1e-13)
 
 
 def test_factored_path_itself_matches_the_log_domain_oracle():
@@ -564,6 +566,34 @@ def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax
     softmax_bytes, _ = saved_bytes(lambda: softmax(x, x, x, need_weights=False))
     matrix = 2 * 2 * 48 * 48 * 4  # batch x heads x n x n float32
     assert nbytes <= softmax_bytes + matrix // 4, (nbytes, softmax_bytes)
+
+
+def test_factored_sinkhorn_refuses_bad_arguments():
+    from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+
+    C = torch.randn(3, 3)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="n_iter"):
+            sinkhorn_attention(C, bad)
+    with pytest.raises(TypeError, match="boolean"):
+        sinkhorn_attention(C, 3, torch.ones(3, 3, dtype=torch.int64))
+
+
+def test_global_forward_hook_sees_sinkhorn_weights():
+    from torch.nn.modules.module import register_module_forward_hook
+
+    from sinkflow.nn import AttentionKernel
+
+    seen = []
+    mha = MultiheadAttention(8, 2, normalization="sinkhorn")
+    handle = register_module_forward_hook(
+        lambda module, inputs, output: seen.append(output[1]) if isinstance(module, AttentionKernel) else None)
+    try:
+        x = torch.randn(1, 4, 8)
+        mha(x, x, x, need_weights=False)
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and seen[0] is not None and seen[0].shape == (1, 2, 4, 4)
 
 
 def test_recorder_sees_sinkhorn_weights_when_the_model_does_not_ask_for_them():

@@ -221,8 +221,14 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
 
     The factored path runs for float32/float64 scores (any boolean mask) with ``n_iter >= 2``
     whose admissible line sums stay in range, and then never forms the matrix when
-    ``values`` are given; ``n_iter = 1`` is SoftMax; otherwise (underflow) the solver runs.
+    ``values`` are given; ``n_iter = 1`` is SoftMax; otherwise (underflow, non-finite
+    scores) the solver runs. Unlike the solver, an isolated ``-inf`` score is taken as a
+    masked entry, not refused.
     """
+    if isinstance(n_iter, bool) or int(n_iter) != n_iter or n_iter < 1:
+        raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
     if n_iter == 1:
         return _times(softmax(scores, mask), values)
     if scores.dtype in (torch.float32, torch.float64):

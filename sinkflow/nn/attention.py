@@ -49,6 +49,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.module import _global_forward_hooks
 
 from sinkflow.attention import _sinkhorn as _builtin_sinkhorn
 from sinkflow.attention import available_attentions, compute_dtype, get_attention, register_attention
@@ -209,8 +210,9 @@ class AttentionKernel(nn.Module):
 
     ``forward(q, k, v, mask, need_weights=True) -> (output, weights)`` on per-head tensors;
     see :func:`scaled_attention`. :class:`sinkflow.nn.AttentionRecorder` hooks these
-    modules: while a forward hook is registered, the weights are formed even when the
-    caller does not need them, so the hook sees them.
+    modules: while a forward hook is registered (on the kernel, or for all modules with
+    ``torch.nn.modules.module.register_module_forward_hook``), the weights are formed even
+    when the caller does not need them, so the hook sees them.
     """
 
     def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0, landmarks: int = 64):
@@ -228,7 +230,7 @@ class AttentionKernel(nn.Module):
         self.landmarks = landmarks
 
     def forward(self, q, k, v, mask=None, need_weights: bool = True):
-        need_weights = need_weights or bool(self._forward_hooks)
+        need_weights = need_weights or bool(self._forward_hooks) or bool(_global_forward_hooks)
         return scaled_attention(q, k, v, self.normalization, n_iter=self.n_iter, mask=mask, dropout=self.dropout,
                                 training=self.training, landmarks=self.landmarks, need_weights=need_weights)
 

@@ -253,6 +253,8 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if step_count < config.update_instability_steps:  # its forward passes are not optimization time
+                if device.type == "cuda":  # the backward queued so far is optimization time
+                    torch.cuda.synchronize(device)
                 t_extra = time.perf_counter()
                 update_taus.append(update_instability(model, x, opt.step, seed=config.seed))
                 if device.type == "cuda":
