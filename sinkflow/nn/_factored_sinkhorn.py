@@ -49,12 +49,11 @@ class _OutOfRange(Exception):
 
 def _in_range(sums: list[torch.Tensor], marg) -> bool:
     """Every admissible line sum in [sqrt(tiny), max] (NaN fails): one synchronization for all."""
-    finfo = torch.finfo(sums[0].dtype)
-    lo = finfo.tiny ** 0.5  # 1e-19 in float32: 1 / sum stays finite and normal
-    ok = [((s >= lo) & (s <= finfo.max)) for s in sums]
     if marg.rows is not None:  # an empty line has sum 0 and scaling 0 by definition
-        ok = [o | ~(marg.cols if t % 2 == 0 else marg.rows) for t, o in enumerate(ok)]
-    return bool(torch.stack([o.all() for o in ok]).all())
+        sums = [torch.where(marg.cols if i % 2 == 0 else marg.rows, s, 1.0) for i, s in enumerate(sums)]
+    lo, hi = torch.stack(torch.aminmax(torch.cat([s.reshape(-1) for s in sums]))).tolist()
+    finfo = torch.finfo(sums[0].dtype)
+    return finfo.tiny ** 0.5 <= lo and hi <= finfo.max  # 1 / sum stays finite and normal (NaN: False)
 
 
 @dataclass(frozen=True)
@@ -90,33 +89,28 @@ def _vecmat(x, S):
     return (x.unsqueeze(-2) @ S).squeeze(-2)
 
 
-def _scalings(sums, marg, S):
-    """Row scalings alpha_t (even t) and column scalings beta_t (odd t) from the line sums; t = 0: ones."""
-    alphas, betas = {0: S.new_ones(S.shape[:-1])}, {0: S.new_ones(S.shape[:-2] + S.shape[-1:])}
-    for t, s in enumerate(sums, start=1):
-        (betas if t % 2 else alphas)[t] = marg.scale(t, s)
-    return alphas, betas
-
-
 def _forward(S, n_iter, marg, V):
-    """Line sums of half-steps 2..n_iter; with values, also ``Y = S (beta V)`` (the last row sums fused in)."""
+    """Half-steps 2..n_iter: line sums, row scalings ``alphas[t]`` (even t) and column scalings
+    ``betas[t]`` (odd t; t = 0: ones); with values, also ``Y = S (beta V)`` (the last row sums fused in)."""
     last = n_iter - 1
     fuse = V is not None and last % 2 == 0
-    sums, alpha, beta, Y = [], None, None, None
+    sums, Y = [], None
+    alphas, betas = {0: S.new_ones(S.shape[:-1])}, {0: S.new_ones(S.shape[:-2] + S.shape[-1:])}
     for t in range(1, n_iter):
+        alpha, beta = alphas[max(alphas)], betas[max(betas)]
         if t % 2:  # column step
-            s = S.sum(-2) if alpha is None else _vecmat(alpha, S)
-            beta = marg.scale(t, s)
+            s = S.sum(-2) if t == 1 else _vecmat(alpha, S)
         elif fuse and t == last:  # the last row step: its sums are one more column of the output product
             YR = S @ torch.cat([beta.unsqueeze(-1) * V, beta.unsqueeze(-1)], -1)
             Y, s = YR[..., :-1], YR[..., -1]
         else:  # row step
             s = _matvec(S, beta)
-            alpha = marg.scale(t, s)
+        (betas if t % 2 else alphas)[t] = marg.scale(t, s)
         sums.append(s)
     if V is not None and Y is None:
-        Y = S @ (V if beta is None else beta.unsqueeze(-1) * V)
-    return sums, Y
+        beta = betas[max(betas)]
+        Y = S @ (V if len(betas) == 1 else beta.unsqueeze(-1) * V)
+    return sums, alphas, betas, Y
 
 
 class _FactoredSinkhorn(torch.autograd.Function):
@@ -124,26 +118,27 @@ class _FactoredSinkhorn(torch.autograd.Function):
     def forward(ctx, scores, values, n_iter, mask=None):
         S = _masked_softmax(scores, mask)[0]
         marg = _Marginals.of(mask, scores.shape, scores.dtype)
-        sums, Y = _forward(S, n_iter, marg, values)
+        sums, alphas, betas, Y = _forward(S, n_iter, marg, values)
         if not _in_range(sums, marg):
             raise _OutOfRange
-        alphas, betas = _scalings(sums, marg, S)
         alpha, beta = alphas[max(alphas)], betas[max(betas)]
         ctx.n_iter, ctx.marg, ctx.matrix = n_iter, marg, values is None
+        ctx.sums, ctx.alphas, ctx.betas = sums, alphas, betas  # intermediates (not inputs or outputs)
         if values is None:
-            ctx.save_for_backward(S, *sums)
+            ctx.save_for_backward(S)
             return alpha.unsqueeze(-1) * S * beta.unsqueeze(-2)
-        ctx.save_for_backward(S, values, Y, *sums)
+        ctx.save_for_backward(S, values)
+        ctx.Y = Y
         return alpha.unsqueeze(-1) * Y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         if ctx.matrix:
-            S, *sums = ctx.saved_tensors
-            return _matrix_backward(ctx, grad, S, sums), None, None, None
-        S, V, Y, *sums = ctx.saved_tensors
-        dC, dV = _output_backward(ctx, grad, S, V, Y, sums)
+            (S,) = ctx.saved_tensors
+            return _matrix_backward(ctx, grad, S), None, None, None
+        S, V = ctx.saved_tensors
+        dC, dV = _output_backward(ctx, grad, S, V)
         return dC, dV, None, None
 
 
@@ -180,8 +175,8 @@ def _low_rank(xs, ys, d_alpha0, left=None, right=None):
     return X @ Yt
 
 
-def _output_backward(ctx, grad, S, V, Y, sums):
-    alphas, betas = _scalings(sums, ctx.marg, S)
+def _output_backward(ctx, grad, S, V):
+    sums, alphas, betas, Y = ctx.sums, ctx.alphas, ctx.betas, ctx.Y
     last = ctx.n_iter - 1
     alpha, beta = alphas[max(alphas)], betas[max(betas)]
     d_alpha = torch.linalg.vecdot(grad, Y)
@@ -205,8 +200,8 @@ def _output_backward(ctx, grad, S, V, Y, sums):
     return dC, dV
 
 
-def _matrix_backward(ctx, grad, S, sums):
-    alphas, betas = _scalings(sums, ctx.marg, S)
+def _matrix_backward(ctx, grad, S):
+    sums, alphas, betas = ctx.sums, ctx.alphas, ctx.betas
     alpha, beta = alphas[max(alphas)], betas[max(betas)]
     H = grad * S
     d_alpha, d_beta = _matvec(H, beta), _vecmat(alpha, H)
