@@ -483,7 +483,32 @@ def heat_flow(x0, t: float, eps: float, dt: float, normalization: str = "sinkhor
 
 
 def limit_time_factor(normalization: str) -> float | None:
-    """Clock of each normalization's limit equation (see :data:`LIMIT_EQUATIONS`); None: no limit."""
+    """Clock of each normalization's limit equation (see :data:`LIMIT_EQUATIONS`); None: no limit.
+
+    The flow of ``normalization`` at time ``t`` approaches its limit equation's solution at
+    time ``factor * t`` (:func:`heat_reference` applies it).
+
+    Parameters
+    ----------
+    normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
+
+    Returns
+    -------
+    float or None
+        The time factor; None for ``"softmax_dot"``, which has no many-particle limit.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> from sinkflow.heat_limit import limit_time_factor
+    >>> limit_time_factor("sinkhorn"), limit_time_factor("softmax_gaussian"), limit_time_factor("softmax_dot")
+    (1.0, 2.0, None)
+    >>> g = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
+    >>> softmax = sinkflow.heat_reference(g, 0.5, "softmax_gaussian")   # the heat equation on a faster clock
+    >>> heat = sinkflow.heat_reference(g, limit_time_factor("softmax_gaussian") * 0.5, "sinkhorn")
+    >>> bool(np.allclose(softmax.covs, heat.covs))
+    True
+    """
     return _TIME_FACTOR[_check_normalization(normalization)]
 
 

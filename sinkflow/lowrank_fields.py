@@ -85,7 +85,30 @@ class NystromPositivityError(ValueError):
 
 @dataclass(frozen=True)
 class LowRankField:
-    """Result of :func:`lowrank_attention_field` (fields as :class:`sinkflow.blockwise_fields.LazyField`)."""
+    r"""Result of :func:`lowrank_attention_field` (fields as :class:`sinkflow.blockwise_fields.LazyField`).
+
+    Attributes
+    ----------
+    velocity : torch.Tensor (n, p)
+        The velocity :math:`\sum_j K_{ij} V_j`.
+    g : torch.Tensor (n,) or None
+        Log column scaling of the normalization (pass it as ``init_g`` to warm-start the next
+        call); None for ``normalization="none"`` and segment means.
+    n_iter : int
+        Half-iterations done (passes over the factor).
+    row_error, column_error : float
+        Weighted marginal errors; ``column_error`` is NaN when it was not measured.
+    converged : bool
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.lowrank_fields import lowrank_attention_field
+    >>> x = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> field = lowrank_attention_field(x, x, 8)   # a LowRankField
+    >>> field.velocity.shape, field.g.shape, field.converged
+    (torch.Size([30, 2]), torch.Size([30]), True)
+    """
 
     velocity: torch.Tensor
     g: torch.Tensor | None
@@ -261,6 +284,33 @@ def gaussian_coordinates(x: torch.Tensor, W: torch.Tensor | None, temperature: f
     :func:`sinkflow.gaussian_kernel` has bandwidth :math:`\sqrt p` in dimension ``p``, so
     :math:`z = p^{1/4} x L^T / \sqrt\tau` with :math:`L^T L = W` (``W`` symmetric positive
     semi-definite; otherwise ``ValueError``).
+
+    Parameters
+    ----------
+    x : torch.Tensor (n, p)
+        Points.
+    W : torch.Tensor (p, p) or None
+        Symmetric positive semi-definite metric (None: the identity).
+    temperature : float
+        :math:`\tau > 0`.
+
+    Returns
+    -------
+    torch.Tensor (n, p)
+        The points ``z`` in which the kernel is isotropic (the landmark search measures
+        distances there).
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> from sinkflow.lowrank_fields import gaussian_coordinates
+    >>> x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> W = torch.diag(torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64))
+    >>> z = gaussian_coordinates(x, W, temperature=0.5)
+    >>> diff = x[:, None] - x[None]
+    >>> exact = torch.exp(-((diff @ W) * diff).sum(-1) / (2 * 0.5))
+    >>> bool(torch.allclose(sinkflow.gaussian_kernel(z, z), exact))
+    True
     """
     d = x.shape[1]
     scale = d ** 0.25 / math.sqrt(temperature)

@@ -210,6 +210,25 @@ def default_tol(dtype: torch.dtype) -> float:
     A marginal error sums ``n`` entries of relative rounding ``eps``; float32 cannot go
     much below ``1e-6`` (a float64-level ``tol`` would make every solve stop at its floor),
     see :func:`sinkflow.normalizations.default_tolerance`.
+
+    Parameters
+    ----------
+    dtype : torch.dtype
+        Floating dtype of the particles.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.normalizations import default_tolerance
+    >>> from sinkflow.particles import default_tol
+    >>> default_tol(torch.float64)
+    1e-10
+    >>> default_tol(torch.float32) == default_tolerance(torch.float32) > default_tol(torch.float64)
+    True
     """
     from sinkflow.normalizations import default_tolerance
 
@@ -263,6 +282,24 @@ class ParticleField:
 
     ``velocity(Y)`` returns the (tangent) velocity and the :class:`~sinkflow.dense_fields.FieldEvaluation`;
     Sinkhorn potentials are carried from one evaluation to the next when ``warm_start``.
+    :func:`sinkflow.simulate` builds one per run from its checked arguments; the fields mirror
+    its options (``W = W_Q^T W_K``, ``sphere`` for ``manifold="sphere"``, ``need_errors`` for the
+    ``"marginal_errors"`` monitor). ``retract(Y)`` maps a state back to the manifold
+    (renormalization on the sphere, the identity in Euclidean space).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.particles import ParticleField, default_tol
+    >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
+    ...                       tol=default_tol(torch.float64), max_iter=1000, chunked=False, landmarks=None,
+    ...                       warm_start=True, sphere=False, need_errors=True)
+    >>> X = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> v, ev = field.velocity(X)
+    >>> v.shape, ev.converged, ev.column_error < 1e-9, field.g is not None   # g: kept for the next call
+    (torch.Size([6, 2]), True, True, True)
+    >>> bool(torch.allclose(v.mean(0), X.mean(0)))   # doubly stochastic: the mean is kept
+    True
     """
 
     attention: Any
@@ -297,13 +334,74 @@ class ParticleField:
 
 
 def euler_step(field: ParticleField, X: torch.Tensor, h: float):
-    """One explicit Euler step (a residual layer); returns the new state and the evaluations."""
+    """One explicit Euler step (a residual layer); returns the new state and the evaluations.
+
+    Parameters
+    ----------
+    field : ParticleField
+    X : torch.Tensor (n, d)
+        State.
+    h : float
+        Step size.
+
+    Returns
+    -------
+    (torch.Tensor (n, d), list of FieldEvaluation)
+        ``retract(X + h v(X))`` and the one evaluation of the field.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.particles import ParticleField, euler_step
+    >>> field = ParticleField("softmax", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
+    ...                       tol=1e-10, max_iter=1000, chunked=False, landmarks=None, warm_start=False,
+    ...                       sphere=True, need_errors=False)
+    >>> X = torch.nn.functional.normalize(torch.randn(5, 3, dtype=torch.float64,
+    ...                                               generator=torch.Generator().manual_seed(0)), dim=1)
+    >>> Y, evs = euler_step(field, X, 0.1)
+    >>> Y.shape, len(evs), bool(torch.allclose(Y.norm(dim=1), torch.ones(5, dtype=torch.float64)))  # on the sphere
+    (torch.Size([5, 3]), 1, True)
+    >>> v, _ = field.velocity(X)   # projected on the tangent spaces
+    >>> bool(torch.allclose((v * X).sum(1), torch.zeros(5, dtype=torch.float64), atol=1e-12))
+    True
+    >>> bool(torch.allclose(Y, field.retract(X + 0.1 * v)))
+    True
+    """
     v, ev = field.velocity(X)
     return field.retract(X + h * v), [ev]
 
 
 def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
-    """One classical Runge-Kutta step (the continuous-depth reference)."""
+    """One classical Runge-Kutta step (the continuous-depth reference).
+
+    Parameters
+    ----------
+    field : ParticleField
+    X : torch.Tensor (n, d)
+        State.
+    h : float
+        Step size.
+
+    Returns
+    -------
+    (torch.Tensor (n, d), list of FieldEvaluation)
+        The new state and the four evaluations of the field.
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> from sinkflow.particles import ParticleField, default_tol, rk4_step
+    >>> X = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
+    ...                       tol=default_tol(X.dtype), max_iter=20_000, chunked=False, landmarks=None,
+    ...                       warm_start=True, sphere=False, need_errors=False)
+    >>> Y, evs = rk4_step(field, X, 0.1)
+    >>> len(evs)
+    4
+    >>> ref = sinkflow.simulate(X, "sinkhorn", h=0.1, steps=1, integrator="rk4").final   # the same step
+    >>> bool(torch.allclose(Y, ref))
+    True
+    """
     v1, e1 = field.velocity(X)
     v2, e2 = field.velocity(field.retract(X + 0.5 * h * v1))
     v3, e3 = field.velocity(field.retract(X + 0.5 * h * v2))

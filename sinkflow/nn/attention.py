@@ -213,6 +213,36 @@ class AttentionKernel(nn.Module):
     modules: while a forward hook is registered (on the kernel, or for all modules with
     ``torch.nn.modules.module.register_module_forward_hook``), the weights are formed even
     when the caller does not need them, so the hook sees them.
+
+    Parameters
+    ----------
+    normalization : str
+        ``"softmax"``, ``"sinkhorn"``, ``"gaussian"``, ``"skyformer"``, ``"nystromformer"``
+        or a registered name.
+    n_iter : int
+        Sinkhorn half-iterations.
+    dropout : float
+        Dropout on the weights (training mode only).
+    landmarks : int
+        Nyström landmarks of ``"skyformer"`` / ``"nystromformer"``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.nn import AttentionKernel
+    >>> kernel = AttentionKernel("sinkhorn", n_iter=3)
+    >>> q, k, v = torch.randn(3, 2, 4, 5, 8, generator=torch.Generator().manual_seed(0))   # (batch, heads, n, p)
+    >>> out, w = kernel(q, k, v)
+    >>> out.shape, w.shape, bool(torch.allclose(w.sum(-1), torch.ones(2, 4, 5)))   # odd n_iter ends on rows
+    (torch.Size([2, 4, 5, 8]), torch.Size([2, 4, 5, 5]), True)
+    >>> kernel(q, k, v, need_weights=False)[1] is None
+    True
+    >>> seen = []
+    >>> handle = kernel.register_forward_hook(lambda module, inputs, output: seen.append(output[1]))
+    >>> _ = kernel(q, k, v, need_weights=False)   # a hook is registered: the weights are formed for it
+    >>> handle.remove()
+    >>> bool(torch.allclose(seen[0], w))
+    True
     """
 
     def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0, landmarks: int = 64):

@@ -39,6 +39,25 @@ class AttentionBlock(nn.Module):
         Dropout on attention weights and in the MLP.
     landmarks : int
         Nyström landmarks of ``"skyformer"`` / ``"nystromformer"``.
+
+    Notes
+    -----
+    ``forward(x, key_padding_mask=None)`` maps ``(batch, n, dim)`` to ``(batch, n, dim)``;
+    ``key_padding_mask`` (``True = pad``) also removes padded queries from Sinkhorn's column
+    constraint.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.nn import AttentionBlock
+    >>> block = AttentionBlock(16, heads=2, normalization="sinkhorn", mlp_ratio=2)
+    >>> x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(0))
+    >>> y = block(x)
+    >>> y.shape
+    torch.Size([3, 7, 16])
+    >>> perm = torch.randperm(7, generator=torch.Generator().manual_seed(1))
+    >>> bool(torch.allclose(block(x[:, perm]), y[:, perm], atol=1e-5))   # no positions: permutation-equivariant
+    True
     """
 
     def __init__(self, dim: int, heads: int = 1, normalization: str = "softmax", n_iter: int = 3,

@@ -87,7 +87,47 @@ class FigureSpec:
 
 def register(name: str, *, compute, plot, quick, full=None, default: bool = True, description: str = "",
              formats: tuple = FORMATS) -> FigureSpec:
-    """Register a figure (called at import time by figure modules)."""
+    """Register a figure (called at import time by figure modules).
+
+    Parameters
+    ----------
+    name : str
+        Registry key and file stem (a name already registered with another ``compute`` is a
+        ``ValueError``).
+    compute : callable
+        ``compute(config) -> dict`` of numpy arrays and numbers.
+    plot : callable
+        ``plot(data, config)`` returning a figure, an animation or a dict of them.
+    quick, full : frozen dataclass instances
+        Configurations of the two modes (``full`` defaults to ``quick``); anything else is a
+        ``TypeError``.
+    default : bool
+        Whether ``sinkflow figures`` (no names) makes it.
+    description : str
+        One line for ``--list`` and the gallery.
+    formats : tuple of str
+        Formats the figure can be written in.
+
+    Returns
+    -------
+    FigureSpec
+
+    Examples
+    --------
+    >>> from dataclasses import dataclass
+    >>> import numpy as np
+    >>> from sinkflow.plots.registry import _REGISTRY, compute, get, register
+    >>> @dataclass(frozen=True)
+    ... class SquaresConfig:
+    ...     n: int = 4
+    >>> spec = register("demo_squares", compute=lambda cfg: {"y": np.arange(cfg.n) ** 2},
+    ...                 plot=lambda data, cfg: None, quick=SquaresConfig(), default=False)
+    >>> get("demo_squares") is spec, spec.full == spec.quick
+    (True, True)
+    >>> compute("demo_squares", n=3)["y"].tolist()
+    [0, 1, 4]
+    >>> del _REGISTRY["demo_squares"]   # leave the registry as this example found it
+    """
     for cfg in (quick, full):
         if cfg is not None and not (dataclasses.is_dataclass(cfg) and cfg.__dataclass_params__.frozen):
             raise TypeError(f"figure {name!r}: configs must be frozen dataclass instances")
@@ -108,12 +148,52 @@ def _discover() -> None:
 
 
 def registry() -> dict[str, FigureSpec]:
-    """All registered figures, by name (sorted)."""
+    """All registered figures, by name (sorted).
+
+    Imports every figure module of :mod:`sinkflow.plots` first, so each has registered.
+
+    Returns
+    -------
+    dict
+        ``name -> FigureSpec``, in name order.
+
+    Examples
+    --------
+    >>> from sinkflow.plots.registry import registry
+    >>> figures = registry()
+    >>> list(figures) == sorted(figures), all(name == spec.name for name, spec in figures.items())
+    (True, True)
+    >>> "normalizations_convergence" in figures
+    True
+    """
     _discover()
     return dict(sorted(_REGISTRY.items()))
 
 
 def get(name: str) -> FigureSpec:
+    """The registered figure ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A key of :func:`registry`.
+
+    Returns
+    -------
+    FigureSpec
+
+    Raises
+    ------
+    KeyError
+        For an unknown name (the message lists the known ones).
+
+    Examples
+    --------
+    >>> from sinkflow.plots.registry import get
+    >>> spec = get("normalizations_convergence")
+    >>> spec.name, spec.config("quick") is spec.quick
+    ('normalizations_convergence', True)
+    """
     reg = registry()
     if name not in reg:
         raise KeyError(f"unknown figure {name!r}; known: {', '.join(reg)}")
@@ -121,7 +201,31 @@ def get(name: str) -> FigureSpec:
 
 
 def config_hash(name: str, config) -> str:
-    """Short SHA-256 of the figure name and its config (as sorted JSON)."""
+    """Short SHA-256 of the figure name and its config (as sorted JSON).
+
+    Parameters
+    ----------
+    name : str
+        Figure name.
+    config : dataclass instance
+        Its configuration.
+
+    Returns
+    -------
+    str
+        16 hexadecimal digits; ``MANIFEST.tsv`` records it for each written file.
+
+    Examples
+    --------
+    >>> import dataclasses
+    >>> from sinkflow.plots.registry import config_hash, get
+    >>> cfg = get("normalizations_convergence").quick
+    >>> h = config_hash("normalizations_convergence", cfg)
+    >>> len(h), h == config_hash("normalizations_convergence", dataclasses.replace(cfg))
+    (16, True)
+    >>> h == config_hash("normalizations_convergence", dataclasses.replace(cfg, seed=cfg.seed + 1))
+    False
+    """
     payload = json.dumps({"figure": name, "config": dataclasses.asdict(config)}, sort_keys=True, default=repr)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -204,7 +308,36 @@ def data_checksum(data: dict) -> str:
 
 
 def compute(name: str, mode: str = "quick", **overrides) -> dict:
-    """Run a figure's experiment and return its data (no plotting)."""
+    """Run a figure's experiment and return its data (no plotting).
+
+    Parameters
+    ----------
+    name : str
+        A registered figure.
+    mode : {"quick", "full"}
+        Which embedded configuration to run.
+    **overrides
+        Fields of the configuration to replace (``dataclasses.replace``).
+
+    Returns
+    -------
+    dict
+        The data of :attr:`FigureSpec.compute`.
+
+    Examples
+    --------
+    >>> from dataclasses import dataclass
+    >>> import numpy as np
+    >>> from sinkflow.plots.registry import _REGISTRY, compute, register
+    >>> @dataclass(frozen=True)
+    ... class RampConfig:
+    ...     n: int = 5
+    >>> _ = register("demo_ramp", compute=lambda cfg: {"y": np.linspace(0, 1, cfg.n)},
+    ...              plot=lambda data, cfg: None, quick=RampConfig(), default=False)
+    >>> compute("demo_ramp")["y"].shape, compute("demo_ramp", n=3)["y"].shape
+    ((5,), (3,))
+    >>> del _REGISTRY["demo_ramp"]   # leave the registry as this example found it
+    """
     spec = get(name)
     cfg = spec.config(mode)
     if overrides:
@@ -243,6 +376,52 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
     written in is a ``ValueError``. ``save_data=True`` also writes the data as ``NAME.npz``
     (:func:`flatten_data`). Updates ``out/MANIFEST.tsv`` (figure, mode, file, config hash,
     data checksum, file hash).
+
+    Parameters
+    ----------
+    name : str
+        A registered figure.
+    mode : {"quick", "full"}
+        Which embedded configuration to use.
+    out : str or Path
+        Folder to write in (created if needed).
+    formats : iterable of str, optional
+        File formats (see :meth:`FigureSpec.writable`).
+    data : dict, optional
+        Data already computed for this configuration (the experiment is then not rerun).
+    save_data : bool
+        Also write ``NAME.npz``.
+
+    Returns
+    -------
+    list of Path
+        The written files.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from dataclasses import dataclass
+    >>> from pathlib import Path
+    >>> import numpy as np
+    >>> from sinkflow.plots.registry import _REGISTRY, config_hash, read_manifest, register, render
+    >>> @dataclass(frozen=True)
+    ... class LineConfig:
+    ...     n: int = 5
+    >>> def line_plot(data, cfg):
+    ...     import matplotlib.pyplot as plt
+    ...     fig, ax = plt.subplots()
+    ...     ax.plot(data["y"])
+    ...     return fig
+    >>> _ = register("demo_line", compute=lambda cfg: {"y": np.arange(cfg.n)}, plot=line_plot,
+    ...              quick=LineConfig(), default=False)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     paths = render("demo_line", out=tmp, formats=("png",))
+    ...     rows = read_manifest(tmp)
+    ...     print([p.name for p in paths], Path(tmp, "demo_line.png").stat().st_size > 0)
+    ['demo_line.png'] True
+    >>> rows["demo_line.png"]["config_hash"] == config_hash("demo_line", LineConfig())
+    True
+    >>> del _REGISTRY["demo_line"]   # leave the registry as this example found it
     """
     from sinkflow.plots.style import style
 
@@ -284,6 +463,17 @@ def read_manifest(folder: str | Path) -> dict[str, dict[str, str]]:
     dict
         ``file name -> {column: value}`` over :data:`MANIFEST_COLUMNS`; empty when there is
         no manifest. Lines without one value per column are skipped.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from sinkflow.plots.registry import MANIFEST_COLUMNS, read_manifest, write_manifest
+    >>> row = dict(zip(MANIFEST_COLUMNS, ("demo", "quick", "demo.png", "0" * 16, "1" * 16, "2" * 16)))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     empty = read_manifest(tmp)   # no MANIFEST.tsv yet
+    ...     write_manifest(tmp, {"demo.png": row})
+    ...     print(empty, read_manifest(tmp) == {"demo.png": row})
+    {} True
     """
     path = Path(folder) / "MANIFEST.tsv"
     lines = path.read_text().splitlines() if path.is_file() else []
@@ -300,6 +490,19 @@ def write_manifest(folder: str | Path, rows: dict[str, dict[str, str]]) -> None:
         Folder to write ``MANIFEST.tsv`` in.
     rows : dict
         ``file name -> {column: value}``, as :func:`read_manifest` returns.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from sinkflow.plots.registry import MANIFEST_COLUMNS, read_manifest, write_manifest
+    >>> rows = {f: dict(zip(MANIFEST_COLUMNS, ("demo", "quick", f, "a" * 16, "b" * 16, "c" * 16)))
+    ...         for f in ("demo.pdf", "demo.png")}
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     write_manifest(tmp, rows)
+    ...     lines = Path(tmp, "MANIFEST.tsv").read_text().splitlines()
+    ...     print(read_manifest(tmp) == rows, lines[0].split("\\t") == list(MANIFEST_COLUMNS), len(lines))
+    True True 3
     """
     lines = ["\t".join(MANIFEST_COLUMNS)] + ["\t".join(rows[f][c] for c in MANIFEST_COLUMNS) for f in sorted(rows)]
     (Path(folder) / "MANIFEST.tsv").write_text("\n".join(lines) + "\n")
