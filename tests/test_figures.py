@@ -141,3 +141,19 @@ def test_animation_refuses_a_format_it_cannot_write(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
     with pytest.raises(ValueError, match="supports gif"):
         render("particles_animation", out=tmp_path, formats=("png",))
+
+
+def test_unregister_removes_a_figure_and_refuses_an_unknown_name():
+    from dataclasses import dataclass
+
+    from sinkflow.plots.registry import register, registry, unregister
+
+    @dataclass(frozen=True)
+    class Cfg:
+        seed: int = 0
+
+    spec = register("test_unregistered", compute=lambda cfg: {"x": 1.0}, plot=lambda data, cfg: None, quick=Cfg())
+    assert "test_unregistered" in registry()
+    assert unregister("test_unregistered") is spec and "test_unregistered" not in registry()
+    with pytest.raises(ValueError, match="no registered figure 'test_unregistered'"):
+        unregister("test_unregistered")

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["FigureSpec", "register", "registry", "get", "compute", "render", "config_hash", "data_checksum",
+__all__ = ["FigureSpec", "register", "unregister", "registry", "get", "compute", "render", "config_hash", "data_checksum",
            "flatten_data", "read_manifest", "write_manifest", "CHECKSUM_DIGITS", "FORMATS", "MANIFEST_COLUMNS"]
 
 _REGISTRY: dict[str, "FigureSpec"] = {}
@@ -116,7 +116,7 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
     --------
     >>> from dataclasses import dataclass
     >>> import numpy as np
-    >>> from sinkflow.plots.registry import _REGISTRY, compute, get, register
+    >>> from sinkflow.plots.registry import compute, get, register, unregister
     >>> @dataclass(frozen=True)
     ... class SquaresConfig:
     ...     n: int = 4
@@ -126,7 +126,7 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
     (True, True)
     >>> compute("demo_squares", n=3)["y"].tolist()
     [0, 1, 4]
-    >>> del _REGISTRY["demo_squares"]   # leave the registry as this example found it
+    >>> _ = unregister("demo_squares")   # leave the registry as this example found it
     """
     for cfg in (quick, full):
         if cfg is not None and not (dataclasses.is_dataclass(cfg) and cfg.__dataclass_params__.frozen):
@@ -168,6 +168,36 @@ def registry() -> dict[str, FigureSpec]:
     """
     _discover()
     return dict(sorted(_REGISTRY.items()))
+
+
+def unregister(name: str) -> FigureSpec:
+    """Remove the figure ``name`` from the registry (e.g. one registered while exploring in a notebook).
+
+    Parameters
+    ----------
+    name : str
+
+    Returns
+    -------
+    FigureSpec
+        The removed figure.
+
+    Examples
+    --------
+    >>> from dataclasses import dataclass
+    >>> from sinkflow.plots.registry import register, registry, unregister
+    >>> @dataclass(frozen=True)
+    ... class Cfg:
+    ...     seed: int = 0
+    >>> spec = register("demo_removed", compute=lambda cfg: {}, plot=lambda data, cfg: None, quick=Cfg())
+    >>> unregister("demo_removed") is spec, "demo_removed" in registry()
+    (True, False)
+    """
+    _discover()
+    try:
+        return _REGISTRY.pop(name)
+    except KeyError:
+        raise ValueError(f"no registered figure {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
 
 
 def get(name: str) -> FigureSpec:
@@ -328,7 +358,7 @@ def compute(name: str, mode: str = "quick", **overrides) -> dict:
     --------
     >>> from dataclasses import dataclass
     >>> import numpy as np
-    >>> from sinkflow.plots.registry import _REGISTRY, compute, register
+    >>> from sinkflow.plots.registry import compute, register, unregister
     >>> @dataclass(frozen=True)
     ... class RampConfig:
     ...     n: int = 5
@@ -336,7 +366,7 @@ def compute(name: str, mode: str = "quick", **overrides) -> dict:
     ...              plot=lambda data, cfg: None, quick=RampConfig(), default=False)
     >>> compute("demo_ramp")["y"].shape, compute("demo_ramp", n=3)["y"].shape
     ((5,), (3,))
-    >>> del _REGISTRY["demo_ramp"]   # leave the registry as this example found it
+    >>> _ = unregister("demo_ramp")   # leave the registry as this example found it
     """
     spec = get(name)
     cfg = spec.config(mode)
@@ -403,7 +433,7 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
     >>> from dataclasses import dataclass
     >>> from pathlib import Path
     >>> import numpy as np
-    >>> from sinkflow.plots.registry import _REGISTRY, config_hash, read_manifest, register, render
+    >>> from sinkflow.plots.registry import config_hash, read_manifest, register, render, unregister
     >>> @dataclass(frozen=True)
     ... class LineConfig:
     ...     n: int = 5
@@ -421,7 +451,7 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
     ['demo_line.png'] True
     >>> rows["demo_line.png"]["config_hash"] == config_hash("demo_line", LineConfig())
     True
-    >>> del _REGISTRY["demo_line"]   # leave the registry as this example found it
+    >>> _ = unregister("demo_line")   # leave the registry as this example found it
     """
     from sinkflow.plots.style import style
 
