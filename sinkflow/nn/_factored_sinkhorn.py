@@ -107,9 +107,8 @@ def _forward(S, n_iter, marg, V):
             s = _matvec(S, beta)
         (betas if t % 2 else alphas)[t] = marg.scale(t, s)
         sums.append(s)
-    if V is not None and Y is None:
-        beta = betas[max(betas)]
-        Y = S @ (V if len(betas) == 1 else beta.unsqueeze(-1) * V)
+    if V is not None and Y is None:  # the last step was a column step
+        Y = S @ (betas[max(betas)].unsqueeze(-1) * V)
     return sums, alphas, betas, Y
 
 
