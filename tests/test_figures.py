@@ -157,3 +157,31 @@ def test_unregister_removes_a_figure_and_refuses_an_unknown_name():
     assert unregister("test_unregistered") is spec and "test_unregistered" not in registry()
     with pytest.raises(ValueError, match="no registered figure 'test_unregistered'"):
         unregister("test_unregistered")
+
+
+def test_quick_figure_data_are_computed_on_one_torch_thread(tmp_path):
+    # committed figures must not depend on the core count: a thread pool's split of a reduction
+    # moves the last digits, and those move a PDF's coordinates
+    from dataclasses import dataclass
+
+    import torch
+
+    from sinkflow.plots.registry import compute, register, render, unregister
+
+    @dataclass(frozen=True)
+    class Cfg:
+        seed: int = 0
+
+    seen = []
+    register("test_threads", compute=lambda cfg: seen.append(torch.get_num_threads()) or {"x": 1.0},
+             plot=lambda data, cfg: None, quick=Cfg(), full=Cfg(seed=1), default=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        compute("test_threads")
+        compute("test_threads", mode="full")
+        render("test_threads", out=tmp_path, formats=())
+        assert seen == [1, 2, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+        unregister("test_threads")

@@ -8,6 +8,7 @@ PNG and PDF carry no timestamps or software versions, so reruns are byte-identic
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -372,7 +373,20 @@ def compute(name: str, mode: str = "quick", **overrides) -> dict:
     cfg = spec.config(mode)
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
-    return spec.compute(cfg)
+    return _run(spec, cfg, mode)
+
+
+def _run(spec: FigureSpec, cfg, mode: str) -> dict:
+    """``spec.compute(cfg)``; quick data on one torch thread.
+
+    A thread pool's split of a reduction changes the last digits, and those move a PDF's
+    coordinates: committed (quick) figures would depend on the core count. Full
+    configurations use every thread.
+    """
+    from sinkflow._backend import torch_threads  # torch loads with the first figure, not with the registry
+
+    with torch_threads(1) if mode == "quick" else contextlib.nullcontext():
+        return spec.compute(cfg)
 
 
 _PNG_META = {"Software": None}
@@ -459,7 +473,7 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
     formats = spec.writable(formats)
     cfg = spec.config(mode)
     if data is None:
-        data = spec.compute(cfg)
+        data = _run(spec, cfg, mode)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with style():
