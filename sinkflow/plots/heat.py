@@ -112,7 +112,7 @@ class NormalizationsConfig:
     n: int = 500
     eps: float = 0.1
     dt: float = 0.0125
-    dt_dot: float = 0.004  # SoftMax-dot needs dt < eps^2 / var (explicit Euler on a ~1/eps^2 rate)
+    dt_dot: float = 0.004  # SoftMax-dot moves at ~var/eps^2; both steps are capped at largest_safe_dt
     t_end: float = 1.0
     n_times: int = 6
     n_pme: int = 500
@@ -123,7 +123,7 @@ class NormalizationsConfig:
 
 def compute_normalizations(cfg: NormalizationsConfig) -> dict:
     from sinkflow._backend import torch_threads
-    from sinkflow.heat_limit import NORMALIZATIONS
+    from sinkflow.heat_limit import NORMALIZATIONS, largest_safe_dt
 
     g = mixture_1d()
     times = np.linspace(0, cfg.t_end, cfg.n_times)
@@ -131,7 +131,7 @@ def compute_normalizations(cfg: NormalizationsConfig) -> dict:
     data = {"times": times}
     with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         for norm in NORMALIZATIONS:
-            dt = cfg.dt_dot if norm == "softmax_dot" else cfg.dt
+            dt = min(cfg.dt_dot if norm == "softmax_dot" else cfg.dt, largest_safe_dt(x0, cfg.eps, norm))
             pos = sinkflow.heat_trajectory(x0, times, cfg.eps, dt, norm).positions
             data[f"w2_heat_{norm}"] = np.array([sinkflow.wasserstein2(p, g.evolve(t)).value for p, t in zip(pos, times)])
             if norm == "softmax_gaussian":
@@ -141,7 +141,8 @@ def compute_normalizations(cfg: NormalizationsConfig) -> dict:
         b = sinkflow.Barenblatt(dim=1, time=0.3)
         xb = b.sample(cfg.n_pme, cfg.seed + 2)
         for norm in ("unnormalized", "sinkhorn"):
-            pos = sinkflow.heat_trajectory(xb, times, cfg.eps_pme, cfg.dt, norm).positions
+            dt = min(cfg.dt, largest_safe_dt(xb, cfg.eps_pme, norm))
+            pos = sinkflow.heat_trajectory(xb, times, cfg.eps_pme, dt, norm).positions
             data[f"w2_pme_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(b, t, "unnormalized")).value
                                                for p, t in zip(pos, times)])
         data["w2_pme_floor"] = _iid_floor([sinkflow.heat_reference(b, t, "unnormalized") for t in times], cfg.n_pme,
