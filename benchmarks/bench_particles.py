@@ -216,7 +216,7 @@ def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact:
         return
     n = 20_000 if quick else 100_000
     seconds, error = landmark_comparison(n)
-    print(f"\n| n | exact block-wise step (s) | Nyström step (s) | speed-up | field error |")
+    print("\n| n | exact block-wise step (s) | Nyström step (s) | speed-up | field error |")
     print("|---|---|---|---|---|")
     print(f"| {n} | {seconds['exact']:.3g} | {seconds['nystrom']:.3g} | {seconds['exact'] / seconds['nystrom']:.0f}x | "
           f"{error:.2e} |")
