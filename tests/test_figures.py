@@ -1,6 +1,8 @@
 """Every registered figure runs in quick mode, deterministically, writes byte-identical files,
-and gets a manifest row that a rerun of its experiment reproduces (config hash, data checksum);
-the committed figures/ reproduce under 1 and 2 threads (`sinkflow figures --check`)."""
+and gets manifest rows and reference data that a rerun of its experiment reproduces within the
+figure's tolerances; the committed figures/ reproduce under 1 and 2 threads (`sinkflow figures
+--check`; CI also runs it under each CPU kernel), rounding noise leaves them untouched and a real
+change does not."""
 
 import hashlib
 from pathlib import Path
@@ -10,7 +12,8 @@ import numpy as np
 import pytest
 
 from sinkflow.cli import main
-from sinkflow.plots.registry import config_hash, data_checksum, flatten_data, get, read_manifest, registry, render
+from sinkflow.plots.registry import (Tolerance, compare_data, compute, config_hash, data_checksum, flatten_data, get,
+                                     read_manifest, read_reference, reference_path, registry, render, stale)
 
 NAMES = sorted(registry())
 
@@ -106,24 +109,77 @@ def test_every_committed_default_figure_reproduces(capsys):
 
 
 def test_check_fails_on_a_changed_manifest(tmp_path, capsys):
-    manifest = (FIGURES / "MANIFEST.tsv").read_text().splitlines()
+    """The reference data must be those the manifest names (a hand-edited row is caught)."""
+    import shutil
+
+    shutil.copytree(FIGURES, tmp_path / "figures")
+    manifest = (tmp_path / "figures" / "MANIFEST.tsv").read_text().splitlines()
     row = next(i for i, line in enumerate(manifest) if line.startswith(CHEAP[0] + "\t"))
     cells = manifest[row].split("\t")
     cells[4] = "0" * 16  # another data checksum
     manifest[row] = "\t".join(cells)
-    (tmp_path / "MANIFEST.tsv").write_text("\n".join(manifest) + "\n")
-    assert main(["figures", CHEAP[0], "--check", "--out", str(tmp_path)]) == 1
-    assert "data_checksum" in capsys.readouterr().err
+    (tmp_path / "figures" / "MANIFEST.tsv").write_text("\n".join(manifest) + "\n")
+    assert main(["figures", CHEAP[0], "--check", "--out", str(tmp_path / "figures")]) == 1
+    assert "reference data" in capsys.readouterr().err
 
 
-def test_checksum_ignores_last_bits_but_not_digits():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=1000) * 10.0 ** rng.integers(-8, 8, size=1000)
-    noisy = x * (1 + 1e-13 * rng.standard_normal(1000))  # what another BLAS or thread count does
-    assert data_checksum({"x": x, "tiny": 1e-17}) == data_checksum({"x": noisy, "tiny": -3e-16})
-    changed = x.copy()
-    changed[7] *= 1 + 1e-4
-    assert data_checksum({"x": x}) != data_checksum({"x": changed})
+@pytest.mark.parametrize("name", CHEAP)
+def test_another_seed_fails_the_check(name):
+    """A real change of the data (the next seed) is outside the tolerances: the check keeps its teeth."""
+    spec = get(name)
+    moved = stale(name, compute(name, seed=spec.quick.seed + 1), out=FIGURES)
+    assert moved and all(line.startswith("data: ") for line in moved), moved
+    assert not stale(name, compute(name), out=FIGURES)
+
+
+def _rounding_noise(data, rng):
+    """What another CPU kernel does to the data: relative noise 1e-13, values at rounding level anywhere below 1e-10."""
+    noisy = {}
+    for key, arr in flatten_data(data).items():
+        if arr.dtype.kind == "f":
+            arr = arr * (1 + 1e-13 * rng.standard_normal(arr.shape))
+            arr = np.where(np.abs(arr) < 1e-11, 1e-11 * rng.random(arr.shape), arr)
+        noisy[key] = arr
+    return noisy
+
+
+def test_rounding_noise_leaves_committed_figures_untouched(tmp_path):
+    """`sinkflow figures` on another CPU: data that moved at rounding level change no file."""
+    import shutil
+
+    shutil.copytree(FIGURES, tmp_path / "figures")
+    out = tmp_path / "figures"
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    noisy = _rounding_noise(compute(CHEAP[0]), np.random.default_rng(0))
+    assert not stale(CHEAP[0], noisy, out=out)
+    render(CHEAP[0], out=out, data=noisy)
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    moved = flatten_data(compute(CHEAP[0]))
+    key = next(k for k, v in moved.items() if v.dtype.kind == "f" and np.abs(v).max() > 1e-3)
+    moved[key] = moved[key] * (1 + 1e-5)  # visible in no figure, but a real change: redrawn
+    render(CHEAP[0], out=out, data=moved)
+    assert read_reference(reference_path(out, CHEAP[0]))[key].tolist() == moved[key].tolist()
+    assert not stale(CHEAP[0], moved, out=out)
+
+
+def test_tolerance_compares_within_rtol_atol_and_floor():
+    tol = Tolerance(rtol=1e-6, atol=1e-12, floor=1e-9)
+    ref = np.array([1.0, 1e-3, 5e-10, np.nan, np.inf, 0.0])
+    assert tol.allows(np.array([1 + 9e-7, 1e-3 * (1 + 9e-7), 1e-9, np.nan, np.inf, 1e-9]), ref).all()
+    far = np.array([1 + 2e-6, 1e-3 * (1 + 2e-6), 2e-9, 0.0, -np.inf, 2e-9])
+    assert not tol.allows(far, ref).any()
+    assert compare_data({"n": np.arange(3)}, {"n": np.arange(3) + np.array([0, 0, 1])})  # integers: exact
+    assert compare_data({"x": np.zeros(3)}, {"x": np.zeros(4)})[0].startswith("x: shape")
+    assert compare_data({"x": 1.0}, {"y": 1.0}) == ["y: missing (in the reference, not in the new data)",
+                                                    "x: not in the reference"]
+
+
+def test_a_figure_states_wider_tolerances_for_the_arrays_that_need_them():
+    spec = get("normalizations_convergence")
+    data = flatten_data(compute("normalizations_convergence"))
+    moved = dict(data, observed_rate=data["observed_rate"] * (1 + 5e-6))  # the spread measured across kernels
+    assert compare_data(moved, data, dict(spec.tolerances)) == []
+    assert compare_data(moved, data) != []  # the default tolerance would call it a change
 
 
 def test_data_option_writes_the_figure_data(tmp_path):

@@ -1,14 +1,14 @@
 """``sinkflow figures``: list, regenerate and check registered figures.
 
 Like ``sinkflow docs``, it writes relative to the folder it is run from (``--out``,
-default ``./figures``) and says where it wrote. ``--check`` writes nothing there: it
-regenerates into a temporary folder and compares with ``OUT/MANIFEST.tsv``.
+default ``./figures``) and says where it wrote. A figure whose recomputed data agree with
+its reference data in ``OUT/data/`` within tolerance is left untouched (``--force`` redraws
+it). ``--check`` writes nothing: it recomputes and compares with ``OUT``.
 """
 
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,39 +35,27 @@ def add_arguments(p) -> None:
                         "a format a figure cannot be written in is an error")
     p.add_argument("--data", action="store_true", help="also write each figure's data as NAME.npz beside it")
     p.add_argument("--check", action="store_true",
-                   help="regenerate into a temporary folder and compare config hashes and data checksums with "
-                        "OUT/MANIFEST.tsv; exit 1 on a mismatch")
+                   help="recompute and compare with the figures in OUT (config hash, reference data within "
+                        "each figure's tolerances, file hashes); writes nothing; exit 1 on a mismatch")
+    p.add_argument("--force", action="store_true",
+                   help="redraw figures whose data agree with the reference data in OUT (after a change of "
+                        "plotting code); by default they are left untouched")
 
 
 def check(names, mode: str, reference: Path, log=print) -> list[str]:
-    """Regenerate ``names`` and compare with ``reference/MANIFEST.tsv``; returns the mismatches.
+    """Recompute ``names`` and compare with the figures committed in ``reference``; returns the mismatches.
 
-    Config hash and data checksum must agree; a differing file hash alone is reported as a
-    note (pixels depend on matplotlib and font versions).
+    Each figure's data must agree with its reference data (``reference/data/NAME.npz``)
+    within the figure's tolerances, for the configuration the manifest names, and the files
+    must be those the manifest lists. Nothing is drawn or written.
     """
-    from sinkflow.plots.registry import read_manifest, render
+    from sinkflow.plots.registry import compute, stale
 
-    expected = read_manifest(reference)
     problems = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            rows = {f: r for f, r in expected.items() if r["figure"] == name and r["mode"] == mode}
-            if not rows:
-                problems.append(f"{name}: no {mode} row in {reference / 'MANIFEST.tsv'}")
-                continue
-            formats = tuple(Path(f).suffix[1:] for f in rows)
-            render(name, mode=mode, out=tmp, formats=formats)
-            for file, new in read_manifest(tmp).items():
-                old = rows.get(file)
-                if old is None:
-                    continue
-                for key in ("config_hash", "data_checksum"):
-                    if new[key] != old[key]:
-                        problems.append(f"{name}: {file}: {key} {new[key]} != {old[key]} (committed)")
-                if new["file_sha256"] != old["file_sha256"] and new["data_checksum"] == old["data_checksum"]:
-                    log(f"note: {file}: same data checksum, other file bytes (matplotlib or font version, "
-                        "or last-bit differences of the data)")
-            log(f"{name}: {'ok' if not any(p.startswith(name + ':') for p in problems) else 'MISMATCH'}")
+    for name in names:
+        reasons = stale(name, compute(name, mode), mode=mode, out=reference)
+        problems += [f"{name}: {line}" for line in reasons]
+        log(f"{name}: {'ok' if not reasons else 'MISMATCH'}")
     return problems
 
 
@@ -83,7 +71,7 @@ def run(args) -> int:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never open windows from the command line
-    from sinkflow.plots.registry import registry, render
+    from sinkflow.plots.registry import compute, registry, render, stale
 
     reg = registry()
     if args.list:
@@ -100,7 +88,7 @@ def run(args) -> int:
         for p in problems:
             print(p, file=sys.stderr)
         print(f"sinkflow figures --check: {len(names) - len({p.split(':')[0] for p in problems})}/{len(names)} "
-              f"figures reproduce {out / 'MANIFEST.tsv'}", file=sys.stderr)
+              f"figures reproduce the committed data in {out}", file=sys.stderr)
         return 1 if problems else 0
     try:
         formats = {name: reg[name].writable(args.format) for name in names}
@@ -113,7 +101,12 @@ def run(args) -> int:
     for name in bar:
         bar.set_postfix_str(name)
         t0 = time.perf_counter()
-        paths = render(name, mode=args.mode, out=out, formats=formats[name], save_data=args.data)
-        bar.write(f"{name}: {', '.join(p.name for p in paths)} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        data = compute(name, args.mode)
+        kept = not args.force and not stale(name, data, mode=args.mode, out=out, formats=formats[name])
+        paths = render(name, mode=args.mode, out=out, formats=formats[name], data=data, save_data=args.data,
+                       force=args.force)
+        what = "unchanged (data within tolerance of the reference)" if kept else "written"
+        bar.write(f"{name}: {', '.join(p.name for p in paths)} {what} ({time.perf_counter() - t0:.1f} s)",
+                  file=sys.stderr)
     print(f"sinkflow figures: {len(names)} figure(s) -> {out}", file=sys.stderr)
     return 0

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import sinkflow
-from sinkflow.plots.registry import register
+from sinkflow.plots.registry import Tolerance, register
 from sinkflow.plots.style import COLORS, new_figure
 
 
@@ -158,4 +158,7 @@ register(
     quick=ConvergenceConfig(),
     full=ConvergenceConfig(n=60, scales=(1.0, 2.0, 4.0, 8.0), half_iterations=400),
     description="Marginal error vs half-iterations with the Birkhoff-Hopf bound and the sigma_2^2 prediction",
+    # a rate fitted on an error curve that reaches rounding level: 5e-6 relative spread
+    # measured across CPU and BLAS kernels
+    tolerances={"observed_rate": Tolerance(rtol=1e-4)},
 )

@@ -20,8 +20,19 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["FigureSpec", "register", "unregister", "registry", "get", "compute", "render", "config_hash", "data_checksum",
-           "flatten_data", "read_manifest", "write_manifest", "CHECKSUM_DIGITS", "FORMATS", "MANIFEST_COLUMNS"]
+from sinkflow.plots._reference import (
+    DEFAULT_TOLERANCE,
+    Tolerance,
+    compare_data,
+    flatten_data,
+    read_reference,
+    reference_path,
+    write_reference,
+)
+
+__all__ = ["FigureSpec", "register", "unregister", "registry", "get", "compute", "render", "stale", "config_hash",
+           "data_checksum", "flatten_data", "compare_data", "Tolerance", "DEFAULT_TOLERANCE", "reference_path",
+           "read_reference", "write_reference", "read_manifest", "write_manifest", "FORMATS", "MANIFEST_COLUMNS"]
 
 _REGISTRY: dict[str, "FigureSpec"] = {}
 
@@ -53,6 +64,9 @@ class FigureSpec:
     formats : tuple of str
         File formats the figure can be written in (:data:`FORMATS` for figures, ``("gif",)``
         for an animation).
+    tolerances : tuple of (str, Tolerance)
+        Tolerances for the flat data keys matching each pattern (first match wins); other
+        keys are compared within :data:`DEFAULT_TOLERANCE`.
     """
 
     name: str
@@ -63,6 +77,7 @@ class FigureSpec:
     default: bool = True
     description: str = ""
     formats: tuple = FORMATS
+    tolerances: tuple = ()
 
     def writable(self, requested=None) -> tuple:
         """The formats to write for ``requested`` (default: PNG and PDF, or what the figure supports),
@@ -87,7 +102,7 @@ class FigureSpec:
 
 
 def register(name: str, *, compute, plot, quick, full=None, default: bool = True, description: str = "",
-             formats: tuple = FORMATS) -> FigureSpec:
+             formats: tuple = FORMATS, tolerances: dict | None = None) -> FigureSpec:
     """Register a figure (called at import time by figure modules).
 
     Parameters
@@ -108,6 +123,10 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
         One line for ``--list`` and the gallery.
     formats : tuple of str
         Formats the figure can be written in.
+    tolerances : dict, optional
+        ``pattern -> Tolerance`` for data keys that need another tolerance than
+        :data:`DEFAULT_TOLERANCE` when a rerun is compared with the reference data (say why
+        next to it: the measured spread across CPU kernels).
 
     Returns
     -------
@@ -134,8 +153,10 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
             raise TypeError(f"figure {name!r}: configs must be frozen dataclass instances")
     if name in _REGISTRY and _REGISTRY[name].compute is not compute:
         raise ValueError(f"figure name {name!r} is registered twice")
+    if not all(isinstance(t, Tolerance) for t in (tolerances or {}).values()):
+        raise TypeError(f"figure {name!r}: tolerances must map key patterns to Tolerance instances")
     spec = FigureSpec(name, compute, plot, quick, full if full is not None else quick, default, description,
-                      tuple(formats))
+                      tuple(formats), tuple((tolerances or {}).items()))
     _REGISTRY[name] = spec
     return spec
 
@@ -261,80 +282,26 @@ def config_hash(name: str, config) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-#: Data checksums see every float rounded to this many significant digits, and magnitudes
-#: below :data:`CHECKSUM_ZERO` as 0: last-bit differences between BLAS builds, thread counts
-#: or CPUs (and chaotic amplification of them over a simulation) do not change a checksum.
-CHECKSUM_DIGITS = 6
-CHECKSUM_ZERO = 1e-12
-
-
-def flatten_data(data: dict) -> dict[str, np.ndarray]:
-    """A figure's data as flat ``name -> array`` (nested dicts as ``a.b``, ragged lists as ``a[i]``).
-
-    This is what ``sinkflow figures --data`` writes (NPZ) and what :func:`data_checksum` hashes.
-
-    Examples
-    --------
-    >>> from sinkflow.plots.registry import flatten_data
-    >>> sorted(flatten_data({"x": [1.0, 2.0], "run": {"err": [[1, 2], [3]]}}))
-    ['run.err[0]', 'run.err[1]', 'x']
-    """
-    flat: dict[str, np.ndarray] = {}
-
-    def feed(key, value):
-        if isinstance(value, dict):
-            for k in sorted(value):
-                feed(f"{key}.{k}" if key else str(k), value[k])
-        elif isinstance(value, (list, tuple)) and not all(isinstance(v, (int, float, np.number)) for v in value):
-            try:
-                flat[key] = np.asarray(value, dtype=float)
-            except (ValueError, TypeError):
-                for i, v in enumerate(value):
-                    feed(f"{key}[{i}]", v)
-        else:
-            flat[key] = np.asarray(value)
-
-    feed("", data)
-    return flat
-
-
-def _rounded(arr: np.ndarray) -> np.ndarray:
-    """Floats as (mantissa, exponent) integer pairs at :data:`CHECKSUM_DIGITS` significant digits."""
-    x = np.where(np.abs(arr) < CHECKSUM_ZERO, 0.0, arr.astype(float)).ravel()
-    finite = np.isfinite(x) & (x != 0)
-    exp = np.zeros(x.shape, dtype=np.int64)
-    exp[finite] = np.floor(np.log10(np.abs(x[finite]))).astype(np.int64) - (CHECKSUM_DIGITS - 1)
-    mant = np.where(finite, np.rint(np.where(finite, x, 0) / 10.0 ** exp.astype(float)), 0).astype(np.int64)
-    carry = np.abs(mant) >= 10**CHECKSUM_DIGITS  # 9.999996 rounds up to 10.0000: renormalize
-    mant[carry] = np.rint(mant[carry] / 10).astype(np.int64)
-    exp[carry] += 1
-    special = np.where(np.isnan(x), 1, np.where(np.isposinf(x), 2, np.where(np.isneginf(x), 3, 0)))
-    return np.stack([mant, exp, special])
-
-
 def data_checksum(data: dict) -> str:
-    """Short SHA-256 over a figure's data, floats rounded (:data:`CHECKSUM_DIGITS` significant digits).
+    """Short SHA-256 over a figure's data, exactly (names, shapes, dtypes and bytes).
+
+    ``MANIFEST.tsv`` records it for the reference data a figure was drawn from; whether new
+    data reproduce a figure is decided within tolerances (:func:`compare_data`), never by
+    this hash.
 
     Examples
     --------
     >>> from sinkflow.plots.registry import data_checksum
-    >>> data_checksum({"x": [0.1 + 0.2]}) == data_checksum({"x": [0.3]})   # last bits do not count
+    >>> data_checksum({"x": [0.5, 0.25]}) == data_checksum({"x": [0.5, 0.25]})
     True
-    >>> data_checksum({"x": [0.3]}) == data_checksum({"x": [0.3001]})
+    >>> data_checksum({"x": [0.1 + 0.2]}) == data_checksum({"x": [0.3]})   # exact: last bits count
     False
     """
     h = hashlib.sha256()
     for key, arr in sorted(flatten_data(data).items()):
-        h.update(key.encode())
-        h.update(str(arr.shape).encode())
-        if arr.dtype.kind in "fc":
-            parts = [arr.real, arr.imag] if arr.dtype.kind == "c" else [arr]
-            for part in parts:
-                h.update(np.ascontiguousarray(_rounded(part)).tobytes())
-        elif arr.dtype == object:
-            h.update(repr(arr.tolist()).encode())
-        else:
-            h.update(np.ascontiguousarray(arr).tobytes())
+        arr = np.asarray(arr)
+        h.update(f"{key}|{arr.shape}|{arr.dtype.str}|".encode())
+        h.update(repr(arr.tolist()).encode() if arr.dtype == object else np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -413,13 +380,18 @@ def _save(obj, stem: Path, formats) -> list[Path]:
 
 
 def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=None, data: dict | None = None,
-           save_data: bool = False) -> list[Path]:
-    """Compute (unless ``data`` is given) and write one figure; returns the written paths.
+           save_data: bool = False, force: bool = False) -> list[Path]:
+    """Compute (unless ``data`` is given) and write one figure; returns its paths.
 
     ``formats`` defaults to PNG and PDF (GIF for an animation); a format the figure cannot be
-    written in is a ``ValueError``. ``save_data=True`` also writes the data as ``NAME.npz``
-    (:func:`flatten_data`). Updates ``out/MANIFEST.tsv`` (figure, mode, file, config hash,
-    data checksum, file hash).
+    written in is a ``ValueError``. A figure already in ``out`` that shows the same data
+    within its tolerances (:func:`stale` is empty) is left untouched, files, reference data
+    and manifest rows alike, so regenerating committed figures on another CPU changes no
+    file; ``force=True`` redraws it all the same (after a change of the plotting code).
+    Otherwise the figure is drawn, its data are stored as the reference ``out/data/NAME.npz``
+    and ``out/MANIFEST.tsv`` gets its rows (figure, mode, file, config hash, data checksum,
+    file hash). ``save_data=True`` also writes the data as ``NAME.npz`` beside the figure
+    (:func:`flatten_data`).
 
     Parameters
     ----------
@@ -435,11 +407,13 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
         Data already computed for this configuration (the experiment is then not rerun).
     save_data : bool
         Also write ``NAME.npz``.
+    force : bool
+        Redraw even when the figure in ``out`` is current.
 
     Returns
     -------
     list of Path
-        The written files.
+        The figure's files (written, or left as they were), then ``NAME.npz`` if asked.
 
     Examples
     --------
@@ -467,27 +441,115 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
     True
     >>> _ = unregister("demo_line")   # leave the registry as this example found it
     """
-    from sinkflow.plots.style import style
-
     spec = get(name)
     formats = spec.writable(formats)
     cfg = spec.config(mode)
     if data is None:
         data = _run(spec, cfg, mode)
     out = Path(out)
+    current = None if force else _current_files(spec, mode, out, data, formats)
+    written = current if current is not None else _write(spec, mode, out, data, formats)
+    if save_data:  # not in the manifest: the reference data of the figure's rows cover it
+        write_reference(out / f"{name}.npz", data)
+        written = [*written, out / f"{name}.npz"]
+    return written
+
+
+def _write(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> list[Path]:
+    """Draw and save the figure, its reference data and its manifest rows."""
+    from sinkflow.plots.style import style
+
+    cfg = spec.config(mode)
     out.mkdir(parents=True, exist_ok=True)
     with style():
         result = spec.plot(data, cfg)
         items = result.items() if isinstance(result, dict) else [("", result)]
         written = []
         for suffix, obj in items:
-            stem = out / (f"{name}_{suffix}" if suffix else name)
+            stem = out / (f"{spec.name}_{suffix}" if suffix else spec.name)
             written += _save(obj, stem, formats)
-    _update_manifest(out, name, mode, written, config_hash(name, cfg), data_checksum(data))
-    if save_data:  # not in the manifest: the data checksum of the figure's rows covers it
-        np.savez(out / f"{name}.npz", **flatten_data(data))
-        written.append(out / f"{name}.npz")
+    write_reference(reference_path(out, spec.name), data)
+    _update_manifest(out, spec.name, mode, written, config_hash(spec.name, cfg), data_checksum(data))
     return written
+
+
+def stale(name: str, data: dict, mode: str = "quick", out: str | Path = "figures", formats=None) -> list[str]:
+    """Why the figure ``name`` in ``out`` does not show ``data`` (empty: it does, leave it alone).
+
+    The committed files show ``data`` when the manifest has rows of the same mode and config
+    hash for every requested format, the files are intact (their SHA-256), the reference data
+    ``out/data/NAME.npz`` are those the rows name, and ``data`` agree with them within the
+    figure's tolerances (:func:`compare_data`): numbers that moved at rounding level on
+    another CPU leave the figure untouched.
+
+    Parameters
+    ----------
+    name : str
+        A registered figure.
+    data : dict
+        Its freshly computed data.
+    mode : {"quick", "full"}
+    out : str or Path
+        The folder of the committed figure.
+    formats : iterable of str, optional
+        The formats that must be there (see :meth:`FigureSpec.writable`).
+
+    Returns
+    -------
+    list of str
+        The reasons, one per line; the differing arrays are named with their worst element.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from dataclasses import dataclass
+    >>> import numpy as np
+    >>> from sinkflow.plots.registry import register, render, stale, unregister
+    >>> @dataclass(frozen=True)
+    ... class Cfg:
+    ...     n: int = 4
+    >>> def plot(data, cfg):
+    ...     import matplotlib.pyplot as plt
+    ...     return plt.figure()
+    >>> _ = register("demo_stale", compute=lambda cfg: {"y": np.linspace(0, 1, cfg.n)}, plot=plot,
+    ...              quick=Cfg(), default=False)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = render("demo_stale", out=tmp, formats=("png",))
+    ...     near = stale("demo_stale", {"y": np.linspace(0, 1, 4) + 1e-16}, out=tmp, formats=("png",))
+    ...     far = stale("demo_stale", {"y": np.linspace(0, 1, 4) + 1e-3}, out=tmp, formats=("png",))
+    ...     print(near, far[0].startswith("data: y:"))
+    [] True
+    >>> _ = unregister("demo_stale")   # leave the registry as this example found it
+    """
+    spec = get(name)
+    return _staleness(spec, mode, Path(out), data, spec.writable(formats))[0]
+
+
+def _staleness(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> tuple[list[str], list[Path]]:
+    """``(reasons, files)``: why the figure in ``out`` is not current, and its files of ``formats``."""
+    chash = config_hash(spec.name, spec.config(mode))
+    rows = [r for r in read_manifest(out).values() if r["figure"] == spec.name]
+    rows = [r for r in rows if r["mode"] == mode and r["config_hash"] == chash]
+    files = [out / r["file"] for r in rows if Path(r["file"]).suffix[1:] in formats]
+    if {Path(r["file"]).suffix[1:] for r in rows} < set(formats) or not rows:
+        return [f"no {mode} manifest row with config hash {chash} for every format of {', '.join(formats)}"], files
+    broken = [r["file"] for r in rows if not (out / r["file"]).is_file() or _file_hash(out / r["file"]) != r["file_sha256"]]
+    if broken:
+        return [f"missing or changed file(s): {', '.join(broken)}"], files
+    reference = read_reference(reference_path(out, spec.name))
+    if not reference or any(r["data_checksum"] != data_checksum(reference) for r in rows):
+        return [f"no reference data {reference_path(out, spec.name)} matching the manifest"], files
+    return [f"data: {line}" for line in compare_data(data, reference, dict(spec.tolerances))], files
+
+
+def _current_files(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> list[Path] | None:
+    """The committed files when they show ``data`` (within tolerance), else None."""
+    reasons, files = _staleness(spec, mode, out, data, formats)
+    return None if reasons else files
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 #: Columns of ``MANIFEST.tsv``, one row per written file.
@@ -553,8 +615,8 @@ def write_manifest(folder: str | Path, rows: dict[str, dict[str, str]]) -> None:
 
 
 def _update_manifest(out: Path, name: str, mode: str, written, chash: str, dsum: str) -> None:
-    rows = read_manifest(out)
+    # rows of this figure drawn from other data no longer describe the reference data
+    rows = {f: r for f, r in read_manifest(out).items() if r["figure"] != name or r["data_checksum"] == dsum}
     for p in written:
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-        rows[p.name] = dict(zip(MANIFEST_COLUMNS, (name, mode, p.name, chash, dsum, digest)))
+        rows[p.name] = dict(zip(MANIFEST_COLUMNS, (name, mode, p.name, chash, dsum, _file_hash(p))))
     write_manifest(out, rows)
