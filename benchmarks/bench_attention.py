@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 def _solver_path(scores, n_iter, mask=None, values=None):
     """The attention's Sinkhorn before the factored fast path: the solver's unrolled steps, then the product."""
-    from sinkflow.normalizations import sinkhorn
+    from sinkflow.attention._normalizations import sinkhorn
 
     P = sinkhorn(scores, n_iter=n_iter, mask=mask)
     return P if values is None else P @ values

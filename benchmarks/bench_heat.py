@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from sinkflow.heat_limit import heat_trajectory
+from sinkflow.heat._rescaled_flow import heat_trajectory
 from sinkflow.plots.heat import mixture_1d
 
 

@@ -5,7 +5,7 @@ half-iterations (``d = 2``, ``W = W_V = I / 2``), the setting of docs/performanc
 markdown table: steps per second of
 
 - ``sinkflow``: :func:`sinkflow.simulate` on a float32 torch tensor (block-wise evaluation,
-  :mod:`sinkflow.blockwise_fields`, switches on automatically above n ~ 11600 in float32);
+  :mod:`sinkflow.particles`, switches on automatically above n ~ 11600 in float32);
 - ``numpy``: the research-script step (scipy ``logsumexp`` on the full ``n x n`` score
   matrix, float32, same half-iteration convention and warm start),
 
@@ -15,7 +15,7 @@ runs one chunked step at n = 100000 (``n_iter=3``: three block passes of 1e10 ex
 each, ~1 minute per pass on a loaded core) to show the memory stays bounded.
 
 Landmark rows (``--landmarks``, also part of the full run): one Euler step of the same flow
-with ``m = 256`` Nyström landmarks (:mod:`sinkflow.lowrank_fields`, ``simulate(landmarks=m)``)
+with ``m = 256`` Nyström landmarks (:mod:`sinkflow.particles`, ``simulate(landmarks=m)``)
 at n = 10^4, 10^5, 10^6: time with the default farthest-point landmarks (their choice, once per
 flow, included and also timed alone) and with uniform ones, peak RSS of a fresh process, time / n
 to show the linear growth. ``--baseline REV`` runs the same step with the package of git revision
@@ -103,7 +103,7 @@ def single(method, n, steps, repeats, n_iter):
     if method.startswith("nystrom"):
         xt = torch.from_numpy(x)
         sampling = {"landmark_sampling": "uniform"} if method == "nystrom_uniform" else {}
-        from sinkflow import lowrank_fields
+        import sinkflow.particles._lowrank_fields as lowrank_fields
 
         if method == "nystrom" and hasattr(lowrank_fields, "farthest_point_indices"):  # not in older revisions
             z = lowrank_fields.gaussian_coordinates(xt, torch.tensor(W, dtype=torch.float32), 1.0)

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from sinkflow.sweeps import expand_grid, local_client, sweep
+    from sinkflow.sweeps._sweep import expand_grid, local_client, sweep
 
     torch.set_num_threads(1)
     grid = json.loads(args.grid) if args.grid else (QUICK_GRID if args.quick else DEFAULT_GRID)

@@ -9,7 +9,7 @@
 #   0. environment: nvidia-smi, python, torch/CUDA; installs sinkflow without touching torch
 #      (pip install --no-deps -e .; falls back to PYTHONPATH when pip cannot build offline);
 #   1. GPU consistency checks (CPU vs CUDA outputs, bf16 autocast keeps float32 weights, masks) -> gpu_checks.json,
-#      and the CUDA tests of tests/test_nn.py (pytest -m gpu) -> gpu_tests.txt;
+#      and the CUDA tests of tests/nn/test_nn.py (pytest -m gpu) -> gpu_tests.txt;
 #   2. per-step timing of SoftMax / Sinkhorn / Gaussian attention on CUDA (n = 256), and the layer step with
 #      peak memory at n = 1,024 ... 16,384 -> bench_*.md;
 #   3a. the Long Range Arena tasks of the Skyformer paper with the paper's model (--full: 2 layers, embedding 64,
@@ -99,7 +99,7 @@ EOF
 
 if [[ $DEVICE == cuda ]] && "$PY" -c 'import pytest, hypothesis' >/dev/null 2>&1; then
     say "1b. CUDA tests (pytest -m gpu)"
-    timeout 120 "$PY" -m pytest tests/test_nn.py -m gpu -q -p no:cacheprovider >"$OUT/gpu_tests.txt" 2>&1 \
+    timeout 120 "$PY" -m pytest tests/nn/test_nn.py -m gpu -q -p no:cacheprovider >"$OUT/gpu_tests.txt" 2>&1 \
         || say "CUDA tests failed or timed out: $OUT/gpu_tests.txt"
     tail -3 "$OUT/gpu_tests.txt" | tee -a "$LOG"
 fi

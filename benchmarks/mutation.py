@@ -16,7 +16,7 @@ machine; the score is killed / tested.
 Usage (from the repository root)::
 
     python benchmarks/mutation.py normalizations --max-mutants 40 --seed 0
-    python benchmarks/mutation.py nn/attention --tests tests/test_oracles_nn.py tests/test_nn.py -k "not training"
+    python benchmarks/mutation.py nn/attention --tests tests/nn/test_oracles_nn.py tests/nn/test_nn.py -k "not training"
     python benchmarks/mutation.py --list            # the configured modules and their tests
     python benchmarks/mutation.py heat --show 10    # print 10 sampled mutants, run nothing
 
@@ -42,17 +42,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Module (path under sinkflow/, without .py) -> test files that guard it.
 MODULE_TESTS = {
-    "normalizations": ["tests/test_oracles_normalizations.py", "tests/test_normalizations.py"],
-    "stochasticity": ["tests/test_oracles_normalizations.py", "tests/test_stochasticity.py"],
-    "dense_fields": ["tests/test_oracles_particles.py", "tests/test_particles.py", "tests/test_energies.py"],
-    "blockwise_fields": ["tests/test_oracles_particles.py", "tests/test_particles.py"],
-    "energies": ["tests/test_oracles_particles.py", "tests/test_energies.py"],
-    "heat": ["tests/test_oracles_heat.py", "tests/test_heat.py"],
-    "heat_limit": ["tests/test_oracles_heat.py", "tests/test_heat.py"],
-    "nystrom": ["tests/test_nystrom.py"],
-    "nystrom_bounds": ["tests/test_nystrom.py"],
-    "nn/attention": ["tests/test_oracles_nn.py", "tests/test_nn.py"],
-    "nn/_factored_sinkhorn": ["tests/test_nn.py"],
+    "normalizations": ["tests/attention/test_oracles_normalizations.py", "tests/attention/test_normalizations.py"],
+    "stochasticity": ["tests/attention/test_oracles_normalizations.py", "tests/bounds/test_stochasticity.py"],
+    "dense_fields": ["tests/particles/test_oracles_particles.py", "tests/particles/test_particles.py", "tests/particles/test_energies.py"],
+    "blockwise_fields": ["tests/particles/test_oracles_particles.py", "tests/particles/test_particles.py"],
+    "energies": ["tests/particles/test_oracles_particles.py", "tests/particles/test_energies.py"],
+    "heat": ["tests/heat/test_oracles_heat.py", "tests/heat/test_heat.py"],
+    "heat_limit": ["tests/heat/test_oracles_heat.py", "tests/heat/test_heat.py"],
+    "nystrom": ["tests/attention/test_nystrom.py"],
+    "nystrom_bounds": ["tests/attention/test_nystrom.py"],
+    "nn/attention": ["tests/nn/test_oracles_nn.py", "tests/nn/test_nn.py"],
+    "nn/_factored_sinkhorn": ["tests/nn/test_nn.py"],
 }
 
 _BINOP_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,

@@ -120,7 +120,7 @@ with style():
 Every figure of the project is registered under a name with a seeded configuration, a
 `compute` function (the experiment) and a `plot` function. `sinkflow figures NAME` writes
 it to disk; here we call the two functions directly."""),
-    code("""from sinkflow.plots.registry import registry
+    code("""from sinkflow.plots import registry
 
 for name, spec in registry().items():
     print(f"{name:28s} {spec.description}")

@@ -46,7 +46,7 @@ import torch
 from IPython.display import Math, display
 
 import sinkflow
-from sinkflow import symbolic
+from sinkflow.heat._references import symbolic
 import matplotlib.pyplot as plt
 from sinkflow.plots import heat as heat_figs
 from sinkflow.plots.interactive import interact
@@ -287,7 +287,7 @@ registered figure `landmark_heat_2d` (`sinkflow figures landmark_heat_2d --full`
 
 code(r"""
 from sinkflow.plots import landmarks as landmark_figs
-from sinkflow.plots.registry import get
+from sinkflow.plots import get
 
 spec = get("landmark_heat_2d")
 cfg = spec.quick if QUICK else spec.full  # full: a flow of 10^6 particles, about 1.5 minutes on one core

@@ -132,7 +132,7 @@ md(r"""
 ## 4. How loose is the constant?
 The smallest $m$ whose empirical failure rate is at most $\delta$ (`smallest_sufficient_landmarks`) against the
 $m$ the theorem requires, on a few bandwidths (query scales). The ratio is the looseness factor.
-Re-deriving the constant (module docstring of `sinkflow.nystrom_bounds`) gives $28/3$ instead of $56/3$:
+Re-deriving the constant (module docstring of `sinkflow.bounds`) gives $28/3$ instead of $56/3$:
 at most a factor 2 of the looseness comes from the constant; the rest is the union-bound/Bernstein argument
 and the worst-case $\max_i l_i$ in $\beta^\star$.
 """)

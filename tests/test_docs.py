@@ -47,7 +47,7 @@ def test_api_reference_lists_every_public_name(html):
 
 
 def _gallery_pages(html):
-    from sinkflow.plots.registry import registry
+    from sinkflow.plots import registry
 
     for name, spec in registry().items():
         page = (html / "gallery" / f"{name}.html").read_text()
@@ -87,7 +87,7 @@ def test_docs_command_says_where_the_sources_are_missing(tmp_path, capsys):
 
 def test_quick_build_shows_the_committed_default_figures(html):
     """Quick builds render nothing, but show the figures of figures/ made from the current configs."""
-    from sinkflow.plots.registry import registry
+    from sinkflow.plots import registry
 
     defaults = [name for name, spec in registry().items() if spec.default]
     for name in defaults:

@@ -2,7 +2,7 @@
 
 ``docs/theory/heat_limit.md`` holds one row per normalization: the clock of its limit
 equation and the exact mean-field variance rate of a 1D Gaussian under the layer. Oracles:
-sympy (the derivations of :mod:`sinkflow.symbolic`, limits, integrals) and the particle
+sympy (the derivations of :mod:`sinkflow.heat.symbolic`, limits, integrals) and the particle
 velocity of the code on a deterministic Gaussian sample.
 """
 
@@ -15,8 +15,8 @@ import sympy as sp
 from scipy.stats import norm
 
 import sinkflow
-from sinkflow import symbolic
-from sinkflow.heat_limit import NORMALIZATIONS, limit_time_factor
+from sinkflow.heat._references import symbolic
+from sinkflow.heat._rescaled_flow import NORMALIZATIONS, limit_time_factor
 
 DOCS = Path(__file__).parents[1] / "docs" / "theory"
 s, eps, x = sp.symbols("s varepsilon x", positive=True)
@@ -136,7 +136,7 @@ def test_gradient_flow_page_sign_convention_is_the_simulator(row):
 
 
 def test_nystrom_page_constants_are_the_code_constants():
-    import sinkflow.nystrom_bounds as bounds
+    import sinkflow.bounds._nystrom_bounds as bounds
 
     t = sp.Rational(1, 2)
     bernstein = 2 * (1 + t / 3) / t ** 2  # m >= c R log(2N/delta) from P(|Y - P| >= t) <= 2N exp(-m t^2 / (2R(1 + t/3)))

@@ -5,7 +5,7 @@ At ``config-inited`` (before Sphinx lists the sources) it writes, under ``docs/`
 - ``api/index.rst``: an autosummary of every name in ``sinkflow.__all__``, grouped by the
   module that defines it, then of every public submodule's ``__all__`` names not already
   listed (so ``sinkflow.nn`` or ``sinkflow.heat`` appear as soon as they exist);
-- ``gallery/``: one page per figure of :func:`sinkflow.plots.registry.registry`, rendered
+- ``gallery/``: one page per figure of :func:`sinkflow.plots.registry`, rendered
   in quick mode (cached by config hash and source hash), with the source of its compute
   and plot functions and its manifest row;
 - ``notebooks/``: copies of ``../notebooks/*.ipynb`` and an index (executed by myst-nb);
@@ -63,8 +63,8 @@ def _first_line(obj) -> str:
 
 
 def _entry(path: str, obj) -> str:
-    """``path`` unless it also names a module (``sinkflow.plots.registry`` is a module and a
-    function): autosummary would document the module, so use the defining module's path."""
+    """``path`` unless it also names a module (a name and a module of the same path): autosummary
+    would document the module, so use the defining module's path."""
     import sys
 
     if path in sys.modules and sys.modules[path] is not obj:
@@ -91,13 +91,14 @@ def write_api(srcdir: Path) -> None:
     for name in sinkflow.__all__:
         obj = getattr(sinkflow, name)
         module = getattr(obj, "__module__", None) or "sinkflow"
+        module = module.split("._")[0]  # the public folder of a private module (sinkflow.attention._scores)
         groups.setdefault(module, []).append(_entry(f"sinkflow.{name}", obj))
         seen[id(obj)] = name
     lines = _heading("API reference", "=") + [
         "Generated at build time from ``sinkflow.__all__`` and the ``__all__`` of every public "
         "submodule; each entry links to its full docstring.", ""]
     lines += _heading("sinkflow", "-") + ["Everything in this section is importable as ``sinkflow.<name>``, "
-                                          "grouped by the module that defines it.", ""]
+                                          "grouped by the folder that defines it.", ""]
     for module in sorted(groups):
         lines += _heading(module, "~")
         if module in sys.modules and _first_line(sys.modules[module]):
@@ -134,7 +135,7 @@ def _remove_stale_stubs(folder: Path, entries: set[str]) -> None:
 def _spec_fingerprint(spec) -> str:
     """Config hash + hash of the compute/plot sources + package version: re-render when any changes."""
     import sinkflow
-    from sinkflow.plots.registry import config_hash
+    from sinkflow.plots import config_hash
 
     h = hashlib.sha256()
     h.update(config_hash(spec.name, spec.quick).encode())
@@ -165,7 +166,7 @@ def _committed_images(folder: Path, spec, images: Path) -> list[list[str]]:
     SHA-256 of the manifest) are used; ``sinkflow figures --check`` verifies that their data
     are what the current code computes.
     """
-    from sinkflow.plots.registry import config_hash
+    from sinkflow.plots import config_hash
 
     rows = [r for r in _manifest_rows(folder, spec.name)
             if r[2].endswith(".png") and r[1] == "quick" and r[3] == config_hash(spec.name, spec.quick)
@@ -188,7 +189,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
     ``render_images=False`` only up-to-date cached images are shown; the pages (code,
     configuration) are written all the same.
     """
-    from sinkflow.plots.registry import registry, render
+    from sinkflow.plots import registry, render
 
     folder = srcdir / "gallery"
     images = folder / "_images"

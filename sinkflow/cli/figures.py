@@ -19,7 +19,7 @@ DEFAULT_OUT = "figures"
 
 
 def add_arguments(p) -> None:
-    from sinkflow.plots.registry import FORMATS
+    from sinkflow.plots import FORMATS
 
     p.add_argument("names", nargs="*", help="figures to make (default: the default set)")
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
@@ -49,7 +49,7 @@ def check(names, mode: str, reference: Path, log=print) -> list[str]:
     within the figure's tolerances, for the configuration the manifest names, and the files
     must be those the manifest lists. Nothing is drawn or written.
     """
-    from sinkflow.plots.registry import compute, stale
+    from sinkflow.plots import compute, stale
 
     problems = []
     for name in names:
@@ -71,7 +71,7 @@ def run(args) -> int:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never open windows from the command line
-    from sinkflow.plots.registry import compute, registry, render, stale
+    from sinkflow.plots import compute, registry, render, stale
 
     reg = registry()
     if args.list:

@@ -37,7 +37,7 @@ def _load(path, name):
 def run(args) -> int:
     import numpy as np
 
-    from sinkflow.nystrom_bounds import nystrom_check, smallest_sufficient_landmarks
+    from sinkflow.bounds._nystrom_bounds import nystrom_check, smallest_sufficient_landmarks
 
     if args.queries is not None:
         Q = _load(args.queries, "queries")

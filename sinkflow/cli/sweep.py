@@ -81,7 +81,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sinkflow.sweeps import SweepError, sweep
+    from sinkflow.sweeps._sweep import SweepError, sweep
 
     try:
         config = load_config(args.config)

@@ -113,6 +113,12 @@ def run(args) -> int:
         if "paper_comparison" in report:  # LRA tasks: markdown + figure beside the paper's numbers
             from sinkflow.nn.lra import write_paper_report
             written += write_paper_report(report, stem)
+            try:
+                from sinkflow.plots.training import write_paper_figure
+            except ImportError:  # matplotlib missing on a bare GPU machine: the markdown is the report
+                pass
+            else:
+                written += write_paper_figure(report, stem)
         if not args.no_figures:
             try:
                 from sinkflow.plots.style import style

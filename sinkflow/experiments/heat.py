@@ -46,9 +46,9 @@ def heat_limit_point(n: int = 500, eps: float = 0.1, t: float = 0.25, dt: float 
     >>> abs(r["variance_error"]) < 0.1
     True
     """
-    from sinkflow.distances import wasserstein2
-    from sinkflow.heat import GaussianMixture
-    from sinkflow.heat_limit import heat_flow
+    from sinkflow.heat._distances import wasserstein2
+    from sinkflow.heat._references import GaussianMixture
+    from sinkflow.heat._rescaled_flow import heat_flow
 
     start = GaussianMixture.isotropic([1.0], np.zeros((1, dim)), 1.0)
     x0 = start.sample(int(n), seed=seed)

@@ -49,8 +49,8 @@ def sinkhorn_convergence(n: int = 30, scale: float = 2.0, seed: int = 0, tol: fl
     >>> abs(r["observed_rate"] - r["asymptotic_rate"]) < 0.02
     True
     """
-    from sinkflow.normalizations import solve_sinkhorn
-    from sinkflow.stochasticity import asymptotic_rate, birkhoff_hopf_rate, observed_rate
+    from sinkflow.attention._normalizations import solve_sinkhorn
+    from sinkflow.bounds._stochasticity import asymptotic_rate, birkhoff_hopf_rate, observed_rate
 
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
         raise ValueError(f"n must be an integer >= 2, got {n!r}")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from torch.autograd.function import once_differentiable
 
-from sinkflow.normalizations import _masked_softmax, sinkhorn, softmax
+from sinkflow.attention._normalizations import _masked_softmax, sinkhorn, softmax
 
 
 class _OutOfRange(Exception):

@@ -51,10 +51,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.module import _global_forward_hooks
 
-from sinkflow.attention import _sinkhorn as _builtin_sinkhorn
-from sinkflow.attention import available_attentions, compute_dtype, get_attention, register_attention
+from sinkflow.attention._variants import _sinkhorn as _builtin_sinkhorn
+from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
-from sinkflow.scores import dot_scores, gaussian_scores
+from sinkflow.attention._scores import dot_scores, gaussian_scores
 
 __all__ = [
     "available_normalizations",

@@ -5,7 +5,7 @@ paper's model — 2 pre-LN blocks, embedding 64, feed-forward 128, 2 heads of di
 mean pooling, 128 Nyström landmarks — in ``--full`` mode, a smaller one in ``--quick``, on
 data from :mod:`sinkflow.datasets`. :func:`paper_comparison` puts a report's accuracy,
 time per step, memory and instability score beside the papers' numbers (:data:`PAPER`)
-and says where they disagree; :func:`report_markdown` and :func:`plot_paper_comparison`
+and says where they disagree; :func:`report_markdown` and :func:`sinkflow.plots.training.plot_paper_comparison`
 turn that into the report's markdown and figure.
 
 Settings that differ from the paper, always (stated in every report): sequences are padded
@@ -25,7 +25,7 @@ from sinkflow.nn.data import Dataset, split
 from sinkflow.nn.models import SequenceClassifier
 
 __all__ = ["PAPER", "lra_data", "lra_model", "paper_comparison", "comparison_table", "report_markdown",
-           "plot_paper_comparison", "write_paper_report",
+           "write_paper_report",
            "SETTING_DIFFERENCES"]
 
 #: Skyformer paper, Table 1 and Appendix F (2 layers, embedding 64, FFN 128, 2 heads, 128
@@ -189,50 +189,17 @@ def _markdown(report: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_paper_comparison(report: dict):
-    """Bar chart: accuracy and instability ratio, ours beside the paper's, per variant."""
-    return _plot(report, paper_comparison(report))
-
-
-def _plot(report: dict, rows: list[dict]):
-    import matplotlib.pyplot as plt
-
-    names = [c["variant"] for c in rows]
-    x = np.arange(len(names))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for ax, key, label in ((axes[0], "accuracy", "test accuracy (%)"), (axes[1], "instability_ratio", "instability x SoftMax")):
-        ours = [np.nan if c[key] is None else c[key] for c in rows]
-        paper = [np.nan if c[f"paper_{key}"] is None else c[f"paper_{key}"] for c in rows]
-        ax.bar(x - 0.2, ours, 0.4, label=f"sinkflow ({report['mode']}, {report['config']['device']})")
-        ax.bar(x + 0.2, paper, 0.4, label="paper")
-        ax.set_xticks(x, names, rotation=30, ha="right")
-        ax.set_ylabel(label)
-    axes[0].legend(fontsize="small")
-    fig.suptitle(f"{report['task']}: ours vs Skyformer paper")
-    fig.tight_layout()
-    return fig
-
-
 def write_paper_report(report: dict, stem) -> list:
-    """Write ``STEM.md`` (:func:`report_markdown`) and, with matplotlib, ``STEM_paper.png``; return the paths."""
+    """Write ``STEM.md`` (:func:`report_markdown`) and return its path.
+
+    The figure beside it, ``STEM_paper.png``, is drawn by
+    :func:`sinkflow.plots.training.write_paper_figure` (figures live above the models).
+    """
     from pathlib import Path
 
     md = Path(f"{stem}.md")
-    rows = paper_comparison(report)  # once for the markdown and the figure
-    md.write_text(_markdown(report, rows))
-    written = [md]
-    try:
-        import matplotlib.pyplot as plt
-
-        from sinkflow.plots.style import style
-    except ImportError:  # a bare GPU machine: the markdown is the report
-        return written
-    with style():
-        fig = _plot(report, rows)
-        png = Path(f"{stem}_paper.png")
-        fig.savefig(png, metadata={"Software": None})
-        plt.close(fig)
-    return written + [png]
+    md.write_text(report_markdown(report))
+    return [md]
 
 
 def reproducing_page(reports: list[dict]) -> str:

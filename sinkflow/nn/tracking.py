@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from sinkflow.nn.attention import AttentionKernel, MultiheadAttention
-from sinkflow.stochasticity import kl_to_sinkhorn, marginal_errors, sorted_column_sums
+from sinkflow.bounds._stochasticity import kl_to_sinkhorn, marginal_errors, sorted_column_sums
 
 __all__ = ["AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score",
            "update_instability"]

@@ -277,7 +277,7 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     for seed in seeds:
         for attention, n_iter in _variants(attentions, n_iters):
             if attention == "sinkhorn" and n_iter == 1 and "softmax" in attentions:
-                # Sinkhorn with one half-iteration *is* SoftMax (bitwise; tests/test_nn.py): reuse the run.
+                # Sinkhorn with one half-iteration *is* SoftMax (bitwise; tests/nn/test_nn.py): reuse the run.
                 soft = next(r for r in runs if r["variant"] == "softmax" and r["seed"] == seed)
                 runs.append({**soft, "attention": "sinkhorn", "n_iter": 1, "variant": "sinkhorn(1)",
                              "reused_from": "softmax"})

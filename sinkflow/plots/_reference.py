@@ -39,7 +39,7 @@ class Tolerance:
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.plots.registry import Tolerance
+    >>> from sinkflow.plots._registry import Tolerance
     >>> tol = Tolerance(rtol=1e-6, atol=0.0, floor=1e-10)
     >>> tol.allows(np.array([1.0 + 1e-7, 3e-12]), np.array([1.0, 8e-13])).tolist()
     [True, True]
@@ -72,7 +72,7 @@ def flatten_data(data: dict) -> dict[str, np.ndarray]:
 
     Examples
     --------
-    >>> from sinkflow.plots.registry import flatten_data
+    >>> from sinkflow.plots._registry import flatten_data
     >>> sorted(flatten_data({"x": [1.0, 2.0], "run": {"err": [[1, 2], [3]]}}))
     ['run.err[0]', 'run.err[1]', 'x']
     """
@@ -136,7 +136,7 @@ def compare_data(data: dict, reference: dict, tolerances: dict | None = None) ->
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.plots.registry import compare_data
+    >>> from sinkflow.plots._registry import compare_data
     >>> ref = {"x": np.linspace(0, 1, 5), "err": np.array([3e-13, 1e-12])}
     >>> compare_data({"x": ref["x"] * (1 + 1e-13), "err": np.array([9e-13, 2e-14])}, ref)
     []
@@ -167,7 +167,7 @@ def write_reference(path: str | Path, data: dict) -> None:
     >>> import tempfile
     >>> from pathlib import Path
     >>> import numpy as np
-    >>> from sinkflow.plots.registry import read_reference, write_reference
+    >>> from sinkflow.plots._registry import read_reference, write_reference
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     write_reference(Path(tmp, "a.npz"), {"x": np.arange(3.0)})
     ...     write_reference(Path(tmp, "b.npz"), {"x": np.arange(3.0)})

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import sinkflow
-from sinkflow.plots.registry import register
+from sinkflow.plots import register
 
 LABELS = {"sinkhorn": "Sinkhorn", "softmax_gaussian": "SoftMax, Gaussian kernel",
           "softmax_dot": "SoftMax, dot product", "unnormalized": "unnormalized"}
@@ -123,7 +123,7 @@ class NormalizationsConfig:
 
 def compute_normalizations(cfg: NormalizationsConfig) -> dict:
     from sinkflow._backend import torch_threads
-    from sinkflow.heat_limit import NORMALIZATIONS, largest_safe_dt
+    from sinkflow.heat._rescaled_flow import NORMALIZATIONS, largest_safe_dt
 
     g = mixture_1d()
     times = np.linspace(0, cfg.t_end, cfg.n_times)
@@ -167,7 +167,7 @@ def _floor_band(ax, t, floor, label):
 
 
 def plot_normalizations(data, cfg):
-    from sinkflow.heat_limit import NORMALIZATIONS
+    from sinkflow.heat._rescaled_flow import NORMALIZATIONS
     from sinkflow.plots.style import COLORS, new_figure
 
     fig, axes = new_figure(2, 1, width=3.6, height=2.9)

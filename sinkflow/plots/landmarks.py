@@ -3,12 +3,12 @@ r"""Figures of landmark-approximated (Nyström) attention flows against the exac
 - ``landmark_flow_errors`` (default): for one start and a range of ``m``, the Nyström spectral
   error and the field error, the trajectory deviation with its discrete Grönwall bound, the
   energy :math:`F^\infty` along the approximate Sinkhorn flows, and the heat-limit variance
-  error of the landmark heat layer as ``n`` grows (:mod:`sinkflow.landmark_errors`).
+  error of the landmark heat layer as ``n`` grows (:mod:`sinkflow.heat`).
 - ``landmark_heat_2d``: Sinkhorn heat-layer particles in 2D (exact, a few thousand) and their
   Nyström approximation (farthest-point landmarks, ``n = 10^6`` in the full config) against the heat
   solution: the variance growth minus the heat's ``2t``, with the mean field of the same layers
   (:func:`_sinkhorn_layers_variance`: the layer is linear on a Gaussian, its rate is that of
-  :func:`sinkflow.symbolic.sinkhorn_variance_rate_gaussian`). The gap to the heat equation is the
+  :func:`sinkflow.heat.symbolic.sinkhorn_variance_rate_gaussian`). The gap to the heat equation is the
   layer's :math:`\varepsilon`-bias (:math:`-\varepsilon/(2s)` in the rate) plus the explicit Euler steps'
   :math:`O(h)` excess (:math:`h^2 a^2 s` per step); the Nyström particles follow the layers' mean field
   up to their sampling. Second panel: the radial density at the last time.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkflow.plots.registry import register
+from sinkflow.plots import register
 
 __all__ = ["LandmarkErrorsConfig", "LandmarkHeat2DConfig"]
 
@@ -40,7 +40,7 @@ class LandmarkErrorsConfig:
 
 def compute_errors(cfg: LandmarkErrorsConfig) -> dict:
     import sinkflow
-    from sinkflow.landmark_errors import heat_variance_errors, landmark_flow_errors
+    from sinkflow.heat._landmark_errors import heat_variance_errors, landmark_flow_errors
 
     x0 = sinkflow.random_particles(cfg.n, 2, seed=cfg.seed)
     r = landmark_flow_errors(x0, cfg.landmarks, h=cfg.h, steps=cfg.steps)

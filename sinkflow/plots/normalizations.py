@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import sinkflow
-from sinkflow.plots.registry import Tolerance, register
+from sinkflow.plots import Tolerance, register
 from sinkflow.plots.style import COLORS, new_figure
 
 

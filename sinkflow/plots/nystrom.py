@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkflow.plots.registry import register
+from sinkflow.plots import register
 
 __all__ = ["SweepConfig", "DstatConfig", "ConditioningConfig"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import sinkflow
-from sinkflow.plots.registry import register
+from sinkflow.plots import register
 from sinkflow.plots.style import COLORS, new_figure
 
 NORMALIZATIONS = ("softmax", "sinkhorn")

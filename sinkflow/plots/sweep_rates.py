@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkflow.plots.registry import register
+from sinkflow.plots import register
 
 RATES = ("observed_rate", "asymptotic_rate", "birkhoff_hopf_rate")
 
@@ -30,7 +30,7 @@ class SweepRatesConfig:
 
 def compute(cfg: SweepRatesConfig) -> dict:
     from sinkflow.experiments import sinkhorn_convergence
-    from sinkflow.sweeps import expand_grid
+    from sinkflow.sweeps._sweep import expand_grid
 
     grid = {"n": cfg.n, "scale": list(cfg.scales), "seed": [cfg.seed + s for s in cfg.seeds], "tol": cfg.tol}
     points = expand_grid(grid)

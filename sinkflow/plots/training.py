@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sinkflow.plots.registry import register
+from sinkflow.plots import register
 from sinkflow.plots.style import COLORS, PALETTE, new_figure
 
-__all__ = ["plot_column_sums", "plot_accuracy_vs_n_iter", "plot_epoch_time", "plot_instability", "plot_report"]
+__all__ = ["plot_column_sums", "plot_accuracy_vs_n_iter", "plot_epoch_time", "plot_instability", "plot_report",
+           "plot_paper_comparison", "write_paper_figure"]
 
 
 def _colors(variants) -> dict:
@@ -209,3 +210,45 @@ register(
     default=False,
     description="Sorted attention column sums per training epoch, one-layer ViT on 8x8 digits (Sinkformers RQ1)",
 )
+
+
+def plot_paper_comparison(report: dict, rows: list[dict] | None = None):
+    """Bar chart of a Long Range Arena report: accuracy and instability ratio, ours beside the paper's.
+
+    ``rows`` defaults to :func:`sinkflow.nn.lra.paper_comparison` of the report.
+    """
+    import matplotlib.pyplot as plt
+
+    from sinkflow.nn.lra import paper_comparison
+
+    rows = paper_comparison(report) if rows is None else rows
+    names = [c["variant"] for c in rows]
+    x = np.arange(len(names))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, key, label in ((axes[0], "accuracy", "test accuracy (%)"), (axes[1], "instability_ratio", "instability x SoftMax")):
+        ours = [np.nan if c[key] is None else c[key] for c in rows]
+        paper = [np.nan if c[f"paper_{key}"] is None else c[f"paper_{key}"] for c in rows]
+        ax.bar(x - 0.2, ours, 0.4, label=f"sinkflow ({report['mode']}, {report['config']['device']})")
+        ax.bar(x + 0.2, paper, 0.4, label="paper")
+        ax.set_xticks(x, names, rotation=30, ha="right")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize="small")
+    fig.suptitle(f"{report['task']}: ours vs Skyformer paper")
+    fig.tight_layout()
+    return fig
+
+
+def write_paper_figure(report: dict, stem) -> list:
+    """Write ``STEM_paper.png`` (:func:`plot_paper_comparison`) in the shared style; return its path."""
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from sinkflow.plots.style import style
+
+    with style():
+        fig = plot_paper_comparison(report)
+        png = Path(f"{stem}_paper.png")
+        fig.savefig(png, metadata={"Software": None})
+        plt.close(fig)
+    return [png]

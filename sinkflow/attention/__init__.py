@@ -1,0 +1,84 @@
+"""Attention primitives: scores, normalizations and the one registry of attention variants.
+
+Everything the dynamics and the models compute starts here. ``scores`` turns queries and
+keys into a score matrix (dot product or Gaussian); ``normalizations`` turns scores into
+attention: SoftMax, and Sinkhorn's algorithm, log-stable, to a fixed number of half-steps
+or to tolerance; ``nystrom`` has the Gaussian-kernel attention of Skyformer and its Nyström
+approximations; ``variants`` is the registry (:func:`register_attention`) through which
+particles, the heat layer and :mod:`sinkflow.nn` use every variant, defined once.
+
+Start reading at ``_variants.py`` (what an attention variant is), then
+``_normalizations.py`` (the solver and its result).
+"""
+
+from sinkflow.attention._scores import (
+    dot_scores,
+    gaussian_scores,
+)
+from sinkflow.attention._normalizations import (
+    softmax,
+    sinkhorn,
+    solve_sinkhorn,
+    SinkhornResult,
+    SinkhornWarning,
+    default_tolerance,
+    attainable_error,
+)
+from sinkflow.attention._nystrom import (
+    gaussian_kernel,
+    kernelized_attention_matrix,
+    kernelized_attention,
+    lifted_kernel,
+    sample_landmarks,
+    iterative_inverse,
+    newton_schulz_pinv,
+    NystromFactors,
+    nystrom_factors,
+    nystrom_matrix,
+    nystrom_attention,
+    segment_means,
+    nystromformer_factors,
+    nystromformer_matrix,
+    nystromformer_attention,
+    landmark_block,
+)
+from sinkflow.attention._variants import (
+    Normalized,
+    AttentionVariant,
+    register_attention,
+    get_attention,
+    available_attentions,
+)
+
+__all__ = [
+    "dot_scores",
+    "gaussian_scores",
+    "softmax",
+    "sinkhorn",
+    "solve_sinkhorn",
+    "SinkhornResult",
+    "SinkhornWarning",
+    "default_tolerance",
+    "attainable_error",
+    "gaussian_kernel",
+    "kernelized_attention_matrix",
+    "kernelized_attention",
+    "lifted_kernel",
+    "sample_landmarks",
+    "iterative_inverse",
+    "newton_schulz_pinv",
+    "NystromFactors",
+    "nystrom_factors",
+    "nystrom_matrix",
+    "nystrom_attention",
+    "segment_means",
+    "nystromformer_factors",
+    "nystromformer_matrix",
+    "nystromformer_attention",
+    "landmark_block",
+    "Normalized",
+    "AttentionVariant",
+    "register_attention",
+    "get_attention",
+    "available_attentions",
+]

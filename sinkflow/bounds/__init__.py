@@ -1,0 +1,58 @@
+"""Bounds and rates: how doubly stochastic an attention is, how fast Sinkhorn gets there, and
+the spectral-norm error of Skyformer's Nyström approximation against its theorem.
+
+``_stochasticity.py`` (marginal errors, Birkhoff-Hopf, sigma_2 rates) and
+``_nystrom_bounds.py`` (spectral errors, leverage scores, d_stat, ``nystrom_check``).
+"""
+
+from sinkflow.bounds._stochasticity import (
+    MarginalErrors,
+    marginal_errors,
+    sorted_column_sums,
+    kl_to_sinkhorn,
+    hilbert_diameter,
+    birkhoff_hopf_rate,
+    asymptotic_rate,
+    observed_rate,
+)
+from sinkflow.bounds._nystrom_bounds import (
+    LANDMARK_CONSTANT,
+    SHARP_LANDMARK_CONSTANT,
+    spectral_norm,
+    extreme_eigenvalues,
+    ridge_leverage_scores,
+    statistical_dimension,
+    beta_star,
+    landmarks_required,
+    binomial_interval,
+    NystromErrors,
+    nystrom_errors,
+    NystromCheck,
+    nystrom_check,
+    smallest_sufficient_landmarks,
+)
+
+__all__ = [
+    "MarginalErrors",
+    "marginal_errors",
+    "sorted_column_sums",
+    "kl_to_sinkhorn",
+    "hilbert_diameter",
+    "birkhoff_hopf_rate",
+    "asymptotic_rate",
+    "observed_rate",
+    "LANDMARK_CONSTANT",
+    "SHARP_LANDMARK_CONSTANT",
+    "spectral_norm",
+    "extreme_eigenvalues",
+    "ridge_leverage_scores",
+    "statistical_dimension",
+    "beta_star",
+    "landmarks_required",
+    "binomial_interval",
+    "NystromErrors",
+    "nystrom_errors",
+    "NystromCheck",
+    "nystrom_check",
+    "smallest_sufficient_landmarks",
+]

@@ -1,0 +1,607 @@
+r"""Spectral-norm error of Skyformer's Nyström and the theorem that bounds it (docs/theory/nystrom.md).
+
+Notation: :math:`\bar C = \kappa(X, X)`, :math:`X = [Q; K]`, :math:`N = n_q + n_k` points
+(:math:`N = 2n` for self-attention), :math:`C = \bar C_{1:n_q, n_q+1:N}`, landmark
+indices :math:`J` drawn uniformly with replacement, :math:`\tilde{\bar C}` the Nyström
+approximation and :math:`E = \bar C - \tilde{\bar C}`.
+
+- Always: :math:`\|C - \tilde C\|_2 \le \|E\|_2` (a block of :math:`E`) and, with the exact
+  pseudo-inverse, :math:`E \succeq 0` (:math:`\tilde{\bar C} \preceq \bar C`).
+- Ridge leverage scores :math:`l_i = [\bar C(\bar C + \lambda I)^{-1}]_{ii}`, statistical
+  dimension :math:`d_{stat} = \sum_i l_i`, :math:`\beta^\star = d_{stat} / (N \max_i l_i)`.
+- **Theorem** (Skyformer, after Musco & Musco 2017): with :math:`\lambda = \varepsilon \|C\|_2`
+  and :math:`m \ge c\,(d_{stat}/\beta) \log(2N/\delta)` (:math:`= \log(4n/\delta)`),
+  with probability :math:`\ge 1 - \delta`:
+  :math:`\tilde{\bar C} \preceq \bar C \preceq \tilde{\bar C} + \lambda I` and
+  :math:`\|C - \tilde C\|_2 \le \lambda`.
+
+Where the constant comes from (re-derived here)
+-----------------------------------------------
+Write :math:`\bar C = B B^T`, :math:`\psi_i = (B^T B + \lambda I)^{-1/2} b_i` (so
+:math:`\|\psi_i\|^2 = l_i` and :math:`\sum_i \psi_i \psi_i^T = P`, :math:`\|P\| \le 1`), and
+:math:`Y = \frac{N}{m} \sum_{k=1}^m \psi_{j_k} \psi_{j_k}^T` for the uniform draws. If
+:math:`Y \succeq P - t I` then every :math:`x` orthogonal to the sampled directions has
+:math:`x^T B^T B x \le \frac{t}{1-t} \lambda \|x\|^2`, i.e. :math:`\|E\|_2 \le \frac{t}{1-t}\lambda`;
+:math:`t = 1/2` gives exactly :math:`\lambda`. Matrix Bernstein with summands bounded by
+:math:`L` and variance :math:`\sigma^2`, both :math:`\le R/m` with :math:`R = N \max_i l_i = d_{stat}/\beta^\star`,
+gives :math:`P(\|Y - P\| \ge t) \le 2N \exp(-m t^2 / (2R(1 + t/3)))`, so
+:math:`m \ge \frac{2(1+t/3)}{t^2} R \log(2N/\delta) = \frac{28}{3} R \log(4n/\delta)` suffices
+(:data:`SHARP_LANDMARK_CONSTANT`). The theory page's :math:`56/3` (:data:`LANDMARK_CONSTANT`,
+the default) is what the same argument gives with the cruder bounds :math:`L, \sigma^2 \le 2R/m`
+(:math:`\frac{4(1+t/3)}{t^2} = 56/3` at :math:`t = 1/2`): valid, twice as many landmarks as
+needed. Only the lower tail is needed, so even :math:`\log(2n/\delta)` would do.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from sinkflow.attention._nystrom import (
+    _check_inverse,
+    _check_pair,
+    _iterative_inverse,
+    _kernel,
+    _pinv_rtol,
+    _stack,
+    sample_landmarks,
+)
+
+__all__ = [
+    "LANDMARK_CONSTANT",
+    "SHARP_LANDMARK_CONSTANT",
+    "spectral_norm",
+    "extreme_eigenvalues",
+    "ridge_leverage_scores",
+    "statistical_dimension",
+    "beta_star",
+    "landmarks_required",
+    "binomial_interval",
+    "NystromErrors",
+    "nystrom_errors",
+    "NystromCheck",
+    "nystrom_check",
+    "smallest_sufficient_landmarks",
+]
+
+#: The theorem's constant c in m >= c (d_stat / beta) log(4n / delta) (docs/theory/nystrom.md).
+LANDMARK_CONSTANT = 56.0 / 3.0
+#: The constant the same matrix-Bernstein argument gives with tight summand and variance bounds.
+SHARP_LANDMARK_CONSTANT = 28.0 / 3.0
+
+_DENSE_LIMIT = 1024
+
+
+def _np64(A, name="A"):
+    if isinstance(A, torch.Tensor):
+        A = A.detach().cpu().double().numpy()
+    a = np.asarray(A, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be a matrix, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} has non-finite entries")
+    return a
+
+
+def _v0(n, seed=0):
+    # ARPACK's default start vector is random per call: fix it so results are deterministic.
+    return np.random.default_rng(seed).standard_normal(n)
+
+
+def _use_dense(shape, method, dense_limit):
+    if method not in ("auto", "dense", "lanczos"):
+        raise ValueError(f"method must be 'auto', 'dense' or 'lanczos', got {method!r}")
+    return method == "dense" or (method == "auto" and min(shape) <= dense_limit)
+
+
+def spectral_norm(A, *, symmetric: bool = False, method: str = "auto", tol: float = 1e-12,
+                  dense_limit: int = _DENSE_LIMIT) -> float:
+    r"""Exact spectral norm :math:`\|A\|_2` (largest singular value), in float64.
+
+    ``method="dense"`` uses LAPACK (``eigvalsh`` when ``symmetric``, else an SVD);
+    ``"lanczos"`` uses ARPACK (``eigsh``/``svds``, ``k = 1``) to relative accuracy ``tol``,
+    which is what makes ``n = 2048`` take seconds; ``"auto"`` picks dense up to
+    ``dense_limit`` rows.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> sinkflow.spectral_norm(np.diag([3.0, -4.0]))
+    4.0
+    >>> round(sinkflow.spectral_norm(np.diag([3.0, -4.0]), method="lanczos"), 12)
+    4.0
+    """
+    import scipy.sparse.linalg as spla  # lazy: 0.7 s of import time otherwise paid by `import sinkflow`
+
+    a = _np64(A)
+    if _use_dense(a.shape, method, dense_limit) or min(a.shape) < 3:
+        if symmetric:
+            return float(np.abs(np.linalg.eigvalsh(a)[[0, -1]]).max())
+        return float(np.linalg.norm(a, 2))
+    if symmetric:
+        return float(abs(spla.eigsh(a, k=1, which="LM", tol=tol, v0=_v0(a.shape[0]), return_eigenvectors=False)[0]))
+    return float(spla.svds(a, k=1, tol=tol, v0=_v0(min(a.shape)), return_singular_vectors=False)[0])
+
+
+def extreme_eigenvalues(S, *, method: str = "auto", tol: float = 1e-12, dense_limit: int = _DENSE_LIMIT):
+    r"""Smallest and largest eigenvalue of a symmetric matrix (the Loewner checks' tool).
+
+    The Lanczos path finds :math:`\lambda_{max}` directly and :math:`\lambda_{min}` as
+    :math:`c - \lambda_{max}(cI - S)` with :math:`c = \|S\|_2`, so both are accurate to
+    ``tol`` relative to :math:`\|S\|_2` even when the spectrum clusters at 0.
+
+    Returns
+    -------
+    (float, float)
+        :math:`(\lambda_{min}, \lambda_{max})`.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> sinkflow.extreme_eigenvalues(np.diag([-1.0, 0.5, 2.0]))
+    (-1.0, 2.0)
+    """
+    import scipy.sparse.linalg as spla
+
+    a = _np64(S, "S")
+    if a.shape[0] != a.shape[1]:
+        raise ValueError(f"S must be square, got {a.shape}")
+    if _use_dense(a.shape, method, dense_limit) or a.shape[0] < 3:
+        w = np.linalg.eigvalsh(a)
+        return float(w[0]), float(w[-1])
+    v0 = _v0(a.shape[0])
+    top = float(spla.eigsh(a, k=1, which="LA", tol=tol, v0=v0, return_eigenvectors=False)[0])
+    c = max(abs(top), float(abs(spla.eigsh(a, k=1, which="LM", tol=tol, v0=v0, return_eigenvectors=False)[0])))
+    shifted = spla.LinearOperator(a.shape, matvec=lambda x: c * x - a @ x, dtype=np.float64)
+    low = c - float(spla.eigsh(shifted, k=1, which="LA", tol=tol, v0=v0, return_eigenvectors=False)[0])
+    return low, top
+
+
+def ridge_leverage_scores(Cbar, lam: float, method: str = "cholesky") -> np.ndarray:
+    r"""Ridge leverage scores :math:`l_i = [\bar C(\bar C + \lambda I)^{-1}]_{ii}`, float64.
+
+    ``"cholesky"`` (default, :math:`\tfrac23 N^3` flops) uses
+    :math:`l_i = 1 - \lambda [(\bar C + \lambda I)^{-1}]_{ii}` and the inverse Cholesky factor;
+    ``"eigh"`` uses the eigendecomposition (a reference, ~10x slower).
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> sinkflow.ridge_leverage_scores(np.diag([1.0, 3.0]), 1.0)
+    array([0.5 , 0.75])
+    """
+    import scipy.linalg
+
+    a = _np64(Cbar, "Cbar")
+    lam = float(lam)
+    if not lam > 0:
+        raise ValueError(f"lam must be positive, got {lam}")
+    if method == "eigh":
+        w, U = np.linalg.eigh(a)
+        w = np.clip(w, 0.0, None)
+        return (U * U) @ (w / (w + lam))
+    if method != "cholesky":
+        raise ValueError(f"method must be 'cholesky' or 'eigh', got {method!r}")
+    L = scipy.linalg.cholesky(a + lam * np.eye(a.shape[0]), lower=True, check_finite=False)
+    Linv, info = scipy.linalg.lapack.dtrtri(L, lower=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"triangular inverse failed (info={info})")
+    return 1.0 - lam * np.einsum("ij,ij->j", Linv, Linv)
+
+
+def statistical_dimension(Cbar, lam: float) -> float:
+    r""":math:`d_{stat} = \mathrm{tr}(\bar C(\bar C + \lambda I)^{-1}) = \sum_i l_i`.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> sinkflow.statistical_dimension(np.diag([1.0, 3.0]), 1.0)
+    1.25
+    """
+    return float(ridge_leverage_scores(Cbar, lam).sum())
+
+
+def beta_star(leverage) -> float:
+    r"""Largest admissible :math:`\beta = d_{stat} / (N \max_i l_i)` for uniform sampling.
+
+    Examples
+    --------
+    >>> import sinkflow
+    >>> sinkflow.beta_star([0.5, 0.75])   # 1.25 / (2 * 0.75)
+    0.8333333333333334
+    """
+    lev = np.asarray(leverage, dtype=np.float64)
+    return float(lev.sum() / (lev.size * lev.max()))
+
+
+def landmarks_required(d_stat: float, beta: float, n_points: int, delta: float,
+                       constant: float = LANDMARK_CONSTANT) -> int:
+    r"""The theorem's landmark count :math:`\lceil c\,(d_{stat}/\beta) \log(2N/\delta) \rceil`.
+
+    ``n_points`` is :math:`N = n_q + n_k` (``2n`` for self-attention, so the log is
+    :math:`\log(4n/\delta)`). See the module docstring for the constant.
+
+    Examples
+    --------
+    >>> import math, sinkflow
+    >>> sinkflow.landmarks_required(10.0, 0.5, 200, 0.1) == math.ceil(56 / 3 * 20 * math.log(4000))
+    True
+    """
+    if not (0 < delta < 1):
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    if not (beta > 0 and d_stat > 0):
+        raise ValueError(f"d_stat and beta must be positive, got {d_stat} and {beta}")
+    return int(math.ceil(constant * (d_stat / beta) * math.log(2 * int(n_points) / delta)))
+
+
+def binomial_interval(successes: int, trials: int, confidence: float = 0.95, method: str = "exact"):
+    """Confidence interval of a binomial proportion (Clopper–Pearson ``"exact"`` or ``"wilson"``).
+
+    Examples
+    --------
+    >>> import sinkflow
+    >>> lo, hi = sinkflow.binomial_interval(0, 20)
+    >>> lo, round(hi, 4)
+    (0.0, 0.1684)
+    """
+    from scipy.stats import binomtest
+
+    if trials < 1:
+        raise ValueError(f"need at least one trial, got {trials}")
+    ci = binomtest(int(successes), int(trials)).proportion_ci(confidence_level=confidence, method=method)
+    return float(ci.low), float(ci.high)
+
+
+# --------------------------------------------------------------------------- Monte Carlo
+def _lifted64(Q, K):
+    q, k, _ = _check_pair(Q, K)
+    if q.ndim != 2 or k.ndim != 2:
+        raise ValueError(f"the bound checks take one head: Q (n_q, p) and K (n_k, p), got {tuple(q.shape)} and {tuple(k.shape)}")
+    q, k = q.detach().cpu().double(), k.detach().cpu().double()
+    x = _stack(q, k)
+    return _kernel(x, x, q.shape[-1]).numpy(), q.shape[0], q.shape[-1]
+
+
+@dataclass(frozen=True, eq=False)
+class NystromErrors:
+    """Errors of repeated landmark draws.
+
+    Attributes
+    ----------
+    errors : ndarray (trials,)
+        :math:`\\|C - \\tilde C\\|_2` per draw.
+    lifted_min, lifted_max : ndarray (trials,)
+        Extreme eigenvalues of :math:`E = \\bar C - \\tilde{\\bar C}` per draw
+        (:math:`\\lambda_{max} = \\|E\\|_2` when :math:`E \\succeq 0`).
+    norm_C, norm_Cbar : float
+        :math:`\\|C\\|_2` and :math:`\\|\\bar C\\|_2`.
+    landmarks : int
+    inverse : str
+    """
+
+    errors: np.ndarray
+    lifted_min: np.ndarray
+    lifted_max: np.ndarray
+    norm_C: float
+    norm_Cbar: float
+    landmarks: int
+    inverse: str
+
+
+def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, method, progress, lifted=True):
+    from sinkflow._progress import progress_bar
+
+    N = Cbar.shape[0]
+    lows, highs, errs = np.full(trials, np.nan), np.full(trials, np.nan), np.empty(trials)
+    for t in progress_bar(range(trials), enabled=progress, desc=f"Nyström draws (m={m})", leave=False):
+        J = sample_landmarks(N, m, generator=rng)
+        G = Cbar[:, J]
+        if inverse == "pinv":
+            W = np.linalg.pinv(Cbar[np.ix_(J, J)], rcond=_pinv_rtol(torch.float64), hermitian=True)
+        else:
+            W = _iterative_inverse(torch.from_numpy(np.ascontiguousarray(Cbar[np.ix_(J, J)])), n_iter, gamma).numpy()
+        E = Cbar - G @ W @ G.T
+        E = 0.5 * (E + E.T)
+        errs[t] = spectral_norm(E[:n_q, n_q:], method=method)
+        if lifted:
+            lows[t], highs[t] = extreme_eigenvalues(E, method=method)
+    return errs, lows, highs
+
+
+def _check_trials(trials):
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
+        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    return int(trials)
+
+
+def _check_landmarks_fit(m, N):
+    if m > N:
+        warnings.warn(f"landmarks={m} exceeds the N = {N} stacked queries and keys: the draws with replacement "
+                      "repeat points (as the theorem allows; its landmark count often exceeds N). Pass the N "
+                      "indices themselves for the exact lifted kernel.", UserWarning, stacklevel=3)
+
+
+def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pinv", n_iter: int = 6,
+                   gamma: float = 0.1, seed=0, method: str = "auto", progress: bool = False) -> NystromErrors:
+    r"""Exact spectral errors of ``trials`` independent lifted-Nyström draws (float64).
+
+    Parameters
+    ----------
+    Q : array (n_q, p)
+    K : array (n_k, p)
+        One head (loop over heads yourself).
+    landmarks : int
+        ``m``, drawn uniformly with replacement from the ``N = n_q + n_k`` stacked points.
+    trials : int
+        Independent draws.
+    inverse, n_iter, gamma :
+        As in :func:`sinkflow.nystrom_factors`.
+    seed : int or numpy.random.Generator
+        Randomness of the draws.
+    method : {"auto", "dense", "lanczos"}
+        Eigen/singular value solver (see :func:`spectral_norm`).
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> rng = np.random.default_rng(0)
+    >>> Q, K = rng.normal(size=(2, 32, 8))
+    >>> res = sinkflow.nystrom_errors(Q, K, 16, trials=3)
+    >>> bool((res.errors <= res.lifted_max + 1e-12).all())   # a block is no larger than the whole
+    True
+    """
+    from sinkflow.attention._nystrom import _as_count
+
+    m = _as_count(landmarks)
+    trials = _check_trials(trials)
+    _check_inverse(inverse)
+    Cbar, n_q, _ = _lifted64(Q, K)
+    _check_landmarks_fit(m, Cbar.shape[0])
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
+    return NystromErrors(errs, lows, highs, spectral_norm(Cbar[:n_q, n_q:], method=method),
+                         spectral_norm(Cbar, symmetric=True, method=method), m, inverse)
+
+
+@dataclass(frozen=True, eq=False)
+class NystromCheck:
+    r"""The theorem checked on one's own ``Q, K``: observed error against what it promises.
+
+    Attributes
+    ----------
+    n_queries, n_keys, dim, landmarks, trials : int
+    eps, delta : float
+        The theorem's accuracy and failure probability.
+    norm_C : float
+        :math:`\|C\|_2`.
+    lam : float
+        :math:`\lambda = \varepsilon \|C\|_2`.
+    observed_error : float
+        Mean of :math:`\|C - \tilde C\|_2` over the draws (``errors`` holds each draw).
+    relative_error : float
+        ``observed_error / norm_C``.
+    max_error : float
+        Worst draw.
+    lifted_error : float
+        Mean :math:`\lambda_{max}(\bar C - \tilde{\bar C})`.
+    d_stat, beta, max_leverage : float
+        Statistical dimension, :math:`\beta^\star` and :math:`\max_i l_i` at :math:`\lambda`.
+    m_required : int
+        :func:`landmarks_required` with ``constant``.
+    theorem_applies : bool
+        ``landmarks >= m_required`` (otherwise the theorem promises nothing).
+    failures : int
+        Draws with :math:`\|C - \tilde C\|_2 > \lambda`.
+    failure_rate : float
+        ``failures / trials``, the Monte-Carlo estimate of :math:`P(\|C - \tilde C\|_2 > \lambda)`.
+    failure_ci : (float, float)
+        Its ``confidence`` interval (``ci_method``).
+    loewner_failures : int
+        Draws violating :math:`\bar C \preceq \tilde{\bar C} + \lambda I`.
+    loewner_lower : bool
+        :math:`\tilde{\bar C} \preceq \bar C` in every draw, to ``loewner_tol``. Always true in
+        exact arithmetic, with either inverse :math:`Z` of the landmark block
+        :math:`M = \bar C_{J,J}`. Proof: write :math:`\bar C = B B^T` and :math:`B_J` the landmark
+        rows, so :math:`M = B_J B_J^T` and :math:`\tilde{\bar C} = B (B_J^T Z B_J) B^T`; it
+        suffices that :math:`B_J^T Z B_J \preceq I`. For :math:`Z = M^+`, :math:`B_J^T M^+ B_J` is
+        the orthogonal projector onto the row space of :math:`B_J`. For the iterative inverse,
+        :math:`0 \preceq Z \preceq (M + \gamma I)^{-1}` (its Newton-Schulz iterates are spectral
+        functions :math:`f` of the rescaled matrix with :math:`0 \le \sigma f(\sigma) \le 1`), and
+        :math:`B_J^T (B_J B_J^T + \gamma I)^{-1} B_J = (B_J^T B_J + \gamma I)^{-1} B_J^T B_J`
+        has eigenvalues :math:`\sigma^2/(\sigma^2 + \gamma) < 1`. (Not via
+        :math:`(M + \gamma I)^{-1} \preceq M^+`: that fails on the null space of a singular
+        :math:`M`, e.g. with repeated landmarks, where :math:`M^+` vanishes.)
+    min_lifted_eigenvalue : float
+        Smallest :math:`\lambda_{min}(\bar C - \tilde{\bar C})` over the draws.
+    bound_holds : bool
+        ``failure_rate <= delta``: the promised event was observed at this ``m``.
+    consistent : bool
+        False only if the theorem applies and the interval lies entirely above ``delta``
+        (a refutation of the theorem at this confidence).
+    """
+
+    n_queries: int
+    n_keys: int
+    dim: int
+    landmarks: int
+    trials: int
+    eps: float
+    delta: float
+    inverse: str
+    norm_C: float
+    lam: float
+    observed_error: float
+    relative_error: float
+    max_error: float
+    lifted_error: float
+    d_stat: float
+    beta: float
+    max_leverage: float
+    constant: float
+    m_required: int
+    theorem_applies: bool
+    failures: int
+    failure_rate: float
+    failure_ci: tuple
+    confidence: float
+    loewner_failures: int
+    loewner_lower: bool
+    min_lifted_eigenvalue: float
+    loewner_tol: float
+    bound_holds: bool
+    consistent: bool
+    errors: np.ndarray = field(repr=False)
+
+    def summary(self) -> str:
+        """A few human-readable lines (what the CLI prints)."""
+        lo, hi = self.failure_ci
+        verdict = "holds" if self.bound_holds else "fails"
+        applies = "m >= m required: the theorem applies" if self.theorem_applies else \
+            "m < m required: the theorem promises nothing here"
+        return "\n".join([
+            f"kernelized attention: n_q={self.n_queries}, n_k={self.n_keys}, p={self.dim}; "
+            f"Nyström ({self.inverse}) with m={self.landmarks} landmarks, {self.trials} draws",
+            f"||C||_2                 = {self.norm_C:.6g}",
+            f"observed ||C - C~||_2   = {self.observed_error:.6g} (mean; max {self.max_error:.6g}; "
+            f"relative {self.relative_error:.3g})",
+            f"lambda = eps ||C||_2    = {self.lam:.6g} (eps={self.eps:g})",
+            f"d_stat                  = {self.d_stat:.6g} (beta*={self.beta:.4g}, max leverage={self.max_leverage:.4g})",
+            f"m required (delta={self.delta:g}) = {self.m_required} (c={self.constant:.4g}); {applies}",
+            f"P(||C - C~||_2 > lambda) ~ {self.failure_rate:.3g} ({self.failures}/{self.trials}; "
+            f"{self.confidence:.0%} CI [{lo:.3g}, {hi:.3g}])",
+            f"Loewner: Cbar~ <= Cbar in all draws: {self.loewner_lower}; Cbar <= Cbar~ + lambda I failed in "
+            f"{self.loewner_failures}/{self.trials} draws",
+            f"bound {verdict}: error <= lambda in {self.trials - self.failures}/{self.trials} draws "
+            f"(needs >= {1 - self.delta:.0%})" + ("" if self.consistent else "; THEOREM REFUTED at this confidence"),
+        ])
+
+
+def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, trials: int = 20, *,
+                  inverse: str = "pinv", n_iter: int = 6, gamma: float = 0.1, seed=0, confidence: float = 0.95,
+                  ci_method: str = "exact", constant: float = LANDMARK_CONSTANT, method: str = "auto",
+                  loewner_tol: float = 1e-6, progress: bool = False) -> NystromCheck:
+    r"""Check Skyformer's spectral-norm theorem on given queries and keys.
+
+    ``C`` is the kernelized attention matrix of docs/theory/nystrom.md (queries and keys
+    scaled by :math:`p^{-1/4}`, unit Gaussian bandwidth). Draws ``trials`` landmark sets
+    of size ``landmarks``, measures the exact :math:`\|C - \tilde C\|_2` and the extreme
+    eigenvalues of :math:`\bar C - \tilde{\bar C}`, and compares with
+    :math:`\lambda = \varepsilon \|C\|_2`, :math:`d_{stat}` and the theorem's ``m``.
+
+    Parameters
+    ----------
+    Q : array (n_q, p)
+    K : array (n_k, p)
+    landmarks : int
+        Number of landmarks ``m`` (uniform with replacement over the stacked points).
+    eps, delta : float
+        Accuracy (:math:`\lambda = \varepsilon\|C\|_2`) and failure probability.
+    trials : int
+        Monte-Carlo draws for the failure probability.
+    inverse, n_iter, gamma :
+        Estimator (the theorem is about ``"pinv"``; ``"iterative"`` is Skyformer's practice).
+    seed : int or numpy.random.Generator
+    confidence, ci_method :
+        The failure-rate interval (Clopper–Pearson ``"exact"`` or ``"wilson"``).
+    constant : float
+        The theorem's ``c`` (:data:`LANDMARK_CONSTANT`; :data:`SHARP_LANDMARK_CONSTANT`).
+    method : {"auto", "dense", "lanczos"}
+        Eigensolver (see :func:`spectral_norm`).
+    loewner_tol : float
+        Tolerance, relative to :math:`\|\bar C\|_2`, of :math:`\lambda_{min}(\bar C - \tilde{\bar C}) \ge 0`
+        (the float64 rounding floor of the pseudo-inverse is ~ sqrt(machine eps), measured up to 4e-9).
+
+    Returns
+    -------
+    NystromCheck
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> rng = np.random.default_rng(0)
+    >>> Q, K = 0.5 * rng.normal(size=(2, 64, 16))
+    >>> res = sinkflow.nystrom_check(Q, K, landmarks=32, eps=0.1, delta=0.1, trials=10)
+    >>> res.bound_holds, res.loewner_lower, res.m_required > 32
+    (True, True, True)
+    """
+    from sinkflow.attention._nystrom import _as_count
+
+    m = _as_count(landmarks)
+    trials = _check_trials(trials)
+    _check_inverse(inverse)
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    if not (0 < delta < 1):
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    Cbar, n_q, p = _lifted64(Q, K)
+    N = Cbar.shape[0]
+    _check_landmarks_fit(m, N)
+    norm_C = spectral_norm(Cbar[:n_q, n_q:], method=method)
+    norm_Cbar = spectral_norm(Cbar, symmetric=True, method=method)
+    lam = float(eps) * norm_C
+    lev = ridge_leverage_scores(Cbar, lam)
+    d_stat, beta = float(lev.sum()), beta_star(lev)
+    m_req = landmarks_required(d_stat, beta, N, delta, constant)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
+    failures = int((errs > lam).sum())
+    ci = binomial_interval(failures, trials, confidence, ci_method)
+    applies = m >= m_req
+    return NystromCheck(
+        n_queries=n_q, n_keys=N - n_q, dim=p, landmarks=m, trials=trials, eps=float(eps), delta=float(delta),
+        inverse=inverse, norm_C=norm_C, lam=lam, observed_error=float(errs.mean()),
+        relative_error=float(errs.mean() / norm_C), max_error=float(errs.max()), lifted_error=float(highs.mean()),
+        d_stat=d_stat, beta=beta, max_leverage=float(lev.max()), constant=float(constant), m_required=m_req,
+        theorem_applies=applies, failures=failures, failure_rate=failures / trials, failure_ci=ci,
+        confidence=float(confidence), loewner_failures=int((highs > lam).sum()),
+        loewner_lower=bool(lows.min() >= -loewner_tol * norm_Cbar), min_lifted_eigenvalue=float(lows.min()),
+        loewner_tol=float(loewner_tol), bound_holds=failures / trials <= delta,
+        consistent=not (applies and ci[0] > delta), errors=errs,
+    )
+
+
+def smallest_sufficient_landmarks(Q, K, eps: float = 0.1, delta: float = 0.1, trials: int = 20, *,
+                                  inverse: str = "pinv", n_iter: int = 6, gamma: float = 0.1, seed=0,
+                                  m_max: int | None = None, method: str = "auto") -> int | None:
+    r"""Smallest ``m`` whose empirical failure rate :math:`P(\|C - \tilde C\|_2 > \lambda)` is ``<= delta``.
+
+    Doubling from ``m = 1`` then bisection (the failure rate decreases with ``m`` up to
+    Monte-Carlo noise; each candidate uses the same ``seed``). ``m_required / result`` is the
+    looseness factor of the theorem. Returns ``None`` if even ``m_max`` (default ``8 N``; draws
+    are with replacement, so ``m > N`` is allowed) fails.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> rng = np.random.default_rng(0)
+    >>> Q, K = 0.5 * rng.normal(size=(2, 32, 16))
+    >>> m = sinkflow.smallest_sufficient_landmarks(Q, K, trials=10)
+    >>> 1 <= m <= 64
+    True
+    """
+    Cbar, n_q, _ = _lifted64(Q, K)
+    trials = _check_trials(trials)
+    _check_inverse(inverse)
+    lam = float(eps) * spectral_norm(Cbar[:n_q, n_q:], method=method)
+    m_max = 8 * Cbar.shape[0] if m_max is None else int(m_max)
+
+    def ok(m):
+        errs, _, _ = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma),
+                                         np.random.default_rng(seed), method, False,
+                                         lifted=False)
+        return (errs > lam).mean() <= delta
+
+    lo, hi = 0, 1
+    while not ok(hi):
+        lo = hi
+        if hi >= m_max:
+            return None
+        hi = min(2 * hi, m_max)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi

@@ -1,0 +1,77 @@
+"""The many-particle limit: rescaled attention flows against the heat (or porous-medium) equation.
+
+``_references.py`` has exact references (Gaussian mixtures, Barenblatt, an FFT grid
+solver); ``_rescaled_flow.py`` the rescaled layer (:func:`heat_flow`) and its time scale;
+``_distances.py`` W2, moment and KDE errors with fitted rates; ``_landmark_errors.py``
+how far a landmark flow strays from the exact one; :mod:`sinkflow.heat.symbolic` the sympy
+derivations used as test oracles (loaded on its own: it imports sympy).
+Start reading at ``_rescaled_flow.py``.
+"""
+
+from sinkflow.heat._references import (
+    GaussianMixture,
+    Barenblatt,
+    GridHeatSolution,
+    solve_heat_grid,
+)
+from sinkflow.heat._distances import (
+    W2Result,
+    wasserstein2,
+    MomentErrors,
+    moment_errors,
+    kde_l1,
+    fit_loglog_slope,
+    ConvergenceStudy,
+    convergence_study,
+)
+from sinkflow.heat._rescaled_flow import (
+    NORMALIZATIONS,
+    LIMIT_EQUATIONS,
+    HeatFlowResult,
+    BarycentricMapResult,
+    heat_velocity,
+    heat_trajectory,
+    heat_flow,
+    heat_reference,
+    limit_time_factor,
+    barycentric_map,
+    largest_safe_dt,
+    HEAT_LAYERS,
+)
+from sinkflow.heat._landmark_errors import (
+    LandmarkFlowErrors,
+    landmark_flow_errors,
+    nystrom_spectral_error,
+    heat_variance_errors,
+)
+
+__all__ = [
+    "GaussianMixture",
+    "Barenblatt",
+    "GridHeatSolution",
+    "solve_heat_grid",
+    "W2Result",
+    "wasserstein2",
+    "MomentErrors",
+    "moment_errors",
+    "kde_l1",
+    "fit_loglog_slope",
+    "ConvergenceStudy",
+    "convergence_study",
+    "NORMALIZATIONS",
+    "LIMIT_EQUATIONS",
+    "HeatFlowResult",
+    "BarycentricMapResult",
+    "heat_velocity",
+    "heat_trajectory",
+    "heat_flow",
+    "heat_reference",
+    "limit_time_factor",
+    "barycentric_map",
+    "largest_safe_dt",
+    "HEAT_LAYERS",
+    "LandmarkFlowErrors",
+    "landmark_flow_errors",
+    "nystrom_spectral_error",
+    "heat_variance_errors",
+]

@@ -1,0 +1,657 @@
+r"""Rescaled attention flows and their many-particle limits (docs/theory/heat_limit.md).
+
+One attention layer, four normalizations. Tokens :math:`x_1..x_n\in\mathbb R^d`, scores with
+:math:`W = I/\varepsilon`, values :math:`-(x_j - x_i)`, and continuous depth :math:`t`:
+
+.. math:: \dot x_i = v_\varepsilon(x_i) = -\frac{2}{\varepsilon}\sum_j K_{ij}\,(x_j - x_i),
+
+integrated with explicit Euler steps of size :math:`h \le dt`: each step is a residual
+attention layer :math:`x_i \leftarrow x_i + \frac{2h}{\varepsilon}\sum_j K_{ij}(x_i - x_j)`, and time
+:math:`t` takes :math:`t/h` layers. Only :math:`K` changes:
+
+* ``"sinkhorn"``: :math:`K` doubly stochastic from the scores :math:`-|x_i-x_j|^2/(2\varepsilon)`.
+  Limit: the heat equation :math:`\partial_t\rho = \Delta\rho`, because
+  :math:`B_\varepsilon(x) = x + (\varepsilon/2)\nabla\log\rho(x) + O(\varepsilon^2)`.
+* ``"softmax_gaussian"``: row SoftMax of the same scores. :math:`v = -2\nabla\log(\rho*G_\varepsilon)`
+  (Tweedie, a smoothed score), so :math:`\partial_t\rho = 2\Delta\rho` as :math:`\varepsilon\to 0`.
+* ``"softmax_dot"``: row SoftMax of :math:`\langle x_i, x_j\rangle/\varepsilon`. No limit:
+  :math:`B - x` does not vanish, :math:`|v|\sim 1/\varepsilon` (for :math:`\mathcal N(m, s)` in 1D,
+  :math:`B(x) = m + s x/\varepsilon`; the mean-field variance contracts toward :math:`\varepsilon`, and
+  the particles to a cloud of size :math:`O(\sqrt\varepsilon)`).
+* ``"unnormalized"``: :math:`K_{ij} = \frac1n (2\pi\varepsilon)^{-d/2} e^{-|x_i-x_j|^2/(2\varepsilon)}`.
+  :math:`v = -2\nabla(\rho*G_\varepsilon)`, so :math:`\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)`
+  (porous medium, exponent 2).
+
+The scaling :math:`2/\varepsilon` is the one that makes the Sinkhorn layer a heat flow,
+and it is kept for the contrasts so that only the normalization differs (the question
+the Sinkformers paper asks). The contrasts' limits then carry a factor 2:
+SoftMax with the Gaussian kernel diffuses twice as fast (its barycentric map is
+:math:`x + \varepsilon\nabla\log(\rho*G_\varepsilon)`, "another constant"), and the
+unnormalized kernel gives the porous-medium equation on the time scale :math:`2t`
+(:math:`\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)`, docs/theory/heat_limit.md; velocity
+scale :math:`1/\varepsilon` would drop the 2). :func:`heat_reference` returns
+each limit with the right clock. Both identities
+:math:`\sum_j K_{ij}(x_j-x_i) = \varepsilon\nabla\log(\rho_n*G_\varepsilon)(x_i)` (SoftMax)
+and :math:`= \varepsilon\nabla(\rho_n*G_\varepsilon)(x_i)` (unnormalized) are exact for the
+empirical measure :math:`\rho_n`.
+
+Sinkhorn conserves the mean of the particles exactly (columns sum to 1); the other
+normalizations do not.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+from sinkflow.heat._references import Barenblatt, GaussianMixture, _check_time
+from sinkflow.attention._variants import get_attention
+from sinkflow.particles._lowrank_fields import LANDMARK_SAMPLINGS, _flow_landmarks, lowrank_attention_field
+from sinkflow.attention._normalizations import softmax, solve_sinkhorn
+from sinkflow.attention._scores import dot_scores, gaussian_scores
+
+__all__ = [
+    "NORMALIZATIONS", "LIMIT_EQUATIONS", "HeatFlowResult", "BarycentricMapResult",
+    "heat_velocity", "heat_trajectory", "heat_flow", "heat_reference", "limit_time_factor", "barycentric_map",
+    "largest_safe_dt", "HEAT_LAYERS",
+]
+
+NORMALIZATIONS = ("sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized")
+
+#: The many-particle limit of each normalization under the layer of this module.
+LIMIT_EQUATIONS = {
+    "sinkhorn": r"$\partial_t\rho = \Delta\rho$",
+    "softmax_gaussian": r"$\partial_t\rho = 2\Delta\rho$ (smoothed score at finite $\varepsilon$)",
+    "softmax_dot": "no limit (velocity ~ 1/eps)",
+    "unnormalized": r"$\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)$",
+}
+
+_TIME_FACTOR = {"sinkhorn": 1.0, "softmax_gaussian": 2.0, "softmax_dot": None, "unnormalized": 2.0}
+
+
+def _check_normalization(normalization: str) -> str:
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    return normalization
+
+
+def _check_eps(eps) -> float:
+    eps = float(eps)
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps (kernel bandwidth squared) must be positive and finite, got {eps}")
+    return eps
+
+
+def _positions(x0) -> tuple[torch.Tensor, bool]:
+    numpy_out = not isinstance(x0, torch.Tensor)
+    x = to_torch(x0, "x0")
+    check_float(x, "x0")
+    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 1:
+        raise ValueError(f"particle positions must have shape (n, d) with n >= 2, got {tuple(x.shape)}")
+    check_finite(x.detach(), "x0")
+    return x.detach(), numpy_out
+
+
+def _default_tol(x: torch.Tensor, tol, eps: float) -> float:
+    """Sinkhorn tolerance tied to the bandwidth.
+
+    Measured (1D mixtures, n = 800-2000): a marginal error ``tol`` perturbs the velocity by
+    about ``3 tol / eps`` relative. The flow's own bias is ``eps / (4 s)`` relative
+    (symbolic.sinkhorn_variance_rate_gaussian), so ``tol = eps^2 / 100`` keeps the solver's
+    perturbation below the modelling error: about a tenth of it at moderate ``eps``, a
+    quarter at ``eps = 0.01`` (measured 0.064 eps against 0.25 eps); clipped to
+    [floor, 1e-4], the floor being the float32 log-domain accuracy (docs/performance.md) or
+    1e-10 in float64.
+    """
+    if tol is not None:
+        return float(tol)
+    floor = 1e-10 if x.dtype == torch.float64 else 2e-6
+    return min(max(eps * eps / 100, floor), 1e-4)
+
+
+#: The heat layer's own names: (attention variant, scores). Any other registered variant
+#: (:func:`sinkflow.available_attentions`) runs on the Gaussian scores of this module.
+HEAT_LAYERS = {"sinkhorn": ("sinkhorn", "gaussian"), "softmax_gaussian": ("softmax", "gaussian"),
+               "softmax_dot": ("softmax", "dot"), "unnormalized": ("gaussian", "gaussian")}
+
+
+@dataclass(frozen=True)
+class _Layer:
+    name: str
+    variant: Any
+    scores: str
+
+
+def _heat_layer(normalization) -> _Layer:
+    variant, scores = HEAT_LAYERS.get(normalization, (normalization, "gaussian"))
+    try:
+        variant = get_attention(variant)
+    except ValueError:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS} or an attention variant "
+                         f"(sinkflow.available_attentions()), got {normalization!r}") from None
+    if variant.normalize is None and variant.approximates is None:
+        raise ValueError(f"attention {variant.name!r} is output-only (models); the heat layer needs a normalize")
+    return _Layer(getattr(normalization, "name", normalization), variant, scores)
+
+
+def _kernel_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_iter):
+    """Dense: K [1, x] and Sinkhorn diagnostics."""
+    n = x.shape[0]
+    C = dot_scores(x, x, temperature=eps) if layer.scores == "dot" else gaussian_scores(x, x, temperature=eps)
+    variant = layer.variant
+    if variant.approximates is not None:
+        raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass landmarks=m")
+    if variant.normalization == "sinkhorn" and g is None:
+        # Cold start from the symmetric approximation K_ij ~ G_ij / sqrt((G1)_i (G1)_j):
+        # measured 20x fewer iterations than epsilon scaling (n = 2000, eps = 0.02-0.05).
+        g = -0.5 * torch.logsumexp(C, dim=-1)
+    if not variant.normalized:
+        C = C.sub_(math.log(n))  # kernel a_j e^{C_ij}, a_j = 1/n (C is a fresh buffer)
+    res = variant.normalize(C, n_iter=None, tol=tol, max_iter=max_iter, init_g=g)
+    K = res.attention
+    return K @ x, K.sum(1), (res.g, res.n_iter, res.marginal_error, res.converged)
+
+
+def _landmark_velocity(x, eps, layer: _Layer, g, tol, max_iter, landmarks):
+    variant = layer.variant
+    V = torch.cat([torch.ones_like(x[:, :1]), x], 1)
+    r = lowrank_attention_field(x, V, landmarks, normalization=variant.normalization, scores=layer.scores,
+                                method=variant.landmark_method, temperature=eps, tol=tol, max_iter=max_iter, init_g=g)
+    err = r.column_error if variant.normalization == "sinkhorn" else 0.0
+    return r.velocity[:, 1:], r.velocity[:, 0], (r.g, r.n_iter, err, r.converged)
+
+
+def _velocity(x: torch.Tensor, eps: float, layer: _Layer, g=None, tol=1e-6, max_iter=5000, landmarks=None):
+    """Velocity (n, d) and Sinkhorn diagnostics (g, half-iterations, marginal error, converged)."""
+    if landmarks is None:
+        Kx, mass, info = _kernel_velocity(x, eps, layer, g, tol, max_iter)
+    else:
+        Kx, mass, info = _landmark_velocity(x, eps, layer, g, tol, max_iter, landmarks)
+    if layer.variant.normalization == "none":  # the heat layer's kernel density (2 pi eps)^(-d/2)
+        scale = (2 * math.pi * eps) ** (-x.shape[1] / 2)
+        Kx, mass = Kx * scale, mass * scale
+    # sum_j K_ij (x_j - x_i), written without an (n, n, d) temporary
+    drift = Kx - mass[:, None] * x
+    return drift.mul_(-2.0 / eps), info
+
+
+def heat_velocity(x, eps: float, normalization: str = "sinkhorn", *, tol: float | None = None):
+    r"""The rescaled attention velocity :math:`-\frac{2}{\varepsilon}\sum_j K_{ij}(x_j - x_i)`.
+
+    Parameters
+    ----------
+    x : array or tensor (n, d)
+        Particle positions (floating dtype; float64 for theory checks).
+    eps : float
+        Kernel bandwidth squared, :math:`W = I/\varepsilon`.
+    normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
+    tol : float, optional
+        Sinkhorn marginal tolerance (default ``eps**2 / 100`` clipped to [1e-10, 1e-4];
+        the float32 floor is 2e-6).
+
+    Returns
+    -------
+    v : same type as ``x``, shape (n, d)
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> x = np.random.default_rng(0).normal(size=(50, 2))
+    >>> v = sinkflow.heat_velocity(x, 0.3, tol=1e-10)
+    >>> bool(np.abs(v.mean(0)).max() < 1e-8)  # Sinkhorn conserves the mean (up to tol)
+    True
+    >>> bool(np.abs(sinkflow.heat_velocity(x, 0.3, "softmax_gaussian").mean(0)).max() > 1e-3)
+    True
+    """
+    xt, numpy_out = _positions(x)
+    v, _ = _velocity(xt, _check_eps(eps), _heat_layer(normalization), tol=_default_tol(xt, tol, eps))
+    return from_torch(v, numpy_out)
+
+
+@dataclass(frozen=True)
+class HeatFlowResult:
+    """Snapshots of a rescaled attention flow.
+
+    Attributes
+    ----------
+    times : numpy.ndarray
+        Snapshot times.
+    positions : array (len(times), n, d)
+        Particle positions at those times, in the input's type.
+    normalization : str
+    eps : float
+    dt : float
+        The largest Euler step used (each interval between snapshots is cut into equal
+        steps no longer than the requested ``dt``).
+    n_steps : int
+    sinkhorn_iterations : numpy.ndarray
+        Half-iterations of each step's Sinkhorn solve (zeros for the other normalizations).
+    max_marginal_error : float
+        Largest Sinkhorn marginal error over the steps.
+    converged : bool
+        Whether every Sinkhorn solve reached ``tol``.
+    """
+
+    times: np.ndarray
+    positions: Any
+    normalization: str
+    eps: float
+    dt: float
+    n_steps: int
+    sinkhorn_iterations: np.ndarray
+    max_marginal_error: float
+    converged: bool
+
+    @property
+    def final(self):
+        """Positions at the last snapshot time."""
+        return self.positions[-1]
+
+
+def _check_steps(times, dt) -> tuple[np.ndarray, float]:
+    times = np.atleast_1d(np.asarray(times, dtype=float))
+    if times.ndim != 1 or times.size == 0:
+        raise ValueError("times must be a float or a 1D array of floats")
+    for t in times:
+        _check_time(t)
+    if np.any(np.diff(times) < 0):
+        raise ValueError("times must be sorted increasingly")
+    dt = float(dt)
+    if not (dt > 0 and math.isfinite(dt)):
+        raise ValueError(f"dt must be positive, got {dt}")
+    if dt > times[-1] > 0:
+        raise ValueError(f"dt = {dt} exceeds the final time t = {times[-1]}: choose dt <= t (the step is cut to fit t)")
+    return times, dt
+
+
+def largest_safe_dt(x, eps: float, normalization: str = "sinkhorn") -> float:
+    r"""Largest Euler step for which the rescaled layer still follows its flow.
+
+    Kernel layers (Gaussian scores): :math:`v_i = -\frac{2}{\varepsilon}(B_i - x_i)` with
+    :math:`B_i` a :math:`K`-weighted mean of the particles. Two particles closer than
+    :math:`\sqrt\varepsilon` repel at the rate :math:`2/\varepsilon` (for the pair,
+    :math:`\dot r = \frac{2}{\varepsilon}(1 - K_{12} - K_{21}) r` with :math:`K_{ij}\to 1/2` when the
+    kernel sees only the pair), the stiffest rate of the field; an explicit step follows it
+    only when :math:`h \cdot 2/\varepsilon \le 1`: ``dt <= eps / 2``. ``"softmax_dot"`` moves at
+    :math:`|v| \sim \mathrm{var}/\varepsilon^2`: ``dt <= eps**2 / (4 var)``.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> from sinkflow.heat._rescaled_flow import largest_safe_dt
+    >>> largest_safe_dt(np.zeros((3, 1)), 0.1)
+    0.05
+    """
+    eps = _check_eps(eps)
+    if _heat_layer(normalization).scores == "dot":
+        xt, _ = _positions(x)
+        var = float(xt.to(torch.float64).var(0).sum())
+        return eps * eps / (4 * max(var, 1e-300))
+    return eps / 2
+
+
+def _check_heat_step(x: torch.Tensor, eps: float, dt: float, normalization) -> None:
+    safe = largest_safe_dt(x, eps, normalization)
+    if dt > 2 * safe and _heat_layer(normalization).scores == "gaussian":
+        raise ValueError(f"dt={dt:g} is too large for eps={eps:g}: particles closer than sqrt(eps) repel at the rate "
+                         f"2/eps and one Euler step overshoots them (the result would not be the heat flow); the "
+                         f"largest safe step is dt = eps/2 = {safe:g} (sinkflow.heat.largest_safe_dt)")
+    if dt > safe:
+        warnings.warn(f"dt={dt:g} exceeds the largest safe step {safe:g} for eps={eps:g} "
+                      "(sinkflow.heat.largest_safe_dt); the flow may be inaccurate", RuntimeWarning, stacklevel=3)
+
+
+def _check_bandwidth_resolves_particles(x: torch.Tensor, eps: float, sample: int = 256) -> None:
+    """Warn when the kernel sees no neighbours (eps far below the squared particle spacing): the particles freeze."""
+    idx = torch.linspace(0, x.shape[0] - 1, min(sample, x.shape[0]), device=x.device).long()
+    d2 = torch.cdist(x[idx].to(torch.float64), x.to(torch.float64)).square()
+    nearest = d2.topk(2, dim=1, largest=False).values[:, 1]
+    spacing = float(nearest.median())
+    if eps * 10 < spacing:
+        warnings.warn(f"eps={eps:g} is far below the squared particle spacing (median nearest-neighbour distance^2 = "
+                      f"{spacing:.3g}): each particle's kernel sees almost only itself (neighbour weight < e^-5), so the "
+                      f"particles barely move and this is not the heat flow; use eps >= {spacing / 10:.3g} or more "
+                      "particles", RuntimeWarning, stacklevel=3)
+
+
+def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sinkhorn", *, tol: float | None = None,
+                    max_iter: int = 5000, landmarks: int | None = None, landmark_sampling: str = "farthest",
+                    landmark_seed: int = 0, progress: bool = False) -> HeatFlowResult:
+    r"""Run the rescaled attention flow and keep snapshots at ``times``.
+
+    Explicit Euler, :math:`x \leftarrow x + h\,v_\varepsilon(x)`, with each interval
+    between snapshots cut into equal steps :math:`h \le dt`. Sinkhorn solves run to the
+    marginal tolerance ``tol`` and are warm-started from the previous step's column
+    potential (``init_g``), so a step costs a handful of iterations.
+
+    Parameters
+    ----------
+    x0 : array or tensor (n, d)
+        Initial particles (uniform weights).
+    times : float or increasing array of floats >= 0
+        Snapshot times (0 gives the initial positions).
+    eps : float
+        Bandwidth squared of the kernel :math:`e^{-|x-y|^2/(2\varepsilon)}`.
+    dt : float
+        Largest time step, ``0 < dt <= max(times)`` (any ``dt > 0`` when ``times`` is 0).
+        :func:`largest_safe_dt` gives the bound (``eps / 2`` for the kernel layers,
+        ``eps**2 / (4 var)`` for ``"softmax_dot"``): above it a ``RuntimeWarning``, above twice
+        it a ``ValueError`` (kernel layers). A bandwidth far below the squared particle spacing
+        (the particles cannot move) is warned about.
+    normalization : str
+        ``"sinkhorn"``, ``"softmax_gaussian"``, ``"softmax_dot"``, ``"unnormalized"``, or any
+        attention variant of :mod:`sinkflow.attention` (on the Gaussian scores; ``"gaussian"``
+        is ``"unnormalized"``).
+    landmarks : int, optional
+        Evaluate the kernel with ``m`` landmarks in ``O(n m)`` per step
+        (:mod:`sinkflow.particles`: Nyström for Sinkhorn and SoftMax, ``m >= n`` exact;
+        Skyformer's lifted Nyström for the unnormalized kernel, ``m >= 2n`` exact), chosen once
+        from ``x0``.
+    landmark_sampling : {"farthest", "uniform"}
+        Greedy farthest points of ``x0`` (they cover the support, so no particle is far from
+        every landmark) or uniform random particles (:func:`sinkflow.particles.landmark_indices`).
+    landmark_seed : int
+        Seed of the landmark draw (the first farthest point).
+    tol, max_iter : Sinkhorn marginal tolerance and half-iteration budget per step. The
+        default ``tol = eps**2 / 100`` (clipped to [1e-10, 1e-4], float32 floor 2e-6) keeps the
+        velocity error (~``3 tol / eps`` relative) well below the O(eps) bias of the limit.
+    progress : bool
+        tqdm progress bar over the steps.
+
+    Returns
+    -------
+    HeatFlowResult
+
+    Raises
+    ------
+    ValueError
+        eps <= 0, negative or unsorted times, dt <= 0 or dt > t, unknown normalization.
+    FloatingPointError
+        When the particles leave the floating range (explicit Euler unstable: reduce dt).
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> x0 = np.random.default_rng(0).normal(size=(200, 1))
+    >>> res = sinkflow.heat_trajectory(x0, [0.0, 0.1], eps=0.1, dt=0.02)
+    >>> res.positions.shape, res.converged
+    ((2, 200, 1), True)
+    """
+    x, numpy_out = _positions(x0)
+    eps = _check_eps(eps)
+    layer = _heat_layer(normalization)
+    times, dt = _check_steps(times, dt)
+    if times[-1] > 0:
+        _check_heat_step(x, eps, dt, normalization)
+        _check_bandwidth_resolves_particles(x, eps)
+    tol = _default_tol(x, tol, eps)
+    if landmark_sampling not in LANDMARK_SAMPLINGS:
+        raise ValueError(f"landmark_sampling must be one of {LANDMARK_SAMPLINGS}, got {landmark_sampling!r}")
+    if landmarks is not None:  # drawn once: the approximate flow is an ODE of its own
+        landmarks = _flow_landmarks(x, landmarks, layer.variant.landmark_method, None, eps, landmark_sampling,
+                                    landmark_seed)
+    from sinkflow._progress import progress_bar
+
+    plans = []
+    prev = 0.0
+    for t in times:
+        span = t - prev
+        k = 0 if span <= 0 else int(math.ceil(span / dt - 1e-9))
+        plans.append((k, span / k if k else 0.0))
+        prev = t
+    n_steps = sum(k for k, _ in plans)
+    snaps = []
+    iters = []
+    max_err = 0.0
+    converged = True
+    g = g_prev = None
+    h_prev = None
+    h_max = 0.0
+    with progress_bar(total=n_steps, enabled=progress, desc=f"{layer.name} flow", leave=False) as bar:
+        for k, h in plans:
+            for _ in range(k):
+                # Warm start: the column potential moves smoothly with the particles, so a
+                # linear extrapolation of the last two steps starts O(h^2) from the solution.
+                g_init = g
+                if g_prev is not None and h_prev:
+                    g_init = g + (h / h_prev) * (g - g_prev)
+                v, (g_new, it, err, ok) = _velocity(x, eps, layer, g_init, tol, max_iter, landmarks)
+                g_prev, g, h_prev = g, g_new, h
+                x = x + h * v
+                if not bool(torch.isfinite(x).all()):
+                    raise FloatingPointError(
+                        f"{normalization} flow left the floating range after {len(iters) + 1} steps "
+                        f"(explicit Euler unstable at dt={h:.3g}, eps={eps:.3g}); reduce dt")
+                iters.append(it)
+                max_err = max(max_err, float(err))
+                converged = converged and bool(ok)
+                h_max = max(h_max, h)
+                bar.update()
+            snaps.append(x.clone())
+    if layer.variant.normalization == "sinkhorn" and not converged:
+        warnings.warn(f"some Sinkhorn solves stopped at max_iter={max_iter} (largest marginal error {max_err:.2g} > tol={tol:g})",
+                      RuntimeWarning, stacklevel=2)
+    positions = from_torch(torch.stack(snaps), numpy_out)
+    return HeatFlowResult(times=times, positions=positions, normalization=layer.name, eps=eps, dt=h_max or dt,
+                          n_steps=n_steps, sinkhorn_iterations=np.asarray(iters, dtype=int),
+                          max_marginal_error=max_err, converged=converged)
+
+
+def heat_flow(x0, t: float, eps: float, dt: float, normalization: str = "sinkhorn", **kwargs):
+    r"""Particle positions at time ``t`` of the rescaled attention flow (the heat-limit layer).
+
+    With ``normalization="sinkhorn"`` the empirical measure of the result approximates the
+    heat solution :math:`\rho_0 * G_{2t}` as :math:`n\to\infty`, :math:`\varepsilon\to 0`
+    (with :math:`n` large enough for the bandwidth) and :math:`dt \to 0`. See the module
+    docstring for the other normalizations and :func:`heat_reference` for their limits.
+
+    Parameters
+    ----------
+    x0 : array or tensor (n, d)
+        Initial particles.
+    t : float
+        Final time (>= 0; ``t = 0`` returns a copy of the start).
+    eps : float
+        Kernel bandwidth squared (> 0).
+    dt : float
+        Largest Euler step, ``0 < dt <= t``.
+    normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
+    **kwargs
+        ``tol``, ``max_iter``, ``landmarks``, ``landmark_sampling``, ``landmark_seed``, ``progress`` of
+        :func:`heat_trajectory`.
+
+    Returns
+    -------
+    positions : (n, d), same type (numpy / torch), dtype and device as ``x0``
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> x0 = np.random.default_rng(0).normal(size=(400, 1))
+    >>> x1 = sinkflow.heat_flow(x0, t=0.25, eps=0.05, dt=0.0125)
+    >>> growth = x1.var() - x0.var()   # heat: variance grows by 2t = 0.5
+    >>> bool(abs(growth - 0.5) < 0.05)
+    True
+    """
+    return heat_trajectory(x0, [float(t)], eps, dt, normalization, **kwargs).final
+
+
+def limit_time_factor(normalization: str) -> float | None:
+    """Clock of each normalization's limit equation (see :data:`LIMIT_EQUATIONS`); None: no limit.
+
+    The flow of ``normalization`` at time ``t`` approaches its limit equation's solution at
+    time ``factor * t`` (:func:`heat_reference` applies it).
+
+    Parameters
+    ----------
+    normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
+
+    Returns
+    -------
+    float or None
+        The time factor; None for ``"softmax_dot"``, which has no many-particle limit.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> from sinkflow.heat._rescaled_flow import limit_time_factor
+    >>> limit_time_factor("sinkhorn"), limit_time_factor("softmax_gaussian"), limit_time_factor("softmax_dot")
+    (1.0, 2.0, None)
+    >>> g = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
+    >>> softmax = sinkflow.heat_reference(g, 0.5, "softmax_gaussian")   # the heat equation on a faster clock
+    >>> heat = sinkflow.heat_reference(g, limit_time_factor("softmax_gaussian") * 0.5, "sinkhorn")
+    >>> bool(np.allclose(softmax.covs, heat.covs))
+    True
+    """
+    return _TIME_FACTOR[_check_normalization(normalization)]
+
+
+def heat_reference(initial, t: float, normalization: str = "sinkhorn"):
+    """The many-particle limit matching :func:`heat_flow` at time ``t``.
+
+    Parameters
+    ----------
+    initial : GaussianMixture or Barenblatt
+        Law of the initial particles.
+    t : float
+        Time (>= 0).
+    normalization : str
+        ``"sinkhorn"``: the heat solution (mixture with covariances + 2tI).
+        ``"softmax_gaussian"``: the heat solution at time ``2t`` (the eps -> 0 limit).
+        ``"unnormalized"``: the Barenblatt solution advanced by ``2t`` (closed form only
+        from a Barenblatt start). ``"softmax_dot"`` has no limit (ValueError).
+
+    Returns
+    -------
+    GaussianMixture or Barenblatt
+
+    Examples
+    --------
+    >>> import sinkflow
+    >>> g = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
+    >>> float(sinkflow.heat_reference(g, 0.5, "softmax_gaussian").covs[0, 0, 0])
+    3.0
+    """
+    t = _check_time(t)
+    factor = limit_time_factor(normalization)
+    if factor is None:
+        raise ValueError("softmax_dot has no many-particle limit: B(x) - x does not vanish as eps -> 0 (docs/theory/heat_limit.md)")
+    if normalization == "unnormalized":
+        if not isinstance(initial, Barenblatt):
+            raise ValueError("the porous-medium limit has a closed form only from a Barenblatt start; pass a Barenblatt")
+        return initial.evolve(factor * t)
+    if not isinstance(initial, GaussianMixture):
+        raise ValueError(f"the heat limit of {normalization!r} has a closed form from a GaussianMixture start; "
+                         "for other densities use sinkflow.heat.solve_heat_grid")
+    return initial.evolve(factor * t)
+
+
+@dataclass(frozen=True)
+class BarycentricMapResult:
+    r"""Barycentric map of a density on a 1D grid, rescaled to compare with its limit.
+
+    Attributes
+    ----------
+    grid : numpy.ndarray (m,)
+    rescaled : numpy.ndarray (m,)
+        ``(B_eps(x) - x) / scale`` (for ``"unnormalized"``: :math:`\sum_j K(x, y_j)(y_j - x)/\varepsilon`).
+    target : numpy.ndarray (m,)
+        The limit: :math:`\partial_x\log\rho` (:math:`\partial_x\rho` for ``"unnormalized"``).
+    scale : float
+        :math:`\varepsilon/2` for Sinkhorn, :math:`\varepsilon` otherwise.
+    interior : numpy.ndarray of bool
+        Points where the comparison is meaningful (density above 1e-3 of its maximum).
+    error : float
+        Largest ``|rescaled - target|`` on the interior.
+    """
+
+    grid: np.ndarray
+    rescaled: np.ndarray
+    target: np.ndarray
+    scale: float
+    interior: np.ndarray
+    error: float
+    eps: float
+    normalization: str
+
+
+def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", *, tol: float = 1e-9) -> BarycentricMapResult:
+    r"""Check :math:`B_\varepsilon(x) = x + (\varepsilon/2)\nabla\log\rho(x) + O(\varepsilon^2)` on a 1D grid.
+
+    The density is discretized on ``grid`` (weights :math:`\propto\rho(y_j)`), the kernel
+    :math:`e^{-|x-y|^2/(2\varepsilon)}` normalized by ``normalization`` with those weights,
+    and :math:`B_\varepsilon(x_i) = \sum_j K_{ij} y_j`. The grid must resolve the kernel
+    (spacing well below :math:`\sqrt\varepsilon`) and cover the density's tails.
+
+    Parameters
+    ----------
+    density : GaussianMixture (1D) or object with ``pdf`` (and optionally ``score``)
+    grid : array (m,)
+        Uniform grid.
+    eps : float
+    normalization : {"sinkhorn", "softmax_gaussian", "softmax_dot", "unnormalized"}
+    tol : float
+        Sinkhorn tolerance (the map's error from it is ~``3 tol / eps`` relative).
+
+    Returns
+    -------
+    BarycentricMapResult
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> rho = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
+    >>> r = sinkflow.barycentric_map(rho, np.linspace(-7, 7, 141), eps=0.05)
+    >>> bool(r.error < 0.1)   # (B - x)/(eps/2) ~ -x, error O(eps)
+    True
+    """
+    eps = _check_eps(eps)
+    normalization = _check_normalization(normalization)
+    y = np.asarray(grid, dtype=float)
+    if y.ndim != 1 or y.size < 8:
+        raise ValueError(f"grid must be a 1D array of at least 8 points, got shape {y.shape}")
+    if getattr(density, "dim", 1) != 1:
+        raise ValueError("barycentric_map works on 1D densities")
+    rho = np.asarray(density.pdf(y[:, None]), dtype=float)
+    if np.any(rho < 0) or not np.any(rho > 0):
+        raise ValueError("density must be non-negative and not identically zero on the grid")
+    w = rho / rho.sum()
+    Y = y[:, None]
+    if normalization == "softmax_dot":
+        C = dot_scores(Y, Y, temperature=eps)
+    else:
+        C = gaussian_scores(Y, Y, temperature=eps)
+    with np.errstate(divide="ignore"):
+        logw = np.log(w)
+    if normalization == "sinkhorn":
+        # K_ij = w_j k_eps(y_i, y_j): rows sum to 1, sum_i w_i K_ij = w_j
+        # symmetric cold start (as in the flows): e^{g_j} ~ sqrt(w_j / local kernel mass)
+        g0 = 0.5 * (np.log(np.maximum(w, 1e-300)) - np.logaddexp.reduce(C, axis=1))
+        K = solve_sinkhorn(C, tol=tol, a=w, b=w, init_g=g0, warn=False).attention
+    elif normalization == "unnormalized":
+        # Riemann sum of int G_eps(x - y) (y - x) rho(y) dy
+        K = np.exp(C) * (2 * math.pi * eps) ** -0.5 * rho[None, :] * (y[1] - y[0])
+    else:
+        K = softmax(C + logw[None, :])
+    drift = K @ y - K.sum(1) * y
+    if normalization == "unnormalized":
+        scale = eps
+        h = 1e-5
+        target = (density.pdf((y + h)[:, None]) - density.pdf((y - h)[:, None])) / (2 * h)
+    else:
+        scale = eps / 2 if normalization == "sinkhorn" else eps
+        if hasattr(density, "score"):
+            target = np.asarray(density.score(y[:, None]))[:, 0]
+        else:
+            target = np.gradient(np.log(np.maximum(rho, 1e-300)), y)
+    rescaled = drift / scale
+    interior = rho >= 1e-3 * rho.max()
+    error = float(np.abs(rescaled - target)[interior].max())
+    return BarycentricMapResult(grid=y, rescaled=rescaled, target=target, scale=scale, interior=interior,
+                                error=error, eps=eps, normalization=normalization)

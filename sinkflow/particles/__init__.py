@@ -1,0 +1,93 @@
+"""Tokens as particles: the attention vector field and the flows it drives.
+
+``_simulate.py`` has :func:`simulate` (a residual attention layer is an explicit Euler
+step; integrators and monitors); the field on particles is evaluated densely
+(``_dense_fields.py``), block by block without an ``n x n`` matrix
+(``_blockwise_fields.py``) or with ``m`` Nyström landmarks in ``O(n m)``
+(``_lowrank_fields.py``); ``_energies.py`` has the energies and the gradient-flow checks.
+Start reading at ``_simulate.py``.
+"""
+
+from sinkflow.particles._blockwise_fields import (
+    LazyField,
+    lazy_attention_field,
+    DEFAULT_BLOCK_BYTES,
+)
+from sinkflow.particles._lowrank_fields import (
+    NystromPositivityError,
+    LowRankField,
+    landmark_indices,
+    farthest_point_indices,
+    gaussian_coordinates,
+    lowrank_attention_field,
+)
+from sinkflow.particles._dense_fields import (
+    ATTENTIONS,
+    FieldEvaluation,
+    attention_field,
+    dense_limit,
+    check_matrix,
+    check_weights,
+    single_thread_if_small,
+)
+from sinkflow.particles._energies import (
+    energy_0,
+    energy_gaussian,
+    energy_inf,
+    energy_log_partition,
+    energy_sphere,
+    entropic_ot,
+    gradient_flow_error,
+    jacobian_asymmetry,
+)
+from sinkflow.particles._simulate import (
+    simulate,
+    Trajectory,
+    random_particles,
+    cluster_statistics,
+    MONITORS,
+    INTEGRATORS,
+    ParticleField,
+    euler_step,
+    rk4_step,
+    lipschitz_scale,
+    default_tol,
+)
+
+__all__ = [
+    "LazyField",
+    "lazy_attention_field",
+    "DEFAULT_BLOCK_BYTES",
+    "NystromPositivityError",
+    "LowRankField",
+    "landmark_indices",
+    "farthest_point_indices",
+    "gaussian_coordinates",
+    "lowrank_attention_field",
+    "ATTENTIONS",
+    "FieldEvaluation",
+    "attention_field",
+    "dense_limit",
+    "check_matrix",
+    "check_weights",
+    "single_thread_if_small",
+    "energy_0",
+    "energy_gaussian",
+    "energy_inf",
+    "energy_log_partition",
+    "energy_sphere",
+    "entropic_ot",
+    "gradient_flow_error",
+    "jacobian_asymmetry",
+    "simulate",
+    "Trajectory",
+    "random_particles",
+    "cluster_statistics",
+    "MONITORS",
+    "INTEGRATORS",
+    "ParticleField",
+    "euler_step",
+    "rk4_step",
+    "lipschitz_scale",
+    "default_tol",
+]

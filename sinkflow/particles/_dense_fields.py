@@ -1,0 +1,160 @@
+r"""The attention vector field on particles (docs/theory/gradient_flows.md).
+
+Particles :math:`x_1..x_n` with weights :math:`a` (the measure :math:`\mu = \sum_i a_i \delta_{x_i}`),
+scores :math:`C_{ij} = x_i^T W x_j / \tau` with :math:`W = W_Q^T W_K`, values :math:`W_V x_j`.
+The field is
+
+.. math:: T(x_i) = \sum_j K_{ij} W_V x_j, \qquad K_{ij} = a_j\, k(x_i, x_j),
+
+with the kernels of docs/theory/gradient_flows.md: ``"unnormalized"`` :math:`K^0_{ij} = a_j e^{C_{ij}}`;
+``"softmax"`` :math:`K^1`, the rows of :math:`K^0` normalized; ``"sinkhorn"`` with ``n_iter``
+half-iterations from :math:`K^0` (``None``: the doubly stochastic limit :math:`K^\infty`,
+rows sum to 1 and :math:`a^T K = a^T`); ``"gaussian"`` Skyformer's unnormalized Gaussian
+kernel :math:`a_j e^{-\|x_i - x_j\|_W^2 / (2\tau)}`.
+
+Large ``n`` switches to :mod:`sinkflow.particles` (blocks of rows, never an ``n x n`` matrix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from sinkflow._backend import check_finite, to_torch, torch_threads
+from sinkflow.particles._blockwise_fields import lazy_attention_field
+from sinkflow.attention._variants import get_attention
+from sinkflow.particles._lowrank_fields import lowrank_attention_field
+from sinkflow.attention._scores import dot_scores, gaussian_scores
+from sinkflow.bounds._stochasticity import marginal_errors
+
+__all__ = ["ATTENTIONS", "FieldEvaluation", "attention_field", "dense_limit", "check_matrix", "check_weights",
+           "single_thread_if_small"]
+
+#: The built-in particle attentions (any name of :func:`sinkflow.available_attentions` works).
+ATTENTIONS = ("softmax", "sinkhorn", "unnormalized", "gaussian")
+
+#: Above this many bytes for one ``n x n`` matrix the field is evaluated block-wise.
+DENSE_BYTES_LIMIT = 512 * 2**20
+
+
+#: Problems with at most this many particles run on one CPU thread (see below).
+SMALL_N = 256
+
+
+@contextlib.contextmanager
+def single_thread_if_small(n: int, device) -> None:
+    """Run small CPU problems on one thread, restoring the setting afterwards.
+
+    For ``n <= SMALL_N`` torch's thread pool costs more than it saves, and on a loaded
+    machine its spin-waiting made small operations 10-150x slower (docs/performance.md;
+    measured here: 100 sphere steps at n = 32 took 0.50 s on 2 threads, 0.09 s on 1).
+    """
+    if torch.device(device).type != "cpu" or n > SMALL_N:
+        yield
+        return
+    with torch_threads(1):
+        yield
+
+
+def check_matrix(M, name: str, d: int, like: torch.Tensor) -> torch.Tensor | None:
+    """A ``(d, d)`` matrix as a finite tensor on ``like``'s device and dtype (``None`` stays ``None``)."""
+    if M is None:
+        return None
+    t = to_torch(M, name, like=like)
+    if t.shape != (d, d):
+        raise ValueError(f"{name} must have shape ({d}, {d}) to act on particles of dimension {d}, got {tuple(t.shape)}")
+    check_finite(t.detach(), name)
+    return t
+
+
+def check_weights(weights, like: torch.Tensor, name: str = "weights") -> torch.Tensor | None:
+    """Particle weights: shape ``(n,)``, positive, summing to 1 (``None`` stays ``None``)."""
+    if weights is None:
+        return None
+    n = like.shape[0]
+    a = to_torch(weights, name, like=like)
+    if a.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},), one per particle, got {tuple(a.shape)}")
+    check_finite(a, name)
+    if bool((a <= 0).any()):
+        raise ValueError(f"{name} must be positive (a particle of weight 0 is not in the measure; drop it)")
+    if abs(float(a.sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
+        raise ValueError(f"{name} must sum to 1 (a probability measure), got sum {float(a.sum())!r}")
+    return a
+
+
+def dense_limit(dtype: torch.dtype) -> int:
+    """Largest ``n`` for which an ``n x n`` matrix of ``dtype`` stays under the dense budget."""
+    itemsize = torch.finfo(dtype).bits // 8
+    return int(math.isqrt(DENSE_BYTES_LIMIT // itemsize))
+
+
+@dataclass(frozen=True)
+class FieldEvaluation:
+    """One evaluation of the field: velocity plus what the monitors need (torch tensors)."""
+
+    velocity: torch.Tensor
+    attention: torch.Tensor | None  # the n x n matrix, None when evaluated block-wise
+    g: torch.Tensor | None  # Sinkhorn column potential (for warm starts)
+    n_iter: int
+    converged: bool
+    row_error: float
+    column_error: float
+
+
+def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: torch.Tensor | None, *,
+                    n_iter=None, weights: torch.Tensor | None = None, temperature: float = 1.0,
+                    init_g: torch.Tensor | None = None, tol: float = 1e-10, max_iter: int = 20_000,
+                    chunked: bool = False, need_errors: bool = False, landmarks=None) -> FieldEvaluation:
+    """Evaluate :math:`T(x_i) = \\sum_j K_{ij} W_V x_j` on torch tensors (internal building block).
+
+    ``attention`` is a name or :class:`sinkflow.attention.AttentionVariant`. ``W`` and
+    ``W_V`` are ``(d, d)`` tensors (``None`` = identity); inputs are assumed validated (see
+    :func:`sinkflow.simulate` for the checked public entry point). ``weights=None`` means
+    uniform. ``landmarks`` (a count or index tensor) selects the ``O(n m)`` approximation
+    of :mod:`sinkflow.particles`. Differentiable by autograd in the dense mode.
+    """
+    variant = get_attention(attention)
+    V = x if W_V is None else x @ W_V.T
+    if landmarks is not None:
+        return _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks)
+    if variant.approximates is not None:
+        raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass landmarks=m")
+    if chunked:
+        return _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter)
+    if variant.normalize is None:
+        raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
+                         "normalize(scores, n_iter, mask) to use it on particles")
+    C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
+    if weights is not None or not variant.normalized:
+        a = weights if weights is not None else torch.full(x.shape[:1], 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
+        C = C + torch.log(a)[None, :]  # kernel a_j e^{C_ij}
+    res = variant.normalize(C, n_iter=n_iter, weights=weights, tol=tol, max_iter=max_iter, init_g=init_g)
+    K = res.attention
+    row_err = col_err = math.nan
+    if need_errors:
+        err = marginal_errors(K.detach(), weights, weights)
+        row_err, col_err = float(err.row), float(err.column)
+    return FieldEvaluation(K @ V, K, res.g, res.n_iter, res.converged, row_err, col_err)
+
+
+def _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter) -> FieldEvaluation:
+    if variant.normalization is None:
+        raise ValueError(f"attention {variant.name!r} has no block-wise evaluation (only a dense normalize); "
+                         "use chunked=False or landmarks")
+    r = lazy_attention_field(x, V, W=W, normalization=variant.normalization, scores=variant.scores, n_iter=n_iter,
+                             init_g=init_g, temperature=temperature, weights=weights, tol=tol, max_iter=max_iter)
+    g = r.g if variant.normalization == "sinkhorn" else None
+    return FieldEvaluation(r.velocity, None, g, r.n_iter, r.converged, r.row_error, r.column_error)
+
+
+def _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks) -> FieldEvaluation:
+    if variant.landmark_method is None:
+        raise ValueError(f"attention {variant.name!r} has no landmark approximation; drop landmarks")
+    r = lowrank_attention_field(x, V, landmarks, normalization=variant.normalization, scores=variant.scores,
+                                method=variant.landmark_method, W=W, temperature=temperature, weights=weights,
+                                n_iter=n_iter, tol=tol, max_iter=max_iter, init_g=init_g)
+    return FieldEvaluation(r.velocity, None, r.g, r.n_iter, r.converged, r.row_error, r.column_error)

@@ -1,0 +1,584 @@
+r"""Attention fields on particles with ``m`` landmarks: ``O(n m)`` time and memory per step.
+
+Every built-in kernel is a Gaussian kernel up to diagonal factors. With :math:`W` symmetric
+positive semi-definite and :math:`G_{ij} = e^{-\|x_i - x_j\|_W^2 / (2\tau)}`,
+
+.. math:: a_j e^{x_i^T W x_j / \tau} = e^{r_i}\, G_{ij}\, p_j, \qquad
+          r_i = \frac{\|x_i\|_W^2}{2\tau}, \quad p_j = a_j e^{\|x_j\|_W^2 / (2\tau)},
+
+and every normalization that starts with a row step (SoftMax, Sinkhorn) ignores the left
+factor :math:`e^{r_i}`. So one positive semi-definite matrix :math:`G` carries all of
+them, and its Nyström approximation :math:`\tilde G = L A^+ L^T`
+(:math:`L = G_{:,J}`, :math:`A = G_{J,J}`, ``m`` landmark indices :math:`J`) gives
+:math:`\tilde G v` in :math:`O(n m)`.
+
+Sinkhorn on the factorization (Altschuler, Bach, Rudi and Niles-Weed 2019): the scalings
+:math:`u` (rows) and :math:`w` (columns) of :math:`K = \mathrm{diag}(u)\, \tilde G\, \mathrm{diag}(p w)`
+alternate :math:`u = 1 / \tilde G(p w)` and :math:`w = a / (p\, \tilde G(a u))`, each a
+product with :math:`\tilde G` (Nyström, not positive random features: Nyström is exact
+when every point is a landmark, needs no feature dimension of its own, and shares the
+landmark machinery and the spectral error bound of Skyformer; positive features keep
+:math:`\tilde G > 0` but converge in the number of features only at the Monte-Carlo rate
+and never become exact). Nyström entries can be negative, and a particle far from every
+landmark gets an approximate mass :math:`(\tilde G v)_i \approx 0` of either sign, which makes
+the scaling undefined. Outcome: the solve is redone once with the exact diagonal restored,
+:math:`\tilde G + \mathrm{diag}(1 - \tilde G_{ii})` (still positive semi-definite, below
+:math:`G`; such a particle keeps its own weight, as in the exact kernel); if a mass is still
+not positive, :class:`NystromPositivityError` is raised (never a NaN) with the remedy: more
+landmarks, or a larger temperature (a wider kernel is better approximated).
+
+Landmark choices: ``"nystrom"`` takes ``m`` distinct points among the ``n`` particles
+(``m >= n``: all of them, exact); ``"lifted"`` is Skyformer's lifted kernel of the stacked
+queries and keys, here ``[x; x]``: ``m`` of the ``2n`` stacked points (``m >= 2n``: all,
+exact). Which points: ``sampling="farthest"`` (the default of the flows) is greedy
+farthest-point (k-center) sampling in the kernel's coordinates (:func:`gaussian_coordinates`,
+the metric of :math:`W / \tau`) from a seeded start, :func:`farthest_point_indices`;
+``"uniform"`` draws them at random (Skyformer's theorem). Coverage matters because the row
+:math:`\tilde G_{i\cdot}` of a particle is a combination of the kernel columns of the landmarks:
+a particle several bandwidths from every landmark gets :math:`L_i \approx 0` and an approximate
+mass :math:`\approx 0` of either sign. Uniform draws follow the density, so the tails of a
+Gaussian cloud are left uncovered (``heat_flow`` of 2000 normal points, ``eps = 0.05``, failed
+for ``m`` = 64, 128, 256); the greedy choice bounds the distance of every particle to its nearest
+landmark by the covering radius, at most twice the best possible with ``m`` points. It costs
+at most ``O(n m d)`` once per flow (0.4-1.1 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
+``m >= n`` still makes every particle a landmark (distinct points: the lifted kernel of
+``[x; x]`` is then exact too).
+
+Each Sinkhorn half-iteration is one pass over the rows of a factor of :math:`\tilde G`. With
+:math:`A^+ = H H^T` (``H`` is ``m x r``, ``r`` the numerical rank of ``A``: eigenvalues above the
+pseudo-inverse cutoff), :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has
+``r << m`` (the benchmark cloud of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256``
+farthest points, 10 of 256 uniform ones). ``B`` is formed once per field (``n m`` exponentials)
+and kept when it fits ``CACHE_BYTES`` (256 MiB), so a pass is two ``n x r`` products; otherwise
+each pass recomputes the blocks :math:`L_b` (memory ``O(m^2 + block)`` besides ``O(n)`` vectors).
+One step at ``n = 10^6``, ``d = 2``, ``m = 256``, ten half-iterations, float32, one thread (load
+average 1-2): 1.15 s with uniform landmarks (5.35 s before the factor was kept, 4.6x), 1.96 s with
+the farthest-point choice included (0.37 s of it, once per flow), peak RSS 0.49 GiB.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from sinkflow._backend import exp_floor
+from sinkflow.attention._nystrom import _kernel, _pinv_rtol, nystromformer_attention, sample_landmarks
+
+__all__ = ["NystromPositivityError", "LowRankField", "landmark_indices", "farthest_point_indices", "gaussian_coordinates",
+           "lowrank_attention_field"]
+
+#: Memory of one block of kernel rows (bytes).
+BLOCK_BYTES = 8 * 2**20
+#: The factor ``B = L A^{+1/2}`` (``n x r``) is kept between passes when it takes at most this many bytes.
+CACHE_BYTES = 256 * 2**20
+LANDMARK_METHODS = ("nystrom", "lifted", "segment_means")
+LANDMARK_SAMPLINGS = ("farthest", "uniform")
+#: Points per block of the farthest-point search (a block far from a new landmark is skipped).
+FPS_BLOCK = 1024
+
+
+class NystromPositivityError(ValueError):
+    """The Nyström approximation gave a row or column a non-positive kernel mass."""
+
+
+@dataclass(frozen=True)
+class LowRankField:
+    r"""Result of :func:`lowrank_attention_field` (fields as :class:`sinkflow.particles.LazyField`).
+
+    Attributes
+    ----------
+    velocity : torch.Tensor (n, p)
+        The velocity :math:`\sum_j K_{ij} V_j`.
+    g : torch.Tensor (n,) or None
+        Log column scaling of the normalization (pass it as ``init_g`` to warm-start the next
+        call); None for ``normalization="none"`` and segment means.
+    n_iter : int
+        Half-iterations done (passes over the factor).
+    row_error, column_error : float
+        Weighted marginal errors; ``column_error`` is NaN when it was not measured.
+    converged : bool
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.particles._lowrank_fields import lowrank_attention_field
+    >>> x = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> field = lowrank_attention_field(x, x, 8)   # a LowRankField
+    >>> field.velocity.shape, field.g.shape, field.converged
+    (torch.Size([30, 2]), torch.Size([30]), True)
+    """
+
+    velocity: torch.Tensor
+    g: torch.Tensor | None
+    n_iter: int
+    row_error: float
+    column_error: float
+    converged: bool
+
+
+def landmark_indices(n: int, landmarks: int, method: str = "nystrom", generator=0, *, sampling: str = "uniform",
+                     points: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices (into the ``n`` particles) of the landmarks, drawn once for a whole flow.
+
+    Parameters
+    ----------
+    n : int
+        Number of particles.
+    landmarks : int
+        ``m >= 1``.
+    method : {"nystrom", "lifted"}
+        ``"nystrom"``: ``min(m, n)`` distinct particles (all of them when ``m >= n``).
+        ``"lifted"``: ``m`` of the ``2n`` stacked points ``[x; x]``, reported modulo ``n``; all
+        ``2n`` when ``m >= 2n``.
+    generator : int, numpy.random.Generator or torch.Generator
+        Seed of the draw (of the first point for ``"farthest"``).
+    sampling : {"uniform", "farthest"}
+        ``"uniform"``: random draws (distinct for ``"nystrom"``, with replacement for
+        ``"lifted"``, as Skyformer's theorem). ``"farthest"``: :func:`farthest_point_indices` of
+        ``points`` (``min(m, n)`` distinct particles for both methods: the stacked copies are
+        the same points).
+    points : torch.Tensor (n, p), optional
+        Coordinates in which the kernel is isotropic (:func:`gaussian_coordinates`); needed for
+        ``"farthest"``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.particles._lowrank_fields import landmark_indices
+    >>> landmark_indices(3, 10, "lifted").tolist()
+    [0, 1, 2, 0, 1, 2]
+    >>> x = torch.tensor([[0.0], [0.1], [0.2], [10.0]])
+    >>> 3 in landmark_indices(4, 2, sampling="farthest", points=x).tolist()   # the outlier, whatever the start
+    True
+    """
+    n, m = int(n), int(landmarks)
+    if m < 1:
+        raise ValueError(f"landmarks must be a positive integer, got {landmarks!r}")
+    if method not in ("nystrom", "lifted"):
+        raise ValueError(f"landmark method must be 'nystrom' or 'lifted', got {method!r}")
+    if sampling not in LANDMARK_SAMPLINGS:
+        raise ValueError(f"landmark sampling must be one of {LANDMARK_SAMPLINGS}, got {sampling!r}")
+    if method == "lifted" and m >= 2 * n:
+        return torch.arange(2 * n) % n
+    if sampling == "farthest":
+        if points is None or points.ndim != 2 or points.shape[0] != n:
+            raise ValueError(f"sampling='farthest' needs points of shape (n, p) with n = {n} (the particles in the "
+                             f"kernel's coordinates, gaussian_coordinates), got "
+                             f"{None if points is None else tuple(points.shape)}")
+        return farthest_point_indices(points, m, generator).cpu()
+    if method == "nystrom":
+        if m >= n:
+            return torch.arange(n)
+        return torch.as_tensor(sample_landmarks(n, m, replace=False, generator=generator))
+    return torch.as_tensor(sample_landmarks(2 * n, m, replace=True, generator=generator)) % n
+
+
+def farthest_point_indices(points: torch.Tensor, m: int, generator=0) -> torch.Tensor:
+    r"""Greedy farthest-point (k-center) landmarks: each next one is the point farthest from those chosen.
+
+    The first index is drawn uniformly (seeded by ``generator``). After ``k`` picks every point
+    lies within the covering radius :math:`r_k = \max_i \min_{j \le k} |z_i - z_{J_j}|` of a
+    landmark, :math:`r_k` does not increase with ``k``, the chosen points are at least
+    :math:`r_k` apart (so :math:`r_k` is at most twice the best radius with ``k`` centres,
+    Gonzalez 1985), and the choice for ``k`` is a prefix of the choice for ``k + 1``.
+    ``O(n m p)`` time at most, ``O(n)`` memory; ``m >= n`` returns all indices. The points are
+    sorted into spatially compact blocks of ``FPS_BLOCK``; a block whose bounding box is farther
+    from the new landmark than its farthest point is from its nearest landmark cannot change and
+    is skipped (the picks are those of the plain greedy: 1.1 s instead of 7.1 s at ``n = 10^6``,
+    ``m = 256``, ``d = 2``, one thread on a loaded machine; 0.37 s at load 1).
+
+    Parameters
+    ----------
+    points : torch.Tensor (n, p)
+        Coordinates in which distances are measured (:func:`gaussian_coordinates` for a kernel).
+    m : int
+        Number of landmarks, ``>= 1``.
+    generator : int, numpy.random.Generator or torch.Generator
+        Seed of the first point.
+
+    Returns
+    -------
+    torch.Tensor (min(m, n),) of int64 on the device of ``points``, distinct.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.particles._lowrank_fields import farthest_point_indices
+    >>> z = torch.tensor([[0.0, 0.0], [0.1, 0.0], [3.0, 0.0], [0.0, 2.0]])
+    >>> sorted(farthest_point_indices(z, 3, generator=0).tolist())[1:]   # both far points, from any start
+    [2, 3]
+    """
+    if not isinstance(points, torch.Tensor) or points.ndim != 2 or not points.is_floating_point():
+        raise ValueError("points must be a floating torch tensor of shape (n, p)")
+    n, m = points.shape[0], int(m)
+    if m < 1:
+        raise ValueError(f"m must be a positive integer, got {m!r}")
+    if m >= n:
+        return torch.arange(n, device=points.device)
+    start = int(sample_landmarks(n, 1, generator=generator)[0])
+    return _farthest_points(points.detach(), m, start, FPS_BLOCK)
+
+
+def _compact_order(z: torch.Tensor, block: int) -> torch.Tensor:
+    """A row order whose consecutive ``block`` rows are close: strips of coordinate 0, each by coordinate 1."""
+    n = z.shape[0]
+    if n <= block:
+        return torch.arange(n, device=z.device)
+    u = z[:, :2] - z[:, :2].amin(0)
+    u = u / u.amax(0).clamp_min(torch.finfo(z.dtype).tiny)  # in [0, 1]
+    fine = 2 ** 20
+    key = (u[:, -1] * fine).long()
+    if z.shape[1] > 1:  # about sqrt(n / block) strips of sqrt(n / block) blocks each
+        strips = max(1, math.isqrt(n // block))
+        key += (u[:, 0] * strips).long().clamp_max_(strips - 1) * (fine + 1)
+    return torch.argsort(key)
+
+
+def _farthest_points(z: torch.Tensor, m: int, start: int, block: int) -> torch.Tensor:
+    """Greedy farthest points from row ``start``; blocks whose bounding box is farther from the new
+    landmark than their farthest point is from its nearest landmark cannot change and are skipped."""
+    n, d = z.shape
+    z = z - z.mean(0)  # |z|^2 + |c|^2 - 2 z.c below loses digits far from the origin
+    order = _compact_order(z, block)
+    nb = -(-n // block)
+    Z = z[order]
+    Z = torch.cat([Z, Z[-1:].expand(nb * block - n, d)]).view(nb, block, d)
+    lo, hi = Z.amin(1), Z.amax(1)
+    sq = (Z * Z).sum(2)
+    nearest = torch.full_like(sq, math.inf)  # squared distance to the nearest landmark so far
+    nearest.view(-1)[n:] = -math.inf  # padding rows: never picked
+    top = nearest.amax(1)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(n, device=z.device)
+    i = int(rank[start])
+    idx = torch.empty(m, dtype=torch.long, device=z.device)
+    for k in range(m):
+        idx[k] = order[i]
+        c = Z.view(-1, d)[i]
+        gap = ((lo - c).clamp_min_(0.0).square_() + (c - hi).clamp_min_(0.0).square_()).sum(1)
+        hit = (gap < top).nonzero().squeeze(1)
+        # |z - c|^2 = |z|^2 + |c|^2 - 2 z.c: one batched product over the blocks hit
+        to_c = torch.baddbmm((sq[hit] + c.dot(c)).unsqueeze(2), Z[hit], (-2.0 * c).view(1, d, 1).expand(len(hit), d, 1))
+        nearest[hit] = torch.minimum(nearest[hit], to_c.squeeze(2))
+        nearest.view(-1)[i] = -math.inf  # never chosen twice (rounding leaves ~eps at the landmarks)
+        top[hit] = nearest[hit].amax(1)
+        top[i // block] = nearest[i // block].max()
+        b = int(top.argmax())
+        i = b * block + int(nearest[b].argmax())
+    return idx
+
+
+def _flow_landmarks(x, landmarks, method, W, temperature, sampling, seed):
+    """The landmarks of a flow from its start ``x``: indices for the Nyström methods, else the count."""
+    if method not in ("nystrom", "lifted"):
+        return landmarks
+    points = gaussian_coordinates(x.detach(), W, temperature) if sampling == "farthest" else None
+    return landmark_indices(x.shape[0], landmarks, method, seed, sampling=sampling, points=points).to(x.device)
+
+
+def gaussian_coordinates(x: torch.Tensor, W: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    r"""Points ``z`` with ``gaussian_kernel(z, z) = exp(-||x_i - x_j||_W^2 / (2 tau))``.
+
+    :func:`sinkflow.gaussian_kernel` has bandwidth :math:`\sqrt p` in dimension ``p``, so
+    :math:`z = p^{1/4} x L^T / \sqrt\tau` with :math:`L^T L = W` (``W`` symmetric positive
+    semi-definite; otherwise ``ValueError``).
+
+    Parameters
+    ----------
+    x : torch.Tensor (n, p)
+        Points.
+    W : torch.Tensor (p, p) or None
+        Symmetric positive semi-definite metric (None: the identity).
+    temperature : float
+        :math:`\tau > 0`.
+
+    Returns
+    -------
+    torch.Tensor (n, p)
+        The points ``z`` in which the kernel is isotropic (the landmark search measures
+        distances there).
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> from sinkflow.particles._lowrank_fields import gaussian_coordinates
+    >>> x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> W = torch.diag(torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64))
+    >>> z = gaussian_coordinates(x, W, temperature=0.5)
+    >>> diff = x[:, None] - x[None]
+    >>> exact = torch.exp(-((diff @ W) * diff).sum(-1) / (2 * 0.5))
+    >>> bool(torch.allclose(sinkflow.gaussian_kernel(z, z), exact))
+    True
+    """
+    d = x.shape[1]
+    scale = d ** 0.25 / math.sqrt(temperature)
+    if W is None:
+        return x * scale
+    if not torch.allclose(W, W.T, rtol=1e-6, atol=1e-12 * float(W.abs().max())):
+        raise ValueError("attention with landmarks needs a symmetric W = W_Q^T W_K (the kernel must be positive "
+                         "semi-definite for Nyström); symmetrize W or drop landmarks")
+    lam, U = torch.linalg.eigh(0.5 * (W + W.T))
+    if float(lam.min()) < -1e-10 * max(float(lam.abs().max()), 1e-300):
+        raise ValueError(f"attention with landmarks needs W = W_Q^T W_K positive semi-definite (smallest eigenvalue "
+                         f"{float(lam.min()):.3g}): exp(x^T W y) is then a positive kernel")
+    L = lam.clamp_min(0).sqrt()[:, None] * U.T
+    return (x @ L.T) * scale
+
+
+class _NystromKernel:
+    r"""Nyström :math:`\tilde G = L A^+ L^T = B B^T` of the Gaussian kernel of ``z``, applied block by block.
+
+    :math:`B = L A^{+1/2}` is ``n x r`` with ``r`` the numerical rank of the landmark block ``A``
+    (eigenvalues above the pseudo-inverse cutoff), often far below ``m`` for a smooth kernel
+    (``r = 23`` of ``m = 256`` for the benchmark cloud). When ``B`` fits in ``CACHE_BYTES`` it is
+    formed once and each pass is two thin products; otherwise each pass recomputes the blocks
+    :math:`L_b` (``m`` exponentials per row) and :meth:`project` applies :math:`A^+`.
+    """
+
+    def __init__(self, z: torch.Tensor, idx: torch.Tensor, block_bytes: int = BLOCK_BYTES):
+        self.z = z
+        self.zJ = z[idx.to(z.device)]
+        m = self.zJ.shape[0]
+        lam, vec = torch.linalg.eigh(_kernel(self.zJ, self.zJ, z.shape[-1]))
+        keep = lam > _pinv_rtol(z.dtype) * float(lam.abs().max())  # the cutoff of nystrom's pinv
+        self.half = vec[:, keep] * lam[keep].rsqrt()  # A^+ = half half^T
+        self.rows = max(1, int(block_bytes) // (2 * m * z.element_size()))
+        self.floor = exp_floor(z.dtype)
+        self.floor_value = float(torch.tensor(self.floor, dtype=z.dtype).exp())
+        # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
+        # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4))
+        u = z * z.shape[1] ** -0.25
+        self.left = torch.cat([u, -0.5 * (u * u).sum(1, keepdim=True), torch.ones_like(u[:, :1])], 1)
+        uJ = u[idx.to(z.device)]
+        self.right = torch.cat([uJ, torch.ones_like(uJ[:, :1]), -0.5 * (uJ * uJ).sum(1, keepdim=True)], 1).T.contiguous()
+        n = z.shape[0]
+        self.buffer = torch.empty((min(n, self.rows), m), dtype=z.dtype, device=z.device)
+        self.factor = None
+        if n * self.half.shape[1] * z.element_size() <= CACHE_BYTES:
+            factor = torch.empty((n, self.half.shape[1]), dtype=z.dtype, device=z.device)
+            for i0 in range(0, n, self.rows):
+                torch.mm(self._rows(i0, min(n, i0 + self.rows)), self.half, out=factor[i0:i0 + self.rows])
+            self.factor, self.buffer = factor, None
+        self.diagonal = None  # exact-diagonal correction 1 - G~_ii, see restore_diagonal
+        self.last_in = None
+
+    def _rows(self, i0, i1):
+        """Rows ``i0:i1`` of the factor the passes use: ``B`` when cached, else ``L`` (recomputed)."""
+        if self.factor is not None:
+            return self.factor[i0:i1]
+        out = self.buffer[:i1 - i0]  # no allocation: fresh 16 MiB buffers cost page faults
+        torch.mm(self.left[i0:i1], self.right, out=out)
+        # float32 exp is ~20x slower below its floor (-87): clamp there, then shift so that the clamped
+        # entries are exactly 0 (a particle far from every landmark must get no mass, see restore_diagonal)
+        return out.clamp_(self.floor, 0.0).exp_().sub_(self.floor_value)
+
+    def project(self, acc):
+        """The middle factor between one pass's ``F^T Y`` and the next pass: ``I`` for ``B``, ``A^+`` for ``L``."""
+        return acc if self.factor is not None else self.half @ (self.half.T @ acc)
+
+    def restore_diagonal(self) -> None:
+        r"""Use :math:`\tilde G + \mathrm{diag}(1 - \tilde G_{ii})`: the exact diagonal :math:`G_{ii} = 1`.
+
+        The Nyström residual :math:`G - \tilde G` is positive semi-definite, so the added
+        diagonal is non-negative; a particle far from every landmark (:math:`\tilde G_{i\cdot}
+        \approx 0`, its mass lost to rounding or negative) keeps its own weight, as in the
+        exact kernel. :math:`\tilde G_{ii} = |B_i|^2`: one extra pass.
+        """
+        n = self.z.shape[0]
+        diag = torch.empty(n, dtype=self.z.dtype, device=self.z.device)
+        for i0 in range(0, n, self.rows):
+            i1 = min(n, i0 + self.rows)
+            Bb = self._rows(i0, i1) if self.factor is not None else self._rows(i0, i1) @ self.half
+            diag[i0:i1] = (Bb * Bb).sum(1)
+        self.diagonal = (1.0 - diag).clamp_min_(0.0)
+
+    def sweep(self, T, step):
+        """For each row block ``b``: ``Y_b = step(i0, i1, (G~ Y_prev)_b)`` with ``(G~ Y_prev)_b = F_b @ T``
+        (plus the restored diagonal times the previous sweep's ``Y``); returns ``sum_b F_b^T Y_b``
+        (``F`` = ``B`` or ``L``; ``T = project(previous return)``)."""
+        acc = None
+        n = self.z.shape[0]
+        keep = self.diagonal is not None
+        new_in = None
+        for i0 in range(0, n, self.rows):
+            i1 = min(n, i0 + self.rows)
+            Lb = self._rows(i0, i1)
+            out = None if T is None else Lb @ T
+            if out is not None and keep:
+                out += self.diagonal[i0:i1, None] * self.last_in[i0:i1]
+            Y = step(i0, i1, out)
+            if Y is not None:
+                acc = Lb.T @ Y if acc is None else acc.addmm_(Lb.T, Y)
+                if keep:
+                    new_in = torch.empty((n, Y.shape[1]), dtype=Y.dtype, device=Y.device) if new_in is None else new_in
+                    new_in[i0:i1] = Y
+        self.last_in = new_in
+        return acc
+
+
+def _positive(s: torch.Tensor, what: str, m: int) -> torch.Tensor:
+    bad = int((s <= 0).sum())
+    if bad:
+        raise NystromPositivityError(
+            f"the Nyström approximation with {m} landmarks gives {bad} {what} a non-positive kernel mass "
+            "(its entries can be negative), so the normalization is undefined; use more landmarks "
+            "(m >= n is exact) or a larger temperature")
+    return s
+
+
+def _log_prior(x, W, temperature, weights, scores):
+    """log of the column factors p_j and the row factors r_i (see the module docstring)."""
+    n = x.shape[0]
+    log_a = torch.full((n,), -math.log(n), dtype=x.dtype, device=x.device) if weights is None else torch.log(weights)
+    if scores == "gaussian":
+        return log_a, None
+    half_sq = 0.5 * ((x if W is None else x @ W) * x).sum(1) / temperature
+    return log_a + half_sq, half_sq
+
+
+def _unnormalized(K: _NystromKernel, V, log_p, r, a):
+    """e^{r_i} sum_j G~_ij p_j [1, V_j]: velocity and row error."""
+    shift = float(log_p.max())
+    p = torch.exp(log_p - shift)
+    acc = K.sweep(None, lambda i0, i1, _: p[i0:i1, None] * torch.cat([torch.ones_like(V[i0:i1, :1]), V[i0:i1]], 1))
+    out = torch.empty((V.shape[0], V.shape[1] + 1), dtype=V.dtype, device=V.device)
+
+    def apply(i0, i1, LT):
+        out[i0:i1] = LT
+        return None
+
+    K.sweep(K.project(acc), apply)
+    left = shift if r is None else r + shift
+    out = out * torch.exp(torch.as_tensor(left, dtype=V.dtype, device=V.device)).reshape(-1, 1)
+    row_err = float((a * (out[:, 0] - 1).abs()).sum())
+    return LowRankField(out[:, 1:], None, 0, row_err, math.nan, True)
+
+
+def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
+    """Row / Sinkhorn scaling of diag(u) G~ diag(p w), one pass per half-iteration."""
+    n, m = V.shape[0], K.zJ.shape[0]
+    log_pw = log_p if init_g is None else log_p + init_g
+    shift = float(log_pw.max())
+    pw = torch.exp(log_pw - shift)  # p w up to a constant, which every scaling absorbs
+    p = torch.exp(log_p - shift)
+    u = torch.empty(n, dtype=V.dtype, device=V.device)
+    vel = torch.empty_like(V)
+    stats = {"col": math.inf}
+
+    def columns_in(i0, i1, _):
+        return torch.cat([pw[i0:i1, None], pw[i0:i1, None] * V[i0:i1]], 1)
+
+    def row_step(i0, i1, out):
+        s = _positive(out[:, 0], "rows", m)
+        u[i0:i1] = 1.0 / s
+        vel[i0:i1] = out[:, 1:] / s[:, None]
+        return (a[i0:i1] * u[i0:i1])[:, None]
+
+    def column_step(i0, i1, out):
+        s = _positive(out[:, 0], "columns", m)
+        stats["col"] += float((pw[i0:i1] * s - a[i0:i1]).abs().sum())
+        pw[i0:i1] = a[i0:i1] / s
+        return columns_in(i0, i1, None)
+
+    acc = K.sweep(None, columns_in)
+    budget, tol_check = (1, None) if n_iter == 1 else ((int(n_iter), None) if n_iter is not None else (int(max_iter), tol))
+    done, converged, last_row = 0, tol_check is None, False
+    while done < budget:
+        if done % 2 == 0:
+            acc = K.sweep(K.project(acc), row_step)
+            last_row = True
+        else:
+            stats["col"] = 0.0
+            acc = K.sweep(K.project(acc), column_step)
+            last_row = False
+            if tol_check is not None and stats["col"] <= tol_check:
+                converged, last_row = True, True  # the velocity of the checked row step is kept
+                done += 1
+                break
+        done += 1
+    row_err = 0.0
+    if not last_row:  # ended on a column step (or stopped after its check): apply without renormalizing
+        row_sum = torch.empty(n, dtype=V.dtype, device=V.device)
+
+        def apply(i0, i1, out):
+            row_sum[i0:i1] = u[i0:i1] * out[:, 0]
+            vel[i0:i1] = u[i0:i1, None] * out[:, 1:]
+            return None
+
+        K.sweep(K.project(acc), apply)
+        row_err = float((a * (row_sum - 1).abs()).sum())
+    g = torch.log(pw.clamp_min(torch.finfo(V.dtype).tiny)) - torch.log(p.clamp_min(torch.finfo(V.dtype).tiny))
+    # the column error is measured by a column pass: known for the state it checked
+    col_err = stats["col"] if tol_check is not None else math.nan
+    return LowRankField(vel, g, done, row_err, col_err, bool(converged))
+
+
+def lowrank_attention_field(x: torch.Tensor, V: torch.Tensor, landmarks, *, normalization: str = "sinkhorn",
+                            scores: str = "dot", method: str = "nystrom", W: torch.Tensor | None = None,
+                            temperature: float = 1.0, weights: torch.Tensor | None = None, n_iter=None,
+                            tol: float = 1e-9, max_iter: int = 2000, init_g=None, generator=0,
+                            sampling: str = "farthest", block_bytes: int = BLOCK_BYTES) -> LowRankField:
+    r"""Velocity :math:`\sum_j K_{ij} V_j` of landmark-approximated attention on particles.
+
+    Parameters
+    ----------
+    x : torch.Tensor (n, d)
+        Positions (queries and keys).
+    V : torch.Tensor (n, p)
+        Values.
+    landmarks : int or index tensor
+        A count (drawn with :func:`landmark_indices`) or the indices into ``x``.
+    normalization : {"sinkhorn", "row", "none"}
+    scores : {"dot", "gaussian"}
+        :math:`x_i^T W x_j / \tau` or :math:`-\|x_i - x_j\|_W^2 / (2\tau)`.
+    method : {"nystrom", "lifted", "segment_means"}
+        Landmark scheme (see the module docstring); ``"segment_means"`` is Nyströmformer's
+        approximation of SoftMax (uniform weights, ``normalization="row"``, dot scores).
+    W, temperature, weights, n_iter, tol, max_iter, init_g
+        As in :func:`sinkflow.particles.lazy_attention_field` (``init_g``: the ``g`` of a previous call).
+    generator : seed for drawing a landmark count.
+    sampling : {"farthest", "uniform"}
+        How a landmark count is drawn (:func:`landmark_indices`; farthest points cover the support).
+
+    Returns
+    -------
+    LowRankField
+
+    Raises
+    ------
+    NystromPositivityError
+        When a normalization meets a non-positive approximate row or column mass.
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> from sinkflow.particles._lowrank_fields import lowrank_attention_field
+    >>> x = torch.randn(40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> exact = sinkflow.sinkhorn(x @ x.T, tol=1e-12) @ x
+    >>> approx = lowrank_attention_field(x, x, 40, tol=1e-12).velocity   # every point a landmark
+    >>> bool(torch.allclose(approx, exact, atol=1e-6))
+    True
+    """
+    n = x.shape[0]
+    if method == "segment_means":
+        if weights is not None and not bool(torch.allclose(weights, weights.new_full((n,), 1.0 / n))):
+            raise ValueError("Nyströmformer's segment means cannot carry particle weights; use uniform weights")
+        q = (x if W is None else x @ W) * (math.sqrt(x.shape[1]) / temperature)
+        out = nystromformer_attention(q, x, V, min(int(landmarks), n), inverse="pinv")
+        return LowRankField(out, None, 1, 0.0, math.nan, True)
+    z = gaussian_coordinates(x, W, temperature)
+    idx = landmarks if isinstance(landmarks, torch.Tensor) else landmark_indices(n, landmarks, method, generator,
+                                                                                 sampling=sampling, points=z)
+    K = _NystromKernel(z, idx, block_bytes)
+    log_p, r = _log_prior(x, W, temperature, weights, scores)
+    a = torch.full((n,), 1.0 / n, dtype=x.dtype, device=x.device) if weights is None else weights
+    if normalization == "none":
+        return _unnormalized(K, V, log_p, r, a)
+    n_iter = 1 if normalization == "row" else n_iter
+    try:
+        return _scaled(K, V, log_p, a, n_iter, tol, max_iter, init_g)
+    except NystromPositivityError:
+        K.restore_diagonal()  # the clear outcome: exact self-weights, then an error only if still undefined
+        return _scaled(K, V, log_p, a, n_iter, tol, max_iter, init_g)

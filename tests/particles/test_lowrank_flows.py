@@ -1,0 +1,190 @@
+"""Landmark-approximated flows: exact with every point a landmark, close with few, never NaN."""
+
+import numpy as np
+import pytest
+import torch
+
+import sinkflow
+from sinkflow.particles._dense_fields import attention_field
+import sinkflow.particles._lowrank_fields as lowrank_fields
+from sinkflow.particles._lowrank_fields import NystromPositivityError, lowrank_attention_field
+
+W = torch.tensor([[0.8, 0.2], [0.2, 0.5]], dtype=torch.float64)
+EXACT = {"skyformer": "gaussian", "nystromformer": "softmax"}
+
+
+def _weights(n, seed=0):
+    a = torch.tensor(np.random.default_rng(seed).uniform(0.5, 1.5, n))
+    return a / a.sum()
+
+
+@pytest.mark.parametrize("attention,every_point", [("sinkhorn", 1), ("softmax", 1), ("unnormalized", 1),
+                                                    ("gaussian", 2), ("skyformer", 2), ("nystromformer", 1)])
+@pytest.mark.parametrize("n_iter", [None, 3, 4])
+def test_every_point_a_landmark_is_the_exact_field(attention, every_point, n_iter):
+    n = 25
+    x = torch.tensor(np.random.default_rng(1).normal(size=(n, 2)))
+    a = None if attention == "nystromformer" else _weights(n)
+    exact = attention_field(x, EXACT.get(attention, attention), W, W, n_iter=n_iter, weights=a, temperature=1.5,
+                            tol=1e-13).velocity
+    approx = attention_field(x, attention, W, W, n_iter=n_iter, weights=a, temperature=1.5, tol=1e-13,
+                             landmarks=every_point * n).velocity
+    torch.testing.assert_close(approx, exact, rtol=0, atol=1e-8 * float(exact.abs().max()))
+
+
+@pytest.mark.parametrize("attention", ["sinkhorn", "softmax", "gaussian"])
+def test_error_falls_with_the_number_of_landmarks(attention):
+    x = torch.tensor(np.random.default_rng(2).normal(size=(600, 2)))
+    exact = attention_field(x, attention, None, None, n_iter=10).velocity
+    errors = [float((attention_field(x, attention, None, None, n_iter=10, landmarks=m).velocity - exact).norm()
+                    / exact.norm()) for m in (16, 64, 256)]
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 1e-2
+
+
+def test_approximate_trajectories_match_exact_ones_with_all_landmarks():
+    x0 = sinkflow.random_particles(20, 2, seed=5)
+    exact = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=6, n_iter=None)
+    approx = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=6, n_iter=None, landmarks=20)
+    np.testing.assert_allclose(approx.positions, exact.positions, atol=1e-8)
+    assert approx.landmarks == 20 and approx.converged
+
+
+# farthest-point landmarks with m = n are all n particles: exact for the lifted kernel of [x; x] too
+@pytest.mark.parametrize("normalization,factor", [("sinkhorn", 1), ("unnormalized", 2), ("unnormalized", 1),
+                                                  ("softmax_gaussian", 1)])
+def test_heat_flow_with_all_landmarks_is_the_exact_heat_flow(normalization, factor):
+    x0 = np.random.default_rng(6).normal(size=(40, 1))
+    exact = sinkflow.heat_flow(x0, 0.02, 0.1, 0.01, normalization, tol=1e-9)
+    approx = sinkflow.heat_flow(x0, 0.02, 0.1, 0.01, normalization, tol=1e-9, landmarks=factor * 40)
+    np.testing.assert_allclose(approx, exact, atol=1e-7)
+
+
+def test_heat_flow_with_few_landmarks_still_diffuses():
+    # variance grows by 2t (the heat equation), also through a 64-landmark kernel
+    x0 = np.random.default_rng(7).normal(size=(3000, 1))
+    x1 = sinkflow.heat_flow(x0, 0.1, 0.2, 0.05, "sinkhorn", landmarks=64)
+    assert abs((x1.var() - x0.var()) - 0.2) < 0.03
+
+
+@pytest.mark.parametrize("normalization", ["sinkhorn", "row", "none"])
+def test_kept_and_recomputed_factors_give_the_same_field(monkeypatch, normalization):
+    # B = L A^{+1/2} kept in memory (small n) or L recomputed block by block with A^+ in between (large n)
+    x = torch.tensor(np.random.default_rng(4).normal(size=(300, 2)))
+    idx = lowrank_fields.landmark_indices(300, 40, generator=2)
+    kw = dict(normalization=normalization, W=W, temperature=0.7, weights=_weights(300), n_iter=7, block_bytes=4000)
+    kept = lowrank_attention_field(x, x, idx, **kw)
+    monkeypatch.setattr(lowrank_fields, "CACHE_BYTES", 0)
+    recomputed = lowrank_attention_field(x, x, idx, **kw)
+    torch.testing.assert_close(recomputed.velocity, kept.velocity, rtol=1e-9, atol=1e-9)
+    assert recomputed.row_error == pytest.approx(kept.row_error, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("cache_bytes", [lowrank_fields.CACHE_BYTES, 0])
+def test_particles_no_landmark_sees_keep_their_own_weight_never_nan(monkeypatch, cache_bytes):
+    monkeypatch.setattr(lowrank_fields, "CACHE_BYTES", cache_bytes)
+    # two far clusters, landmarks only in the first: rows of the second get no (or negative) Nyström
+    # mass; with the exact diagonal restored each of them is isolated, K_ii = 1, as in the exact kernel
+    x = torch.cat([torch.randn(10, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64),
+                   100 + 10 * torch.randn(10, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)])
+    with pytest.raises(NystromPositivityError):  # the plain Nyström scaling is undefined here
+        lowrank_fields._scaled(lowrank_fields._NystromKernel(x, torch.arange(5)), x, torch.zeros(20, dtype=x.dtype),
+                               torch.full((20,), 0.05, dtype=x.dtype), None, 1e-9, 100, None)
+    r = lowrank_attention_field(x, x, torch.arange(5), normalization="sinkhorn", scores="gaussian", max_iter=200)
+    assert torch.isfinite(r.velocity).all()
+    torch.testing.assert_close(r.velocity[10:], x[10:], rtol=1e-6, atol=1e-6)
+    with pytest.raises(NystromPositivityError, match="non-positive kernel mass"):
+        lowrank_fields._positive(torch.tensor([1.0, 0.0]), "rows", 3)
+    with pytest.raises(ValueError, match="positive semi-definite"):
+        sinkflow.simulate(x.numpy(), "sinkhorn", W_K=-np.eye(2), steps=1, landmarks=4)
+
+
+def test_landmarks_need_a_symmetric_interaction():
+    with pytest.raises(ValueError, match="symmetric"):
+        sinkflow.simulate(np.eye(2), "sinkhorn", W_K=np.array([[1.0, 1.0], [0.0, 1.0]]), steps=1, landmarks=2)
+
+
+def _covering_radius(D, J):
+    """max_i min_{j in J} D_ij by brute force."""
+    return float(D[:, J].min(1).values.max())
+
+
+def test_farthest_points_cover_the_cloud_and_certify_the_radius():
+    # a Gaussian cloud plus a few far outliers, in the kernel's coordinates of an anisotropic W
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(300, 2, generator=g, dtype=torch.float64),
+                   6 + torch.randn(4, 2, generator=g, dtype=torch.float64)])
+    z = lowrank_fields.gaussian_coordinates(x, W, 0.3)
+    D = torch.cdist(z, z)
+    full = lowrank_fields.landmark_indices(len(x), 40, sampling="farthest", points=z, generator=1)
+    assert len(set(full.tolist())) == 40
+    radii = []
+    for m in range(1, 40):
+        J = lowrank_fields.landmark_indices(len(x), m, sampling="farthest", points=z, generator=1)
+        assert J.tolist() == full[:m].tolist()  # greedy: nested choices
+        radii.append(_covering_radius(D, J))
+        # the next pick is a farthest point, and the m + 1 chosen points are >= r_m apart: r_m <= 2 r*_m
+        assert float(D[full[m], J].min()) == pytest.approx(radii[-1], rel=1e-9)
+        pair = D[full[:m + 1]][:, full[:m + 1]] + torch.diag(torch.full((m + 1,), torch.inf, dtype=D.dtype))
+        assert float(pair.min()) >= radii[-1] * (1 - 1e-9)
+    assert all(b <= a for a, b in zip(radii, radii[1:]))
+    uniform = lowrank_fields.landmark_indices(len(x), 39, points=z, generator=1)
+    assert _covering_radius(D, uniform) > 1.5 * radii[-1]  # the outliers are what uniform draws miss
+    assert lowrank_fields.farthest_point_indices(z, 400).tolist() == list(range(len(x)))
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_blocked_farthest_point_search_makes_the_plain_greedy_picks(monkeypatch, d):
+    # small blocks: most of them are skipped, by the bounding-box test, once the radius shrinks
+    monkeypatch.setattr(lowrank_fields, "FPS_BLOCK", 32)
+    rng = np.random.default_rng(d)
+    z = np.concatenate([rng.normal(size=(3000, d)), 8 + rng.normal(size=(5, d))])
+    idx = lowrank_fields.farthest_point_indices(torch.tensor(z), 80, generator=3).tolist()
+    picks, nearest = [idx[0]], ((z - z[idx[0]]) ** 2).sum(1)
+    for _ in range(79):
+        picks.append(int(nearest.argmax()))
+        nearest = np.minimum(nearest, ((z - z[picks[-1]]) ** 2).sum(1))
+    assert idx == picks
+
+
+@pytest.fixture(scope="module")
+def heat_tails():
+    """2000 normal points, eps = 0.05: uniform landmarks left the tails uncovered (NystromPositivityError)."""
+    x0 = torch.randn(2000, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return x0, sinkflow.heat_flow(x0, 0.5, eps=0.05, dt=0.01)
+
+
+@pytest.mark.parametrize("m,dtype", [(64, torch.float64), (256, torch.float64), (256, torch.float32)])
+def test_heat_flow_with_farthest_landmarks_reaches_the_heat_variance(heat_tails, m, dtype):
+    x0, exact = heat_tails
+    t, eps = 0.5, 0.05
+    x1 = sinkflow.heat_flow(x0.to(dtype), t, eps=eps, dt=0.01, landmarks=m)
+    s0, s1 = float(x0.var()), float(x1.double().var())
+    # heat equation: variance + 2t; the Sinkhorn layer's rate is 2 - eps / (2s) + O(eps^2) (sinkflow.heat.symbolic), so
+    # the exact particles lag by at most eps t / (2 s0) = 0.013 (measured 0.006, Nyström 0.005-0.006)
+    assert abs(s1 - (s0 + 2 * t)) < eps * t / (2 * s0)
+    assert abs(s1 - float(exact.var())) < 2e-3  # the exact flow at the same n; measured 7e-4 (m = 64), 2e-4
+    with pytest.raises(NystromPositivityError):
+        sinkflow.heat_flow(x0.to(dtype), t, eps=eps, dt=0.01, landmarks=m, landmark_sampling="uniform")
+
+
+def test_landmark_sampling_is_checked():
+    x = np.random.default_rng(0).normal(size=(10, 1))
+    with pytest.raises(ValueError, match="landmark_sampling"):
+        sinkflow.simulate(x, "sinkhorn", steps=1, landmarks=4, landmark_sampling="random")
+    with pytest.raises(ValueError, match="landmark_sampling"):
+        sinkflow.heat_flow(x, 0.1, 0.1, 0.05, landmarks=4, landmark_sampling="kmeans")
+    with pytest.raises(ValueError, match="needs points"):
+        lowrank_fields.landmark_indices(10, 4, sampling="farthest")
+    with pytest.raises(ValueError, match="shape"):
+        lowrank_fields.farthest_point_indices(torch.zeros(5), 2)
+
+
+def test_farthest_points_do_not_depend_on_where_the_cloud_sits():
+    # float32 squared distances expanded as |z|^2 + |c|^2 - 2 z.c lose their digits far from
+    # the origin (the picks of a cloud shifted by 1000 used to differ); the search centres first
+    from sinkflow.particles._lowrank_fields import farthest_point_indices
+
+    z = torch.randn(5000, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(farthest_point_indices(z + 1000.0, 64, generator=0), farthest_point_indices(z, 64, generator=0))
+
