@@ -54,7 +54,7 @@ normalizations of $\\exp(QK^T/\\sqrt p)$; masked keys get exactly zero weight.""
 pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])  # torch convention: True = padding
 for norm, n_iter in [("softmax", 1), ("sinkhorn", 3), ("sinkhorn", 31)]:
     torch.manual_seed(0)
-    mha = MultiheadAttention(16, 2, normalization=norm, n_iter=n_iter)
+    mha = MultiheadAttention(16, 2, batch_first=True, normalization=norm, n_iter=n_iter)
     _, w = mha(x, x, x, key_padding_mask=pad, average_attn_weights=False)
     col = w[0].sum(-2)  # column sums, first example, per head
     print(f"{norm:8s} L={n_iter:<3d} column sums head 0: {np.round(col[0].detach().numpy(), 3)};"
