@@ -225,13 +225,14 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     is added to the scores, i.e. to the log-kernel, before every normalization: SoftMax of
     :math:`C + B` (torch's result), Sinkhorn iterations from :math:`e^{C + B}`, the
     kernels :math:`e^{C + B}`. Its ``-inf`` entries are masked entries, exactly as
-    ``False`` in ``mask``. Sinkhorn's column steps undo any bias constant along a column (the
-    log-domain algorithm does too), so a finite key-padding bias such as ``-1e9`` would
-    bring a padded key back with full weight; hence, for every normalization but SoftMax,
-    an entry whose exponential underflows to 0 in the compute dtype (below about -104 in
-    float32, -745 in float64: ``-1e9``, ``finfo.min``) is a masked entry too, and a key
-    column masked that way is an empty line (scaling 0, marginals as with a boolean mask).
-    Output-only normalizations accept no other finite bias (ValueError).
+    ``False`` in ``mask``. A Sinkhorn column step gives every column its mass :math:`n/m`
+    whatever a finite bias along it (and the doubly stochastic limit does not see such a
+    bias at all), so a finite key-padding bias such as ``-1e9`` would bring a padded key
+    back with full weight; hence, for every normalization but SoftMax, an entry whose
+    exponential underflows to 0 in the compute dtype (below about -104 in float32, -745 in
+    float64: ``-1e9``, ``finfo.min``) is a masked entry too, and a key column masked that
+    way is an empty line (scaling 0, marginals as with a boolean mask). Output-only
+    normalizations accept no other finite bias (ValueError).
 
     With ``need_weights=False`` and no dropout, Sinkhorn attention (masked or not) never forms the
     matrix: after ``n_iter`` half-steps it is :math:`\mathrm{diag}(\alpha) S
@@ -385,8 +386,8 @@ class MultiheadAttention(nn.Module):
     every normalization: SoftMax gives torch's result; Sinkhorn iterates from
     :math:`e^{C + B}`. ``-inf`` entries are masked entries exactly as ``True`` in a boolean
     mask; for the normalizations other than SoftMax, so are entries whose exponential
-    underflows to 0 (``-1e9``, ``finfo.min``): Sinkhorn's column steps would otherwise undo
-    the bias and give a padded key full weight (see :func:`scaled_attention`). Output-only
+    underflows to 0 (``-1e9``, ``finfo.min``): a Sinkhorn column step would otherwise give
+    a padded key its full column mass back (see :func:`scaled_attention`). Output-only
     normalizations (Nyström) accept no other finite float entries. Masked keys get exactly
     zero weight; a query with no admissible key gets a zero row and a zero attention
     output, where torch gives NaN. ``is_causal=True`` without ``attn_mask`` builds the
