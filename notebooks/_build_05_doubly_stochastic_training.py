@@ -47,7 +47,7 @@ def versus_paper(agrees, claim):  # printed next to the numbers it judges
         print(f"    CONTRADICTS the paper: {claim}{why}")"""),
     md("""## The module
 
-`sinkflow.nn.MultiheadAttention` is shaped like `torch.nn.MultiheadAttention(batch_first=True)`; the
+`sinkflow.nn.MultiheadAttention` is a drop-in for `torch.nn.MultiheadAttention` (here with `batch_first=True`); the
 normalization is a constructor argument. With `n_iter` half-iterations, Sinkhorn alternates row and column
 normalizations of $\\exp(QK^T/\\sqrt p)$; masked keys get exactly zero weight."""),
     code("""x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(0))
