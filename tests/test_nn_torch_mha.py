@@ -360,3 +360,22 @@ def test_torchs_encoder_layer_fast_path_does_not_replace_the_normalization(norm_
         fast = layer(x, src_key_padding_mask=pad)
     torch.testing.assert_close(fast, eager, rtol=0, atol=1e-6)  # float32 rounding
     assert (fast - softmax_out).abs().max() > 1e-2
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_torchs_encoder_runs_it_in_eval_mode_without_nested_tensors_and_says_why_with_them():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 7, 16)
+    pad = torch.tensor([[False] * 7, [False] * 5 + [True] * 2])
+    for nested in (False, True):
+        encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
+        for block in encoder.layers:
+            block.self_attn = MultiheadAttention(16, 4, batch_first=True, normalization="sinkhorn", n_iter=3)
+        eager = encoder.train()(x, src_key_padding_mask=pad).detach()
+        with torch.no_grad():
+            if nested:  # torch packs the padded batch into a NestedTensor: refused with the fix
+                with pytest.raises(ValueError, match="enable_nested_tensor=False"):
+                    encoder.eval()(x, src_key_padding_mask=pad)
+            else:
+                torch.testing.assert_close(encoder.eval()(x, src_key_padding_mask=pad), eager, rtol=0, atol=1e-6)

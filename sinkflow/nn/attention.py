@@ -251,6 +251,9 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     >>> fast, none = scaled_attention(q, k, v, "sinkhorn", need_weights=False)
     >>> bool(torch.allclose(fast, scaled_attention(q, k, v, "sinkhorn")[0])), none
     (True, None)
+    >>> K = scaled_attention(q, k, v, "sinkhorn", bias=torch.tensor([0.0, -1e9, 0.0]))[1]   # -1e9: key 1 masked
+    >>> float(K[..., 1].max()), torch.equal(K, scaled_attention(q, k, v, "sinkhorn", mask=torch.tensor([True, False, True]))[1])
+    (0.0, True)
     """
     variant = _model_variant(normalization)
     mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
