@@ -379,3 +379,32 @@ def test_torchs_encoder_runs_it_in_eval_mode_without_nested_tensors_and_says_why
                     encoder.eval()(x, src_key_padding_mask=pad)
             else:
                 torch.testing.assert_close(encoder.eval()(x, src_key_padding_mask=pad), eager, rtol=0, atol=1e-6)
+
+
+def test_a_learned_float_mask_gets_torchs_gradient_and_sinkhorns_passes_gradcheck():
+    ref, ours = _pair(8, 2, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    grads = []
+    for module in (ref, ours):
+        bias = torch.randn(2 * 2, 5, 5, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        out, w = module(x, x, x, attn_mask=bias)
+        (out.square().sum() + w.square().sum()).backward()
+        grads.append(bias.grad)
+    torch.testing.assert_close(grads[1], grads[0], **F32)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 4, 3, generator=gen, dtype=torch.float64)
+    bias = torch.randn(4, 4, generator=gen, dtype=torch.float64).requires_grad_()
+    for need in (True, False):  # the matrix path and the factored output path
+        assert torch.autograd.gradcheck(lambda b: scaled_attention(q, k, v, "sinkhorn", n_iter=4, bias=b,
+                                                                   need_weights=need)[0], (bias,))
+
+
+def test_half_precision_float_masks_under_autocast():
+    torch.manual_seed(0)
+    mha = MultiheadAttention(16, 2, batch_first=True, normalization="sinkhorn", n_iter=3)
+    x = torch.randn(2, 6, 16)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, w = mha(x, x, x, key_padding_mask=torch.zeros(2, 6, dtype=torch.float16).masked_fill(pad, torch.finfo(torch.float16).min))
+        _, w_bool = mha(x, x, x, key_padding_mask=pad)
+    assert w.dtype == torch.float32 and torch.equal(w, w_bool) and (w[1, :, 4:] == 0).all()
