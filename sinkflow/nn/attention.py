@@ -148,16 +148,17 @@ def _split_bias(variant, mask, bias, dtype):
     if not torch.is_tensor(bias) or not bias.is_floating_point():
         raise TypeError(f"bias must be a floating-point tensor (an additive mask), got {getattr(bias, 'dtype', type(bias))}")
     bias = bias.to(dtype)
-    additive = variant.normalize is not None and variant.normalization == "row"
-    dead = torch.isneginf(bias) if additive else bias.exp() == 0
-    bad, any_dead = torch.stack([(torch.isnan(bias) | torch.isposinf(bias)).any(), dead.any()]).tolist()
+    softmax_like = variant.normalize is not None and variant.normalization == "row"  # torch's result: only -inf masks
+    dead = torch.isneginf(bias) if softmax_like else bias.exp() == 0
+    flags = [(torch.isnan(bias) | torch.isposinf(bias)).any(), dead.any(), ((bias != 0) & ~dead).any()]
+    bad, any_dead, kept = torch.stack(flags).tolist()  # one synchronization
     if bad:
         raise ValueError("bias (a float mask) must not hold NaN or +inf")
     if any_dead:
         mask = ~dead if mask is None else mask & ~dead
-        bias = bias.masked_fill(dead, 0.0)
-    if not bool(bias.any()):
+    if not kept:
         return mask, None
+    bias = bias.masked_fill(dead, 0.0) if any_dead else bias
     if variant.normalize is None:
         raise ValueError(f"normalization {variant.name!r} computes its output without a score matrix: a float mask "
                          "may only hold 0 and -inf (or values whose exponential underflows, e.g. -1e9); "
@@ -275,8 +276,8 @@ class AttentionKernel(nn.Module):
     """The normalization step as a module, so forward hooks can capture attention matrices.
 
     ``forward(q, k, v, mask, need_weights=True, bias=None) -> (output, weights)`` on per-head
-    tensors (``bias``: an additive float mask); see :func:`scaled_attention`. :class:`sinkflow.nn.AttentionRecorder` hooks these
-    modules: while a forward hook is registered (on the kernel, or for all modules with
+    tensors (``bias``: an additive float mask); see :func:`scaled_attention`.
+    :class:`sinkflow.nn.AttentionRecorder` hooks these modules: while a forward hook is registered (on the kernel, or for all modules with
     ``torch.nn.modules.module.register_module_forward_hook``), the weights are formed even
     when the caller does not need them, so the hook sees them.
 
