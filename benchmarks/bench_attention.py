@@ -49,7 +49,7 @@ def _layer_step(normalization, n_iter, x, solver_path=False):
     from sinkflow.nn import MultiheadAttention
 
     torch.manual_seed(0)
-    mha = MultiheadAttention(x.shape[-1], 4, normalization=normalization, n_iter=n_iter, device=x.device)
+    mha = MultiheadAttention(x.shape[-1], 4, batch_first=True, normalization=normalization, n_iter=n_iter, device=x.device)
 
     def step():
         with mock.patch.object(attention, "sinkhorn_attention", _solver_path) if solver_path else nullcontext():

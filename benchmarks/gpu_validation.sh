@@ -77,7 +77,7 @@ torch.manual_seed(0)
 x = torch.randn(4, 300, 64)
 kpm = torch.zeros(4, 300, dtype=torch.bool); kpm[1, 250:] = True
 for norm in ["softmax", "sinkhorn", "gaussian"]:
-    m = MultiheadAttention(64, 4, normalization=norm, n_iter=3)
+    m = MultiheadAttention(64, 4, batch_first=True, normalization=norm, n_iter=3)
     o_cpu, w_cpu = m(x, x, x, key_padding_mask=kpm)
     m = m.to(device)
     xd = x.to(device)

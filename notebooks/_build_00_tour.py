@@ -194,7 +194,7 @@ and plots how the attention drifts toward (or away from) double stochasticity.""
     code("""import torch
 from sinkflow.nn import MultiheadAttention
 
-mha = MultiheadAttention(16, 2, normalization="sinkhorn", n_iter=5)
+mha = MultiheadAttention(16, 2, batch_first=True, normalization="sinkhorn", n_iter=5)
 tokens = torch.randn(3, 10, 16)
 out, weights = mha(tokens, tokens, tokens)
 print(out.shape, "column sums of one attention map:", weights[0].sum(0)[:4])"""),

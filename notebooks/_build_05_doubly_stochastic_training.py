@@ -47,14 +47,14 @@ def versus_paper(agrees, claim):  # printed next to the numbers it judges
         print(f"    CONTRADICTS the paper: {claim}{why}")"""),
     md("""## The module
 
-`sinkflow.nn.MultiheadAttention` is shaped like `torch.nn.MultiheadAttention(batch_first=True)`; the
+`sinkflow.nn.MultiheadAttention` is a drop-in for `torch.nn.MultiheadAttention` (here with `batch_first=True`); the
 normalization is a constructor argument. With `n_iter` half-iterations, Sinkhorn alternates row and column
 normalizations of $\\exp(QK^T/\\sqrt p)$; masked keys get exactly zero weight."""),
     code("""x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(0))
 pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])  # torch convention: True = padding
 for norm, n_iter in [("softmax", 1), ("sinkhorn", 3), ("sinkhorn", 31)]:
     torch.manual_seed(0)
-    mha = MultiheadAttention(16, 2, normalization=norm, n_iter=n_iter)
+    mha = MultiheadAttention(16, 2, batch_first=True, normalization=norm, n_iter=n_iter)
     _, w = mha(x, x, x, key_padding_mask=pad, average_attn_weights=False)
     col = w[0].sum(-2)  # column sums, first example, per head
     print(f"{norm:8s} L={n_iter:<3d} column sums head 0: {np.round(col[0].detach().numpy(), 3)};"

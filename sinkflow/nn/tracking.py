@@ -128,8 +128,10 @@ def stochasticity_summary(K: torch.Tensor, with_kl: bool = True) -> Stochasticit
 def _attention_parameters(model: nn.Module):
     params = []
     for module in model.modules():
-        if isinstance(module, MultiheadAttention):
-            params += [module.q_proj.weight, module.k_proj.weight]
+        if isinstance(module, MultiheadAttention):  # the query and key blocks (views of torch's packed weight)
+            e = module.embed_dim
+            w = module.in_proj_weight
+            params += [w[:e], w[e:2 * e]] if w is not None else [module.q_proj_weight, module.k_proj_weight]
     if not params:
         raise ValueError("model has no sinkflow.nn.MultiheadAttention modules to perturb")
     return params

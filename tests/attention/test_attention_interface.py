@@ -47,7 +47,7 @@ def test_registered_variant_runs_in_multihead_attention(user_variant):
     oracle = torch.softmax(q @ k.transpose(-1, -2) / (2 * math.sqrt(4)), dim=-1)
     torch.testing.assert_close(K, oracle)
     torch.testing.assert_close(out, oracle @ v)
-    mha = MultiheadAttention(8, 2, normalization="half_softmax")
+    mha = MultiheadAttention(8, 2, batch_first=True, normalization="half_softmax")
     x = torch.randn(2, 6, 8, generator=g)
     y, w = mha(x, x, x)
     assert y.shape == (2, 6, 8) and torch.allclose(w.sum(-1), torch.ones(2, 6))
@@ -80,7 +80,7 @@ def test_registry_errors_are_clear(user_variant):
 def test_output_only_normalization_still_registers_for_models():
     sinkflow.nn.register_normalization("value_mean", lambda q, k, v, mask, n_iter: v.mean(-2, keepdim=True).expand(
         *q.shape[:-1], v.shape[-1]), overwrite=True)
-    out, w = MultiheadAttention(8, 2, normalization="value_mean")(torch.ones(1, 3, 8), torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    out, w = MultiheadAttention(8, 2, batch_first=True, normalization="value_mean")(torch.ones(1, 3, 8), torch.ones(1, 3, 8), torch.ones(1, 3, 8))
     assert out.shape == (1, 3, 8) and w is None
     with pytest.raises(ValueError, match="normalize"):
         sinkflow.simulate(np.eye(3), "value_mean", steps=1)

@@ -12,8 +12,13 @@ from scipy.special import logsumexp
 from sinkflow.nn import MultiheadAttention
 
 
-def linear(x, layer):
-    return x @ layer.weight.detach().numpy().T + layer.bias.detach().numpy()
+def linear(x, weight, bias):
+    return x @ weight.detach().numpy().T + bias.detach().numpy()
+
+
+def projections(mha):
+    """(weight, bias) of the query, key and value projections, from torch's packed layout."""
+    return list(zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)))
 
 
 def reference_heads(C, normalization, n_iter, rows, cols):
@@ -33,11 +38,11 @@ def reference_mha(mha, x, normalization, n_iter, n_real_q, n_real_k):
     p = e // h
     outs, weights = [], []
     for s in range(b):
-        q, k, v = (linear(x[s], layer).reshape(n, h, p).transpose(1, 0, 2) for layer in (mha.q_proj, mha.k_proj, mha.v_proj))
+        q, k, v = (linear(x[s], *wb).reshape(n, h, p).transpose(1, 0, 2) for wb in projections(mha))
         rows, cols = np.arange(n_real_q[s]), np.arange(n_real_k[s])
         Ks = np.stack([reference_heads(q[j] @ k[j].T / math.sqrt(p), normalization, n_iter, rows, cols) for j in range(h)])
         heads = Ks @ v  # (h, n, p)
-        outs.append(linear(heads.transpose(1, 0, 2).reshape(n, e), mha.out_proj))
+        outs.append(linear(heads.transpose(1, 0, 2).reshape(n, e), mha.out_proj.weight, mha.out_proj.bias))
         weights.append(Ks.mean(0))
     return np.stack(outs), np.stack(weights)
 
@@ -46,9 +51,9 @@ def reference_mha(mha, x, normalization, n_iter, n_real_q, n_real_k):
 def test_padded_queries_leave_the_column_constraint_and_get_zero_rows(normalization, n_iter):
     torch.manual_seed(0)
     b, n, e = 3, 7, 8
-    mha = MultiheadAttention(e, 2, normalization=normalization, n_iter=n_iter, dtype=torch.float64)
-    for layer in (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj):
-        torch.nn.init.normal_(layer.bias)  # non-zero biases: a padded query's output is out_proj's bias
+    mha = MultiheadAttention(e, 2, batch_first=True, normalization=normalization, n_iter=n_iter, dtype=torch.float64)
+    for bias in (mha.in_proj_bias, mha.out_proj.bias):
+        torch.nn.init.normal_(bias)  # non-zero biases: a padded query's output is out_proj's bias
     x = torch.randn(b, n, e, dtype=torch.float64)
     n_real_q, n_real_k = [7, 5, 3], [6, 7, 4]
     qpm = torch.arange(n)[None, :] >= torch.tensor(n_real_q)[:, None]  # True = pad
