@@ -5,7 +5,8 @@ and registers both with :func:`register`; every module of this folder is discove
 use of the registry. ``sinkflow figures`` renders them (:func:`render`), leaving a figure
 whose data agree with its committed reference data alone (:func:`stale`, :class:`Tolerance`).
 ``style.py`` is the one matplotlib style; ``tables.py`` plots users' sweep tables.
-Start reading at ``_registry.py``, then any topic module (``normalizations.py`` is short).
+Start reading at ``_registry.py`` (what a figure is), ``_render.py`` (how it is written),
+``_reference.py`` (how a rerun is compared), then any topic module (``normalizations.py`` is short).
 """
 
 from sinkflow.plots._registry import (
@@ -15,21 +16,25 @@ from sinkflow.plots._registry import (
     registry,
     get,
     compute,
-    render,
-    stale,
     config_hash,
-    data_checksum,
-    flatten_data,
-    compare_data,
+    FORMATS,
+)
+from sinkflow.plots._reference import (
     Tolerance,
     DEFAULT_TOLERANCE,
+    flatten_data,
+    compare_data,
+    data_checksum,
     reference_path,
-    read_reference,
     write_reference,
+    read_reference,
     read_manifest,
     write_manifest,
-    FORMATS,
     MANIFEST_COLUMNS,
+)
+from sinkflow.plots._render import (
+    render,
+    stale,
 )
 
 __all__ = [
@@ -39,19 +44,19 @@ __all__ = [
     "registry",
     "get",
     "compute",
-    "render",
-    "stale",
     "config_hash",
-    "data_checksum",
-    "flatten_data",
-    "compare_data",
+    "FORMATS",
     "Tolerance",
     "DEFAULT_TOLERANCE",
+    "flatten_data",
+    "compare_data",
+    "data_checksum",
     "reference_path",
-    "read_reference",
     "write_reference",
+    "read_reference",
     "read_manifest",
     "write_manifest",
-    "FORMATS",
     "MANIFEST_COLUMNS",
+    "render",
+    "stale",
 ]

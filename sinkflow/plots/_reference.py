@@ -1,4 +1,4 @@
-"""Reference data of committed figures, and the tolerances new data are compared within.
+"""Reference data of committed figures, the tolerances new data are compared within, and the manifest.
 
 Another CPU kernel (``ATEN_CPU_CAPABILITY=default|avx2|avx512``), another BLAS kernel or
 another thread count changes a seeded computation at rounding level: positions by 1e-15,
@@ -16,6 +16,7 @@ figure states a wider one for an array that needs it (a rate fitted on a noisy t
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import io
 import zipfile
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Tolerance", "DEFAULT_TOLERANCE", "flatten_data", "compare_data", "reference_path", "write_reference",
-           "read_reference"]
+__all__ = ["Tolerance", "DEFAULT_TOLERANCE", "flatten_data", "compare_data", "data_checksum", "reference_path",
+           "write_reference", "read_reference", "read_manifest", "write_manifest", "MANIFEST_COLUMNS"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Tolerance:
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.plots._registry import Tolerance
+    >>> from sinkflow.plots import Tolerance
     >>> tol = Tolerance(rtol=1e-6, atol=0.0, floor=1e-10)
     >>> tol.allows(np.array([1.0 + 1e-7, 3e-12]), np.array([1.0, 8e-13])).tolist()
     [True, True]
@@ -72,7 +73,7 @@ def flatten_data(data: dict) -> dict[str, np.ndarray]:
 
     Examples
     --------
-    >>> from sinkflow.plots._registry import flatten_data
+    >>> from sinkflow.plots import flatten_data
     >>> sorted(flatten_data({"x": [1.0, 2.0], "run": {"err": [[1, 2], [3]]}}))
     ['run.err[0]', 'run.err[1]', 'x']
     """
@@ -136,7 +137,7 @@ def compare_data(data: dict, reference: dict, tolerances: dict | None = None) ->
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.plots._registry import compare_data
+    >>> from sinkflow.plots import compare_data
     >>> ref = {"x": np.linspace(0, 1, 5), "err": np.array([3e-13, 1e-12])}
     >>> compare_data({"x": ref["x"] * (1 + 1e-13), "err": np.array([9e-13, 2e-14])}, ref)
     []
@@ -167,7 +168,7 @@ def write_reference(path: str | Path, data: dict) -> None:
     >>> import tempfile
     >>> from pathlib import Path
     >>> import numpy as np
-    >>> from sinkflow.plots._registry import read_reference, write_reference
+    >>> from sinkflow.plots import read_reference, write_reference
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     write_reference(Path(tmp, "a.npz"), {"x": np.arange(3.0)})
     ...     write_reference(Path(tmp, "b.npz"), {"x": np.arange(3.0)})
@@ -193,3 +194,100 @@ def read_reference(path: str | Path) -> dict[str, np.ndarray]:
         return {}
     with np.load(path, allow_pickle=False) as npz:
         return {key: npz[key] for key in npz.files}
+
+
+def data_checksum(data: dict) -> str:
+    """Short SHA-256 over a figure's data, exactly (names, shapes, dtypes and bytes).
+
+    ``MANIFEST.tsv`` records it for the reference data a figure was drawn from; whether new
+    data reproduce a figure is decided within tolerances (:func:`compare_data`), never by
+    this hash.
+
+    Examples
+    --------
+    >>> from sinkflow.plots import data_checksum
+    >>> data_checksum({"x": [0.5, 0.25]}) == data_checksum({"x": [0.5, 0.25]})
+    True
+    >>> data_checksum({"x": [0.1 + 0.2]}) == data_checksum({"x": [0.3]})   # exact: last bits count
+    False
+    """
+    h = hashlib.sha256()
+    for key, arr in sorted(flatten_data(data).items()):
+        arr = np.asarray(arr)
+        h.update(f"{key}|{arr.shape}|{arr.dtype.str}|".encode())
+        h.update(repr(arr.tolist()).encode() if arr.dtype == object else np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+#: Columns of ``MANIFEST.tsv``, one row per written file.
+MANIFEST_COLUMNS = ("figure", "mode", "file", "config_hash", "data_checksum", "file_sha256")
+
+
+def read_manifest(folder: str | Path) -> dict[str, dict[str, str]]:
+    """The rows of ``folder/MANIFEST.tsv``, keyed by file name.
+
+    Parameters
+    ----------
+    folder : str or Path
+        Folder holding ``MANIFEST.tsv``.
+
+    Returns
+    -------
+    dict
+        ``file name -> {column: value}`` over :data:`MANIFEST_COLUMNS`; empty when there is
+        no manifest. Lines without one value per column are skipped.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from sinkflow.plots import MANIFEST_COLUMNS, read_manifest, write_manifest
+    >>> row = dict(zip(MANIFEST_COLUMNS, ("demo", "quick", "demo.png", "0" * 16, "1" * 16, "2" * 16)))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     empty = read_manifest(tmp)   # no MANIFEST.tsv yet
+    ...     write_manifest(tmp, {"demo.png": row})
+    ...     print(empty, read_manifest(tmp) == {"demo.png": row})
+    {} True
+    """
+    path = Path(folder) / "MANIFEST.tsv"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    rows = (line.split("\t") for line in lines[1:])
+    return {cells[2]: dict(zip(MANIFEST_COLUMNS, cells)) for cells in rows if len(cells) == len(MANIFEST_COLUMNS)}
+
+
+def write_manifest(folder: str | Path, rows: dict[str, dict[str, str]]) -> None:
+    """Write ``folder/MANIFEST.tsv``: a header, then the rows sorted by file name.
+
+    Parameters
+    ----------
+    folder : str or Path
+        Folder to write ``MANIFEST.tsv`` in.
+    rows : dict
+        ``file name -> {column: value}``, as :func:`read_manifest` returns.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from sinkflow.plots import MANIFEST_COLUMNS, read_manifest, write_manifest
+    >>> rows = {f: dict(zip(MANIFEST_COLUMNS, ("demo", "quick", f, "a" * 16, "b" * 16, "c" * 16)))
+    ...         for f in ("demo.pdf", "demo.png")}
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     write_manifest(tmp, rows)
+    ...     lines = Path(tmp, "MANIFEST.tsv").read_text().splitlines()
+    ...     print(read_manifest(tmp) == rows, lines[0].split("\\t") == list(MANIFEST_COLUMNS), len(lines))
+    True True 3
+    """
+    lines = ["\t".join(MANIFEST_COLUMNS)] + ["\t".join(rows[f][c] for c in MANIFEST_COLUMNS) for f in sorted(rows)]
+    (Path(folder) / "MANIFEST.tsv").write_text("\n".join(lines) + "\n")
+
+
+def _update_manifest(out: Path, name: str, mode: str, written, chash: str, dsum: str) -> None:
+    # rows of this figure drawn from other data no longer describe the reference data
+    rows = {f: r for f, r in read_manifest(out).items() if r["figure"] != name or r["data_checksum"] == dsum}
+    for p in written:
+        rows[p.name] = dict(zip(MANIFEST_COLUMNS, (name, mode, p.name, chash, dsum, _file_hash(p))))
+    write_manifest(out, rows)

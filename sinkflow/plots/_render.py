@@ -1,0 +1,211 @@
+"""Writing figures: draw, save without timestamps, and leave a figure alone when its data have not moved.
+
+:func:`render` draws a registered figure into a folder with its reference data and manifest
+rows (:mod:`sinkflow.plots._reference`); :func:`stale` says why the figure in a folder does
+not show new data (empty: it does, within the figure's tolerances).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sinkflow.plots._reference import (
+    _file_hash,
+    _update_manifest,
+    compare_data,
+    data_checksum,
+    read_manifest,
+    read_reference,
+    reference_path,
+    write_reference,
+)
+from sinkflow.plots._registry import FigureSpec, _run, config_hash, get
+
+__all__ = ["render", "stale"]
+
+
+_PNG_META = {"Software": None}
+
+_PDF_META = {"Creator": None, "Producer": None, "CreationDate": None, "ModDate": None}
+
+def _save(obj, stem: Path, formats) -> list[Path]:
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import Animation, PillowWriter
+
+    written = []
+    if isinstance(obj, Animation):
+        path = stem.with_suffix(".gif")
+        obj.save(path, writer=PillowWriter(fps=obj._fps if hasattr(obj, "_fps") else 12))
+        plt.close(obj._fig)
+        return [path]
+    for fmt in formats:
+        path = stem.with_suffix(f".{fmt}")
+        meta = _PNG_META if fmt == "png" else _PDF_META if fmt == "pdf" else None
+        obj.savefig(path, format=fmt, metadata=meta)
+        written.append(path)
+    plt.close(obj)
+    return written
+
+def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=None, data: dict | None = None,
+           save_data: bool = False, force: bool = False) -> list[Path]:
+    """Compute (unless ``data`` is given) and write one figure; returns its paths.
+
+    ``formats`` defaults to PNG and PDF (GIF for an animation); a format the figure cannot be
+    written in is a ``ValueError``. A figure already in ``out`` that shows the same data
+    within its tolerances (:func:`stale` is empty) is left untouched, files, reference data
+    and manifest rows alike, so regenerating committed figures on another CPU changes no
+    file; ``force=True`` redraws it all the same (after a change of the plotting code).
+    Otherwise the figure is drawn, its data are stored as the reference ``out/data/NAME.npz``
+    and ``out/MANIFEST.tsv`` gets its rows (figure, mode, file, config hash, data checksum,
+    file hash). ``save_data=True`` also writes the data as ``NAME.npz`` beside the figure
+    (:func:`flatten_data`).
+
+    Parameters
+    ----------
+    name : str
+        A registered figure.
+    mode : {"quick", "full"}
+        Which embedded configuration to use.
+    out : str or Path
+        Folder to write in (created if needed).
+    formats : iterable of str, optional
+        File formats (see :meth:`FigureSpec.writable`).
+    data : dict, optional
+        Data already computed for this configuration (the experiment is then not rerun).
+    save_data : bool
+        Also write ``NAME.npz``.
+    force : bool
+        Redraw even when the figure in ``out`` is current.
+
+    Returns
+    -------
+    list of Path
+        The figure's files (written, or left as they were), then ``NAME.npz`` if asked.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from dataclasses import dataclass
+    >>> from pathlib import Path
+    >>> import numpy as np
+    >>> from sinkflow.plots import config_hash, read_manifest, register, render, unregister
+    >>> @dataclass(frozen=True)
+    ... class LineConfig:
+    ...     n: int = 5
+    >>> def line_plot(data, cfg):
+    ...     import matplotlib.pyplot as plt
+    ...     fig, ax = plt.subplots()
+    ...     ax.plot(data["y"])
+    ...     return fig
+    >>> _ = register("demo_line", compute=lambda cfg: {"y": np.arange(cfg.n)}, plot=line_plot,
+    ...              quick=LineConfig(), default=False)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     paths = render("demo_line", out=tmp, formats=("png",))
+    ...     rows = read_manifest(tmp)
+    ...     print([p.name for p in paths], Path(tmp, "demo_line.png").stat().st_size > 0)
+    ['demo_line.png'] True
+    >>> rows["demo_line.png"]["config_hash"] == config_hash("demo_line", LineConfig())
+    True
+    >>> _ = unregister("demo_line")   # leave the registry as this example found it
+    """
+    spec = get(name)
+    formats = spec.writable(formats)
+    cfg = spec.config(mode)
+    if data is None:
+        data = _run(spec, cfg, mode)
+    out = Path(out)
+    current = None if force else _current_files(spec, mode, out, data, formats)
+    written = current if current is not None else _write(spec, mode, out, data, formats)
+    if save_data:  # not in the manifest: the reference data of the figure's rows cover it
+        write_reference(out / f"{name}.npz", data)
+        written = [*written, out / f"{name}.npz"]
+    return written
+
+def _write(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> list[Path]:
+    """Draw and save the figure, its reference data and its manifest rows."""
+    from sinkflow.plots.style import style
+
+    cfg = spec.config(mode)
+    out.mkdir(parents=True, exist_ok=True)
+    with style():
+        result = spec.plot(data, cfg)
+        items = result.items() if isinstance(result, dict) else [("", result)]
+        written = []
+        for suffix, obj in items:
+            stem = out / (f"{spec.name}_{suffix}" if suffix else spec.name)
+            written += _save(obj, stem, formats)
+    write_reference(reference_path(out, spec.name), data)
+    _update_manifest(out, spec.name, mode, written, config_hash(spec.name, cfg), data_checksum(data))
+    return written
+
+def stale(name: str, data: dict, mode: str = "quick", out: str | Path = "figures", formats=None) -> list[str]:
+    """Why the figure ``name`` in ``out`` does not show ``data`` (empty: it does, leave it alone).
+
+    The committed files show ``data`` when the manifest has rows of the same mode and config
+    hash for every requested format, the files are intact (their SHA-256), the reference data
+    ``out/data/NAME.npz`` are those the rows name, and ``data`` agree with them within the
+    figure's tolerances (:func:`compare_data`): numbers that moved at rounding level on
+    another CPU leave the figure untouched.
+
+    Parameters
+    ----------
+    name : str
+        A registered figure.
+    data : dict
+        Its freshly computed data.
+    mode : {"quick", "full"}
+    out : str or Path
+        The folder of the committed figure.
+    formats : iterable of str, optional
+        The formats that must be there (see :meth:`FigureSpec.writable`).
+
+    Returns
+    -------
+    list of str
+        The reasons, one per line; the differing arrays are named with their worst element.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from dataclasses import dataclass
+    >>> import numpy as np
+    >>> from sinkflow.plots import register, render, stale, unregister
+    >>> @dataclass(frozen=True)
+    ... class Cfg:
+    ...     n: int = 4
+    >>> def plot(data, cfg):
+    ...     import matplotlib.pyplot as plt
+    ...     return plt.figure()
+    >>> _ = register("demo_stale", compute=lambda cfg: {"y": np.linspace(0, 1, cfg.n)}, plot=plot,
+    ...              quick=Cfg(), default=False)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = render("demo_stale", out=tmp, formats=("png",))
+    ...     near = stale("demo_stale", {"y": np.linspace(0, 1, 4) + 1e-16}, out=tmp, formats=("png",))
+    ...     far = stale("demo_stale", {"y": np.linspace(0, 1, 4) + 1e-3}, out=tmp, formats=("png",))
+    ...     print(near, far[0].startswith("data: y:"))
+    [] True
+    >>> _ = unregister("demo_stale")   # leave the registry as this example found it
+    """
+    spec = get(name)
+    return _staleness(spec, mode, Path(out), data, spec.writable(formats))[0]
+
+def _staleness(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> tuple[list[str], list[Path]]:
+    """``(reasons, files)``: why the figure in ``out`` is not current, and its files of ``formats``."""
+    chash = config_hash(spec.name, spec.config(mode))
+    rows = [r for r in read_manifest(out).values() if r["figure"] == spec.name]
+    rows = [r for r in rows if r["mode"] == mode and r["config_hash"] == chash]
+    files = [out / r["file"] for r in rows if Path(r["file"]).suffix[1:] in formats]
+    if {Path(r["file"]).suffix[1:] for r in rows} < set(formats) or not rows:
+        return [f"no {mode} manifest row with config hash {chash} for every format of {', '.join(formats)}"], files
+    broken = [r["file"] for r in rows if not (out / r["file"]).is_file() or _file_hash(out / r["file"]) != r["file_sha256"]]
+    if broken:
+        return [f"missing or changed file(s): {', '.join(broken)}"], files
+    reference = read_reference(reference_path(out, spec.name))
+    if not reference or any(r["data_checksum"] != data_checksum(reference) for r in rows):
+        return [f"no reference data {reference_path(out, spec.name)} matching the manifest"], files
+    return [f"data: {line}" for line in compare_data(data, reference, dict(spec.tolerances))], files
+
+def _current_files(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> list[Path] | None:
+    """The committed files when they show ``data`` (within tolerance), else None."""
+    reasons, files = _staleness(spec, mode, out, data, formats)
+    return None if reasons else files
