@@ -16,38 +16,36 @@ import pkgutil
 
 __version__ = "0.1.0"
 
-#: Public names by the module that defines them (the groups of the API reference).
+#: Public names by the folder that defines them (the groups of the API reference).
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    # normalizations and scores
-    "sinkflow.attention._normalizations": ("softmax", "sinkhorn", "solve_sinkhorn", "SinkhornResult", "SinkhornWarning"),
-    "sinkflow.attention._scores": ("dot_scores", "gaussian_scores"),
-    # doubly stochasticity
-    "sinkflow.bounds._stochasticity": ("MarginalErrors", "marginal_errors", "sorted_column_sums", "kl_to_sinkhorn",
-                               "hilbert_diameter", "birkhoff_hopf_rate", "asymptotic_rate", "observed_rate"),
-    # kernelized attention and Nyström (Skyformer, Nyströmformer)
-    "sinkflow.attention._nystrom": ("gaussian_kernel", "kernelized_attention_matrix", "kernelized_attention", "lifted_kernel",
-                         "sample_landmarks", "iterative_inverse", "newton_schulz_pinv", "NystromFactors",
-                         "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means",
-                         "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block"),
-    # Nyström spectral-norm error bounds
-    "sinkflow.bounds._nystrom_bounds": ("LANDMARK_CONSTANT", "SHARP_LANDMARK_CONSTANT", "spectral_norm", "extreme_eigenvalues",
-                                "ridge_leverage_scores", "statistical_dimension", "beta_star", "landmarks_required",
-                                "binomial_interval", "NystromErrors", "nystrom_errors", "NystromCheck",
-                                "nystrom_check", "smallest_sufficient_landmarks"),
-    # one attention interface (particles, heat layer, models)
-    "sinkflow.attention._variants": ("AttentionVariant", "register_attention", "get_attention", "available_attentions"),
+    # scores, normalizations, the one attention interface, kernelized attention and Nyström
+    "sinkflow.attention": ("softmax", "sinkhorn", "solve_sinkhorn", "SinkhornResult", "SinkhornWarning",
+                           "dot_scores", "gaussian_scores",
+                           "AttentionVariant", "register_attention", "get_attention", "available_attentions",
+                           "gaussian_kernel", "kernelized_attention_matrix", "kernelized_attention", "lifted_kernel",
+                           "sample_landmarks", "iterative_inverse", "newton_schulz_pinv", "NystromFactors",
+                           "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means",
+                           "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention",
+                           "landmark_block"),
+    # doubly stochasticity; Nyström spectral-norm error bounds
+    "sinkflow.bounds": ("MarginalErrors", "marginal_errors", "sorted_column_sums", "kl_to_sinkhorn",
+                        "hilbert_diameter", "birkhoff_hopf_rate", "asymptotic_rate", "observed_rate",
+                        "LANDMARK_CONSTANT", "SHARP_LANDMARK_CONSTANT", "spectral_norm", "extreme_eigenvalues",
+                        "ridge_leverage_scores", "statistical_dimension", "beta_star", "landmarks_required",
+                        "binomial_interval", "NystromErrors", "nystrom_errors", "NystromCheck",
+                        "nystrom_check", "smallest_sufficient_landmarks"),
     # particle flows and their energies
-    "sinkflow.particles._simulate": ("simulate", "Trajectory", "random_particles", "cluster_statistics"),
-    "sinkflow.particles._energies": ("energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere",
-                          "entropic_ot", "gradient_flow_error", "jacobian_asymmetry"),
+    "sinkflow.particles": ("simulate", "Trajectory", "random_particles", "cluster_statistics",
+                           "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere",
+                           "entropic_ot", "gradient_flow_error", "jacobian_asymmetry"),
     # heat-diffusion limit: references, rescaled flows, distances
-    "sinkflow.heat._references": ("GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid"),
-    "sinkflow.heat._rescaled_flow": ("heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map",
-                            "HeatFlowResult"),
-    "sinkflow.heat._distances": ("wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study"),
-    # parameter sweeps (experiments live in sinkflow.experiments)
-    "sinkflow.sweeps._sweep": ("sweep", "SweepError"),
-    "sinkflow.plots.tables": ("plot_sweep",),
+    "sinkflow.heat": ("GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid",
+                      "heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map",
+                      "HeatFlowResult",
+                      "wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study"),
+    # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
+    "sinkflow.sweeps": ("sweep", "SweepError"),
+    "sinkflow.plots": ("plot_sweep",),
 }
 
 _ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}

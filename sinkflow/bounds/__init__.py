@@ -1,8 +1,9 @@
 """Bounds and rates: how doubly stochastic an attention is, how fast Sinkhorn gets there, and
 the spectral-norm error of Skyformer's Nyström approximation against its theorem.
 
-``_stochasticity.py`` (marginal errors, Birkhoff-Hopf, sigma_2 rates) and
-``_nystrom_bounds.py`` (spectral errors, leverage scores, d_stat, ``nystrom_check``).
+``_stochasticity.py`` (marginal errors, Birkhoff-Hopf, sigma_2 rates), ``_spectral.py``
+(spectral norms, leverage scores, d_stat, the landmark count) and ``_nystrom_bounds.py``
+(observed Nyström errors against the theorem: ``nystrom_check``).
 """
 
 from sinkflow.bounds._stochasticity import (
@@ -15,7 +16,7 @@ from sinkflow.bounds._stochasticity import (
     asymptotic_rate,
     observed_rate,
 )
-from sinkflow.bounds._nystrom_bounds import (
+from sinkflow.bounds._spectral import (
     LANDMARK_CONSTANT,
     SHARP_LANDMARK_CONSTANT,
     spectral_norm,
@@ -25,6 +26,8 @@ from sinkflow.bounds._nystrom_bounds import (
     beta_star,
     landmarks_required,
     binomial_interval,
+)
+from sinkflow.bounds._nystrom_bounds import (
     NystromErrors,
     nystrom_errors,
     NystromCheck,

@@ -36,8 +36,10 @@ from sinkflow.plots._render import (
     render,
     stale,
 )
+from sinkflow.plots.tables import plot_sweep
 
 __all__ = [
+    "plot_sweep",
     "FigureSpec",
     "register",
     "unregister",
