@@ -202,82 +202,106 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
         raise RuntimeError("config.device is CUDA but torch.cuda.is_available() is False")
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    gen = torch.Generator().manual_seed(config.seed)
-    probe = test_data.inputs[: config.probe_size].to(device)
+    run = _Run(model, opt, config, device, torch.Generator().manual_seed(config.seed))
+    rec = _Recorder(model, test_data, config, device)
+    rec.record(*evaluate(model, train_data, device=device, amp=config.amp))
     train_x, train_y = train_data.inputs.to(device), train_data.labels.to(device)
-
-    rec = {k: [] for k in ("loss", "train_accuracy", "test_accuracy", "column_deviation", "row_deviation", "kl",
-                           "sorted_column_sums", "instability")}
-    times = []
-    update_taus, step_count = [], 0
-
-    def record(loss, train_acc):
-        summary, inst = _probe(model, probe, config, device)
-        rec["loss"].append(loss)
-        rec["train_accuracy"].append(train_acc)
-        rec["test_accuracy"].append(evaluate(model, test_data, device=device, amp=config.amp)[1])
-        if summary is None:
-            for k in ("column_deviation", "row_deviation", "kl"):
-                rec[k].append(float("nan"))
-            rec["sorted_column_sums"].append(None)
-        else:
-            rec["column_deviation"].append(summary.column_deviation)
-            rec["row_deviation"].append(summary.row_deviation)
-            rec["kl"].append(summary.kl)
-            rec["sorted_column_sums"].append(summary.sorted_column_sums)
-        rec["instability"].append(inst)
-
-    loss0, acc0 = evaluate(model, train_data, device=device, amp=config.amp)
-    record(loss0, acc0)
-    epochs = range(1, config.epochs + 1)
-    bar = None
-    if config.progress:
-        try:
-            from sinkflow._progress import progress_bar
-        except ImportError:  # a bare GPU machine may lack tqdm: train without a bar
-            pass
-        else:
-            epochs = bar = progress_bar(epochs, desc="epochs", unit="ep", file=sys.stderr, leave=False)
+    epochs = _epoch_bar(config)
+    bar = epochs if config.progress and not isinstance(epochs, range) else None
     model.train()
     for _ in epochs:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        loss, accuracy = run.epoch(train_x, train_y)
+        rec.record(loss, accuracy)
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{rec.rows['test_accuracy'][-1]:.3f}",
+                            coldev=f"{rec.rows['column_deviation'][-1]:.3f}")
+    return rec.history(run.times, run.update_taus)
+
+
+def _epoch_bar(config: TrainConfig):
+    """The epochs to run, behind a progress bar when asked (a bare GPU machine may lack tqdm)."""
+    epochs = range(1, config.epochs + 1)
+    if not config.progress:
+        return epochs
+    try:
+        from sinkflow._progress import progress_bar
+    except ImportError:
+        return epochs
+    return progress_bar(epochs, desc="epochs", unit="ep", file=sys.stderr, leave=False)
+
+
+class _Recorder:
+    """The per-epoch trajectory: losses, accuracies, and the stochasticity of the probe batch's attention."""
+
+    KEYS = ("loss", "train_accuracy", "test_accuracy", "column_deviation", "row_deviation", "kl",
+            "sorted_column_sums", "instability")
+
+    def __init__(self, model, test_data, config, device):
+        self.model, self.test_data, self.config, self.device = model, test_data, config, device
+        self.probe = test_data.inputs[: config.probe_size].to(device)
+        self.rows = {k: [] for k in self.KEYS}
+
+    def record(self, loss: float, train_accuracy: float) -> None:
+        summary, inst = _probe(self.model, self.probe, self.config, self.device)
+        self.rows["loss"].append(loss)
+        self.rows["train_accuracy"].append(train_accuracy)
+        self.rows["test_accuracy"].append(evaluate(self.model, self.test_data, device=self.device,
+                                                   amp=self.config.amp)[1])
+        for k in ("column_deviation", "row_deviation", "kl", "sorted_column_sums"):
+            missing = None if k == "sorted_column_sums" else float("nan")
+            self.rows[k].append(missing if summary is None else getattr(summary, k))
+        self.rows["instability"].append(inst)
+
+    def history(self, times, update_taus) -> TrainingHistory:
+        rows = self.rows
+        scs = rows["sorted_column_sums"]
+        scs = np.stack(scs) if all(s is not None for s in scs) else np.full((len(scs), 0), np.nan)
+        arrays = {k: np.array(rows[k]) for k in self.KEYS if k != "sorted_column_sums"}
+        return TrainingHistory(**arrays, sorted_column_sums=scs, epoch_time=np.array(times),
+                               update_instability=np.array(update_taus, dtype=float))
+
+
+class _Run:
+    """The optimization: epochs of shuffled batches, timed, with the paper's update instability over the first steps."""
+
+    def __init__(self, model, opt, config, device, generator):
+        self.model, self.opt, self.config, self.device, self.gen = model, opt, config, device, generator
+        self.times, self.update_taus, self.steps = [], [], 0
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def epoch(self, xs: torch.Tensor, ys: torch.Tensor) -> tuple[float, float]:
+        """One pass over the inputs ``xs`` and labels ``ys`` (on the device); returns the mean loss and
+        accuracy, and appends the epoch's seconds to ``times``."""
+        self._sync()
         t0 = time.perf_counter()
-        total, correct = torch.zeros((), device=device), torch.zeros((), device=device, dtype=torch.long)
-        for idx in _batches(len(train_data), config.batch_size, gen):
-            idx = idx.to(device)
-            x, y = train_x[idx], train_y[idx]
-            with _autocast(device, config.amp):
-                logits = model(x).float()
+        total = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        for idx in _batches(len(xs), self.config.batch_size, self.gen):
+            idx = idx.to(self.device)
+            x, y = xs[idx], ys[idx]
+            with _autocast(self.device, self.config.amp):
+                logits = self.model(x).float()
             loss = F.cross_entropy(logits, y)
-            opt.zero_grad(set_to_none=True)
+            self.opt.zero_grad(set_to_none=True)
             loss.backward()
-            if step_count < config.update_instability_steps:  # its forward passes are not optimization time
-                if device.type == "cuda":  # the backward queued so far is optimization time
-                    torch.cuda.synchronize(device)
-                t_extra = time.perf_counter()
-                update_taus.append(update_instability(model, x, opt.step, seed=config.seed))
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t0 += time.perf_counter() - t_extra
-            else:
-                opt.step()
-            step_count += 1
+            t0 += self._step(x)
             total += loss.detach() * len(idx)
             correct += (logits.detach().argmax(-1) == y).sum()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-        record(float(total) / len(train_data), int(correct) / len(train_data))
-        if bar is not None:
-            bar.set_postfix(loss=f"{rec['loss'][-1]:.3f}", acc=f"{rec['test_accuracy'][-1]:.3f}",
-                               coldev=f"{rec['column_deviation'][-1]:.3f}")
+        self._sync()
+        self.times.append(time.perf_counter() - t0)
+        return float(total) / len(xs), int(correct) / len(xs)
 
-    scs = rec["sorted_column_sums"]
-    scs = np.stack(scs) if all(s is not None for s in scs) else np.full((len(scs), 0), np.nan)
-    return TrainingHistory(
-        loss=np.array(rec["loss"]), train_accuracy=np.array(rec["train_accuracy"]),
-        test_accuracy=np.array(rec["test_accuracy"]), epoch_time=np.array(times),
-        column_deviation=np.array(rec["column_deviation"]), row_deviation=np.array(rec["row_deviation"]),
-        kl=np.array(rec["kl"]), sorted_column_sums=scs, instability=np.array(rec["instability"]),
-        update_instability=np.array(update_taus, dtype=float))
+    def _step(self, x) -> float:
+        """The optimizer step; returns the seconds spent measuring instability (not optimization time)."""
+        self.steps += 1
+        if self.steps > self.config.update_instability_steps:
+            self.opt.step()
+            return 0.0
+        self._sync()  # the backward queued so far is optimization time
+        t_extra = time.perf_counter()
+        self.update_taus.append(update_instability(self.model, x, self.opt.step, seed=self.config.seed))
+        self._sync()
+        return time.perf_counter() - t_extra
