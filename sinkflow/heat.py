@@ -28,7 +28,9 @@ __all__ = ["GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid
 
 
 def _check_time(t, name="t") -> float:
-    t = float(t)
+    from sinkflow._backend import check_number
+
+    t = float(check_number(t, name, allow_inf=True))
     if not math.isfinite(t) or t < 0:
         raise ValueError(f"{name} must be a finite time >= 0 (the heat semigroup runs forward only), got {t}")
     return t
