@@ -9,12 +9,12 @@ torch.from_numpy shares memory, so the round trip costs nothing beyond the solve
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 from typing import Any
 
 import numpy as np
 import torch
+
+from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free, re-exported here)
 
 __all__ = ["to_torch", "from_torch", "is_torch", "any_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
            "compute_dtype", "lift_half", "exp_floor", "torch_threads"]
@@ -80,66 +80,6 @@ def leading(x: Any, name: str, *others: Any) -> tuple[torch.Tensor, bool]:
         floating = torch.is_floating_point(t) and torch.is_floating_point(ref)
         t = t.to(device=ref.device, dtype=ref.dtype if floating else t.dtype)
     return t, ref is None
-
-
-def check_seed(seed: Any, name: str = "seed"):
-    """A random seed: None, a numpy Generator / SeedSequence, a torch Generator, or an integer >= 0."""
-    if seed is None or isinstance(seed, (np.random.Generator, np.random.SeedSequence, torch.Generator)):
-        return seed
-    return check_number(seed, name, integer=True, positive=True, allow_zero=True)
-
-
-def _real_scalar(value: Any, name: str):
-    """``value`` as a Python int or float; TypeError for anything but a real number."""
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        real = (value.dtype not in (torch.bool, torch.complex64, torch.complex128) if isinstance(value, torch.Tensor)
-                else value.dtype.kind in "iuf")
-        if value.ndim != 0 or not real:
-            raise TypeError(f"{name} must be a real number, got an array of shape {tuple(value.shape)} "
-                            f"and dtype {value.dtype}")
-        value = value.item()
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    return int(value) if isinstance(value, numbers.Integral) else float(value)
-
-
-def check_number(value: Any, name: str, *, integer: bool = False, positive: bool = False,
-                 allow_zero: bool = False, allow_none: bool = False, allow_inf: bool = False):
-    """Validate a numeric parameter once, naming it in the error; return it as int or float.
-
-    Accepted: Python and numpy reals, 0-d arrays and 0-d tensors (their value; a tensor's
-    graph is not kept). Refused: strings, None (unless ``allow_none``), booleans, NaN,
-    infinities (unless ``allow_inf``), non-integers where ``integer``, and with ``positive``
-    values ``<= 0`` (``< 0`` with ``allow_zero``).
-
-    Raises
-    ------
-    TypeError
-        Not a real number, or not an integer where one is needed.
-    ValueError
-        NaN, infinite, or outside the allowed sign.
-
-    Examples
-    --------
-    >>> check_number(np.float32(0.5), "temperature", positive=True)
-    0.5
-    >>> check_number("1e-6", "tol")
-    Traceback (most recent call last):
-    ...
-    TypeError: tol must be a real number, got '1e-6'
-    """
-    if value is None and allow_none:
-        return None
-    value = _real_scalar(value, name)
-    if integer and not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if positive and not (value > 0 or (allow_zero and value == 0)):
-        bound = (("a non-negative integer (>= 0)" if allow_zero else "a positive integer (>= 1)") if integer
-                 else (">= 0" if allow_zero else "positive"))
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-    return value
 
 
 def check_float(x: torch.Tensor, name: str) -> None:

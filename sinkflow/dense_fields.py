@@ -81,7 +81,7 @@ def check_weights(weights, like: torch.Tensor, name: str = "weights") -> torch.T
     check_finite(a, name)
     if bool((a <= 0).any()):
         raise ValueError(f"{name} must be positive (a particle of weight 0 is not in the measure; drop it)")
-    if abs(float(a.sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
+    if abs(float(a.detach().sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
         raise ValueError(f"{name} must sum to 1 (a probability measure), got sum {float(a.sum())!r}")
     return a
 

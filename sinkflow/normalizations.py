@@ -977,7 +977,7 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     run_out = n_iter is None and tol == 0  # tol=0: exactly max_iter half-iterations, no stopping test
     n_iter, warn = (max_iter, False) if run_out else (n_iter, warn)
     a, b = _effective_weights(a, b, mask, C.shape)
-    inplace = not (torch.is_grad_enabled() and C.requires_grad)
+    inplace = not (torch.is_grad_enabled() and (C.requires_grad or a.requires_grad or b.requires_grad))
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = _initial_g(init_g, C)
     state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None,

@@ -264,7 +264,7 @@ def sample_landmarks(n_points: int, m: int, *, replace: bool = True, generator=N
 
 def _landmark_indices(landmarks, n_points, batch_shape, device, replace, generator):
     """Indices (torch int64 on ``device``) from a count (sampled) or given indices (validated)."""
-    if isinstance(landmarks, (int, np.integer)) and not isinstance(landmarks, bool):
+    if not isinstance(landmarks, (list, tuple, np.ndarray, torch.Tensor)) or np.ndim(landmarks) == 0:
         return sample_landmarks(n_points, landmarks, replace=replace, generator=generator,
                                 batch_shape=batch_shape, device=device)
     idx = to_torch(landmarks, "landmarks").to(device)

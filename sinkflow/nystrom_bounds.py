@@ -41,8 +41,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sinkflow._checks import check_number, check_seed
 from sinkflow.nystrom import (
+    _check_gamma,
     _check_inverse,
+    _check_iter,
     _check_pair,
     _iterative_inverse,
     _kernel,
@@ -92,7 +95,15 @@ def _v0(n, seed=0):
     return np.random.default_rng(seed).standard_normal(n)
 
 
+def _check_fraction(value, name):
+    """A probability-like parameter in (0, 1)."""
+    if not (0 < check_number(value, name) < 1):
+        raise ValueError(f"{name} must be in (0, 1), got {value}")
+    return float(value)
+
+
 def _use_dense(shape, method, dense_limit):
+    check_number(dense_limit, "dense_limit", integer=True, positive=True, allow_zero=True)
     if method not in ("auto", "dense", "lanczos"):
         raise ValueError(f"method must be 'auto', 'dense' or 'lanczos', got {method!r}")
     return method == "dense" or (method == "auto" and min(shape) <= dense_limit)
@@ -118,6 +129,7 @@ def spectral_norm(A, *, symmetric: bool = False, method: str = "auto", tol: floa
     import scipy.sparse.linalg as spla  # lazy: 0.7 s of import time otherwise paid by `import sinkflow`
 
     a = _np64(A)
+    tol = check_number(tol, "tol", positive=True, allow_zero=True)  # ARPACK: 0 is machine precision
     if _use_dense(a.shape, method, dense_limit) or min(a.shape) < 3:
         if symmetric:
             return float(np.abs(np.linalg.eigvalsh(a)[[0, -1]]).max())
@@ -148,6 +160,7 @@ def extreme_eigenvalues(S, *, method: str = "auto", tol: float = 1e-12, dense_li
     import scipy.sparse.linalg as spla
 
     a = _np64(S, "S")
+    tol = check_number(tol, "tol", positive=True, allow_zero=True)
     if a.shape[0] != a.shape[1]:
         raise ValueError(f"S must be square, got {a.shape}")
     if _use_dense(a.shape, method, dense_limit) or a.shape[0] < 3:
@@ -177,9 +190,7 @@ def ridge_leverage_scores(Cbar, lam: float, method: str = "cholesky") -> np.ndar
     import scipy.linalg
 
     a = _np64(Cbar, "Cbar")
-    lam = float(lam)
-    if not lam > 0:
-        raise ValueError(f"lam must be positive, got {lam}")
+    lam = float(check_number(lam, "lam", positive=True))
     if method == "eigh":
         w, U = np.linalg.eigh(a)
         w = np.clip(w, 0.0, None)
@@ -231,11 +242,11 @@ def landmarks_required(d_stat: float, beta: float, n_points: int, delta: float,
     >>> sinkflow.landmarks_required(10.0, 0.5, 200, 0.1) == math.ceil(56 / 3 * 20 * math.log(4000))
     True
     """
-    if not (0 < delta < 1):
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
-    if not (beta > 0 and d_stat > 0):
-        raise ValueError(f"d_stat and beta must be positive, got {d_stat} and {beta}")
-    return int(math.ceil(constant * (d_stat / beta) * math.log(2 * int(n_points) / delta)))
+    delta = _check_fraction(delta, "delta")
+    d_stat, beta = check_number(d_stat, "d_stat", positive=True), check_number(beta, "beta", positive=True)
+    n_points = check_number(n_points, "n_points", integer=True, positive=True)
+    constant = check_number(constant, "constant", positive=True)
+    return int(math.ceil(constant * (d_stat / beta) * math.log(2 * n_points / delta)))
 
 
 def binomial_interval(successes: int, trials: int, confidence: float = 0.95, method: str = "exact"):
@@ -250,9 +261,10 @@ def binomial_interval(successes: int, trials: int, confidence: float = 0.95, met
     """
     from scipy.stats import binomtest
 
-    if trials < 1:
-        raise ValueError(f"need at least one trial, got {trials}")
-    ci = binomtest(int(successes), int(trials)).proportion_ci(confidence_level=confidence, method=method)
+    trials = _check_trials(trials)
+    successes = check_number(successes, "successes", integer=True, positive=True, allow_zero=True)
+    ci = binomtest(successes, trials).proportion_ci(confidence_level=_check_fraction(confidence, "confidence"),
+                                                    method=method)
     return float(ci.low), float(ci.high)
 
 
@@ -313,9 +325,7 @@ def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, metho
 
 
 def _check_trials(trials):
-    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
-    return int(trials)
+    return check_number(trials, "trials", integer=True, positive=True)
 
 
 def _check_landmarks_fit(m, N):
@@ -361,8 +371,8 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     _check_inverse(inverse)
     Cbar, n_q, _ = _lifted64(Q, K)
     _check_landmarks_fit(m, Cbar.shape[0])
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
+    rng = np.random.default_rng(check_seed(seed))
+    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma), rng, method, progress)
     return NystromErrors(errs, lows, highs, spectral_norm(Cbar[:n_q, n_q:], method=method),
                          spectral_norm(Cbar, symmetric=True, method=method), m, inverse)
 
@@ -533,10 +543,9 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
     m = _as_count(landmarks)
     trials = _check_trials(trials)
     _check_inverse(inverse)
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
-    if not (0 < delta < 1):
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    eps, delta = check_number(eps, "eps", positive=True), _check_fraction(delta, "delta")
+    confidence, constant = _check_fraction(confidence, "confidence"), check_number(constant, "constant", positive=True)
+    loewner_tol = check_number(loewner_tol, "loewner_tol", positive=True, allow_zero=True)
     Cbar, n_q, p = _lifted64(Q, K)
     N = Cbar.shape[0]
     _check_landmarks_fit(m, N)
@@ -546,8 +555,8 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
     lev = ridge_leverage_scores(Cbar, lam)
     d_stat, beta = float(lev.sum()), beta_star(lev)
     m_req = landmarks_required(d_stat, beta, N, delta, constant)
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
+    rng = np.random.default_rng(check_seed(seed))
+    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma), rng, method, progress)
     failures = int((errs > lam).sum())
     ci = binomial_interval(failures, trials, confidence, ci_method)
     applies = m >= m_req
@@ -586,11 +595,12 @@ def smallest_sufficient_landmarks(Q, K, eps: float = 0.1, delta: float = 0.1, tr
     Cbar, n_q, _ = _lifted64(Q, K)
     trials = _check_trials(trials)
     _check_inverse(inverse)
+    eps, delta, seed = check_number(eps, "eps", positive=True), _check_fraction(delta, "delta"), check_seed(seed)
     lam = float(eps) * spectral_norm(Cbar[:n_q, n_q:], method=method)
-    m_max = 8 * Cbar.shape[0] if m_max is None else int(m_max)
+    m_max = 8 * Cbar.shape[0] if m_max is None else check_number(m_max, "m_max", integer=True, positive=True)
 
     def ok(m):
-        errs, _, _ = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma),
+        errs, _, _ = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma),
                                          np.random.default_rng(seed), method, False,
                                          lifted=False)
         return (errs > lam).mean() <= delta
