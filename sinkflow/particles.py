@@ -501,7 +501,7 @@ def _interaction_matrix(Wq, Wk, d, like):
 
 
 def _check_step_size(h, X, W, Wv, tau, variant, integrator):
-    h = check_number(h, "h (step size)", positive=True)
+    h = check_number(h, "h", positive=True)
     if not variant.normalized and variant.approximates is None:
         return  # unnormalized kernels grow like exp(R^2): no useful global scale
     L = lipschitz_scale(X, W, Wv, tau)
