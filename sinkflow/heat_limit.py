@@ -478,7 +478,8 @@ def heat_flow(x0, t: float, eps: float, dt: float, normalization: str = "sinkhor
 
     Returns
     -------
-    positions : (n, d), same type (numpy / torch), dtype and device as ``x0``
+    positions : (n, d), same type (numpy / torch), dtype and device as ``x0``; a tensor that
+        requires grad gives positions with an autograd graph (dense evaluation, no landmarks)
 
     Examples
     --------

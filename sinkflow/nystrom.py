@@ -112,7 +112,7 @@ def gaussian_kernel(X, Y, dim: int | None = None):
 
     Returns
     -------
-    array (..., n, m), entries in (0, 1], same type as ``X``.
+    array (..., n, m), entries in (0, 1]; torch if ``X`` or ``Y`` is, numpy otherwise.
 
     Examples
     --------
@@ -523,7 +523,8 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
     Returns
     -------
     NystromFactors
-        Same array type as ``Q``.
+        torch if ``Q`` or ``K`` is (float16 / bfloat16 computed in float32, returned in their
+        dtype), numpy otherwise.
 
     Examples
     --------
@@ -567,7 +568,8 @@ def nystrom_attention(Q, K, V, landmarks, *, inverse: str = "pinv", n_iter: int 
     Returns
     -------
     array (..., n_q, d_v)
-        Same type, device and dtype as ``Q``; memory O(n m) besides the inputs.
+        torch if any of ``Q``, ``K``, ``V`` is (its device and dtype), numpy otherwise; memory
+        O(n m) besides the inputs.
 
     Examples
     --------

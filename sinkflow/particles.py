@@ -527,8 +527,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     Parameters
     ----------
     x0 : array (n, d) or torch.Tensor
-        Initial particles. numpy in -> numpy out; torch in -> torch out on the same
-        device and dtype (CUDA works unchanged). Must be finite, floating (numpy defaults
+        Initial particles. numpy in -> numpy out; torch in (``x0`` or any of ``W_Q``, ``W_K``,
+        ``W_V``, ``weights``) -> torch out on that tensor's device and dtype (CUDA works
+        unchanged; float16 / bfloat16 landmark fields are computed in float32). Must be finite, floating (numpy defaults
         to float64), and on the unit sphere for ``manifold="sphere"``. A torch ``x0`` (or
         ``W_Q``, ``W_K``, ``W_V``) that requires grad gives positions with an autograd graph
         (dense evaluation only).
