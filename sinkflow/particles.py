@@ -31,7 +31,6 @@ Monitors follow py-pde's trackers: quantities recorded along the run, every
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
