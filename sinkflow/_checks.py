@@ -71,7 +71,8 @@ def check_number(value: Any, name: str, *, integer: bool = False, positive: bool
     """
     if value is None and allow_none:
         return None
-    value = _real_scalar(value, name)
+    if type(value) not in (int, float):  # fast path for plain numbers (bool is not int here)
+        value = _real_scalar(value, name)
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be finite, got {value!r}")
     if integer and not isinstance(value, int):
