@@ -216,7 +216,10 @@ def kde_l1(particles, reference, axes: Sequence[np.ndarray], bandwidth: float | 
     x = _particles(particles, d)
     axes = [np.asarray(a, dtype=float) for a in axes]
     pts = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
-    if bandwidth is not None and not isinstance(bandwidth, str):  # a float factor, or scipy's "scott" / "silverman"
+    if isinstance(bandwidth, str):
+        if bandwidth not in ("scott", "silverman"):
+            raise ValueError(f"bandwidth must be a positive number, 'scott' or 'silverman', got {bandwidth!r}")
+    elif bandwidth is not None:
         bandwidth = check_number(bandwidth, "bandwidth", positive=True)
     kde = gaussian_kde(x.T, bw_method=bandwidth)
     cell = float(np.prod([a[1] - a[0] for a in axes]))

@@ -19,6 +19,7 @@ import torch
 
 import sinkflow
 from sinkflow._backend import check_number, leading
+from sinkflow.landmark_errors import nystrom_spectral_error
 
 RNG = np.random.default_rng(2026)
 X = RNG.normal(size=(12, 3))
@@ -150,6 +151,7 @@ def test_half_precision_matches_float32_and_keeps_its_dtype(path, dtype):
 
 # --------------------------------------------------------------------------- numeric parameters
 C = X @ X.T / 3
+_G = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
 BAD = [
     ("sinkhorn tol", lambda v: sinkflow.sinkhorn(C, tol=v), "tol"),
     ("sinkhorn max_iter", lambda v: sinkflow.sinkhorn(C, max_iter=v), "max_iter"),
@@ -175,6 +177,13 @@ BAD = [
     ("energy_sphere beta", lambda v: sinkflow.energy_sphere(X, beta=v), "beta"),
     ("GaussianMixture.sample n", lambda v: sinkflow.GaussianMixture.gaussian([0.0], [[1.0]]).sample(v), "n"),
     ("nystrom_check delta", lambda v: sinkflow.nystrom_check(X, X, 4, delta=v, trials=2), "delta"),
+    ("nystrom_errors trials", lambda v: sinkflow.nystrom_errors(X, X, 4, trials=v), "trials"),
+    ("binomial_interval trials", lambda v: sinkflow.binomial_interval(1, v), "trials"),
+    ("spectral_norm tol", lambda v: sinkflow.spectral_norm(SPD, tol=v), "tol"),
+    ("wasserstein2 n_reference", lambda v: sinkflow.wasserstein2(X[:, :1], _G, n_reference=v), "n_reference"),
+    ("heat_reference t", lambda v: sinkflow.heat_reference(_G, v), "t"),
+    ("cluster_statistics tol", lambda v: sinkflow.cluster_statistics(X, tol=v), "tol"),
+    ("nystrom_spectral_error landmarks", lambda v: nystrom_spectral_error(X, v), "landmarks"),
 ]
 # (value, error): strings, booleans, NaN, a negative number, a non-integer count
 VALUES = [("0.5", TypeError), (True, TypeError), (math.nan, ValueError), (-2, ValueError)]
@@ -192,6 +201,14 @@ def test_bad_numbers_are_refused_naming_the_parameter(name, call, param, value, 
 def test_counts_must_be_integers(call):
     with pytest.raises(TypeError, match="must be an integer"):
         call()
+
+
+def test_kde_bandwidth_is_a_number_or_a_rule_name():
+    axes = [np.linspace(-3, 3, 7)]
+    for bad in ("0.5", True, -1.0):
+        with pytest.raises((TypeError, ValueError), match="bandwidth must be"):
+            sinkflow.kde_l1(X[:, :1], _G, axes, bandwidth=bad)
+    assert sinkflow.kde_l1(X[:, :1], _G, axes, bandwidth="silverman") >= 0
 
 
 def test_the_reported_strings_fail_clearly():
