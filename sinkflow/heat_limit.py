@@ -375,8 +375,11 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
 
     Raises
     ------
+    TypeError
+        A numeric parameter that is not a real number (a string, a bool), or a count that is not
+        an integer (``max_iter``, ``landmarks``).
     ValueError
-        eps <= 0, negative or unsorted times, dt <= 0 or dt > t, unknown normalization.
+        eps <= 0, negative or unsorted times, dt <= 0 or dt > t, NaN, unknown normalization.
     FloatingPointError
         When the particles leave the floating range (explicit Euler unstable: reduce dt).
 

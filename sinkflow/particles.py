@@ -592,6 +592,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
 
     Raises
     ------
+    TypeError
+        A numeric parameter that is not a real number (a string, a bool), or a count that is not
+        an integer (``steps``, ``n_iter``, ``landmarks``, ...).
     ValueError
         Non-finite ``x0``, ``h <= 0``, ``steps < 0``, wrong shapes of the matrices or the
         weights, weights not summing to 1, points off the sphere, unknown options.
