@@ -46,7 +46,7 @@ import torch
 from IPython.display import Math, display
 
 import sinkflow
-from sinkflow.heat._references import symbolic
+from sinkflow.heat import symbolic
 import matplotlib.pyplot as plt
 from sinkflow.plots import heat as heat_figs
 from sinkflow.plots.interactive import interact

@@ -1,5 +1,8 @@
 """Tiny numpy/torch dispatch: every solver computes in torch, numpy callers get numpy back.
 
+One rule for inputs (:func:`leading`): the result is torch when ANY array input is a torch
+tensor (on that tensor's device, with its autograd graph; numpy inputs are converted to its
+floating dtype), numpy otherwise. One rule for numeric parameters (:func:`check_number`).
 torch.from_numpy shares memory, so the round trip costs nothing beyond the solve itself.
 """
 
@@ -11,7 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["to_torch", "from_torch", "is_torch", "check_finite", "check_float", "exp_floor", "torch_threads"]
+from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free, re-exported here)
+
+__all__ = ["to_torch", "from_torch", "is_torch", "any_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
+           "compute_dtype", "lift_half", "exp_floor", "torch_threads"]
 
 
 @contextlib.contextmanager
@@ -48,12 +54,55 @@ def is_torch(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
 
 
+def any_torch(*arrays: Any) -> bool:
+    """Whether the result of a call on ``arrays`` is torch (the one input rule): any of them is a tensor."""
+    return any(isinstance(x, torch.Tensor) for x in arrays)
+
+
+def leading(x: Any, name: str, *others: Any) -> tuple[torch.Tensor, bool]:
+    """Convert the first array input ``x`` of a call by the one input rule; return ``(tensor, numpy_out)``.
+
+    ``others`` are the call's other array inputs (None allowed). When ``x`` is numpy but one
+    of them is a tensor, ``x`` goes to the first such tensor's device (and floating dtype,
+    when both are floating), so that the others, converted ``like=`` the result, keep their
+    graph; ``numpy_out`` is True only when no input is a tensor.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> q, numpy_out = leading(np.zeros((2, 3)), "Q", torch.ones(2, 3, requires_grad=True))
+    >>> q.dtype, numpy_out
+    (torch.float32, False)
+    """
+    ref = next((t for t in (x, *others) if isinstance(t, torch.Tensor)), None)
+    t = to_torch(x, name)
+    if ref is not None and t is not ref:
+        floating = torch.is_floating_point(t) and torch.is_floating_point(ref)
+        t = t.to(device=ref.device, dtype=ref.dtype if floating else t.dtype)
+    return t, ref is None
+
+
 def check_float(x: torch.Tensor, name: str) -> None:
     if not torch.is_floating_point(x):
         raise TypeError(
             f"{name} must have a floating dtype, got {x.dtype}; "
             f"convert explicitly (e.g. x.astype(float)) so precision is your choice."
         )
+
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a computation runs in: float32 for float16 and bfloat16 (no eigh, pinv, or
+    accurate exp and sums in half precision on every device), the dtype itself otherwise."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
+def lift_half(*tensors):
+    """The tensors (None passes) with float16 / bfloat16 ones converted to float32."""
+    return tuple(t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype in HALF_DTYPES else t
+                 for t in tensors)
 
 
 def check_finite(x: torch.Tensor, name: str, hint: str = "") -> None:

@@ -15,7 +15,7 @@ import sympy as sp
 from scipy.stats import norm
 
 import sinkflow
-from sinkflow.heat._references import symbolic
+from sinkflow.heat import symbolic
 from sinkflow.heat._rescaled_flow import NORMALIZATIONS, limit_time_factor
 
 DOCS = Path(__file__).parents[1] / "docs" / "theory"

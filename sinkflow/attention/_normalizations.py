@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, exp_floor, from_torch, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, exp_floor, from_torch, leading, to_torch
 
 __all__ = ["softmax", "sinkhorn", "solve_sinkhorn", "SinkhornResult", "SinkhornWarning", "default_tolerance",
            "attainable_error"]
@@ -125,12 +125,11 @@ class SinkhornResult:
 _MASK_HINT = "use a mask (True = admissible) to exclude entries"
 
 
-def _prepare(scores, mask, a, b):
-    numpy_out = not isinstance(scores, torch.Tensor)
-    if numpy_out and not np.issubdtype(np.asarray(scores).dtype, np.floating):
+def _prepare(scores, mask, a, b, init_g=None):
+    if not isinstance(scores, torch.Tensor) and not np.issubdtype(np.asarray(scores).dtype, np.floating):
         raise TypeError(f"scores must have a floating dtype, got numpy {np.asarray(scores).dtype}; convert "
                         "explicitly (e.g. x.astype(float)) so precision is your choice.")
-    C = to_torch(scores, "scores")
+    C, numpy_out = leading(scores, "scores", mask, a, b, init_g)  # torch out if any input is torch
     check_float(C, "scores")
     if C.ndim < 2:
         raise ValueError(f"scores must have shape (..., n, m) with at least 2 dimensions, got shape {tuple(C.shape)}")
@@ -728,8 +727,9 @@ def _resolve_tolerance(tol, dtype, shape, warn):
     n, m = shape[-2], shape[-1]
     if tol is None:
         return default_tolerance(dtype, n, m)
-    if not (tol > 0):
-        raise ValueError(f"tol must be positive, got {tol}")
+    tol = check_number(tol, "tol", positive=True, allow_zero=True)
+    if tol == 0:
+        return 0.0  # POT's stopThr=0: no stopping test, max_iter half-iterations
     floor = attainable_error(dtype, n, m)
     if tol < floor:
         if warn:
@@ -742,11 +742,8 @@ def _resolve_tolerance(tol, dtype, shape, warn):
 
 
 def _check_counts(n_iter, max_iter):
-    if n_iter is not None:
-        if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1:
-            raise ValueError(f"n_iter must be a positive integer (half-iterations) or None, got {n_iter!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
-        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
+    check_number(n_iter, "n_iter (half-iterations)", integer=True, positive=True, allow_none=True)
+    check_number(max_iter, "max_iter", integer=True, positive=True)
 
 
 def _initial_g(init_g, C):
@@ -911,7 +908,10 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
         dtype and size (float64: 1e-9, float32: 1e-5, float16: 1e-3, bfloat16: 1e-2). A
         ``tol`` below what the dtype can reach (:func:`attainable_error`) is raised to it,
         with a :class:`SinkhornWarning` up front. With a fixed ``n_iter`` it only sets
-        ``converged``.
+        ``converged``. ``tol=0`` (POT's ``stopThr=0``) disables the stopping test: exactly
+        ``max_iter`` half-iterations of the plain alternating loop (POT's ``numItermax``
+        counts row-column pairs, so ``max_iter = 2 * numItermax``), no warning, and
+        ``converged`` is True only if the marginal error is exactly 0.
     max_iter : int
         Budget of half-iterations for ``n_iter=None``. When it runs out, or earlier when the
         observed rate shows it cannot be met (a stall), ``converged`` is False and a
@@ -969,13 +969,15 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     >>> res.converged, bool(np.allclose(res.attention.sum(0), 1))
     (True, True)
     """
-    C, mask, a, b, numpy_out = _prepare(scores, mask, a, b)
+    C, mask, a, b, numpy_out = _prepare(scores, mask, a, b, init_g)
     out_dtype = C.dtype
     C = C.to(_compute_dtype(out_dtype))
     _check_counts(n_iter, max_iter)
     tol = _resolve_tolerance(tol, out_dtype, C.shape, warn and n_iter is None)
+    run_out = n_iter is None and tol == 0  # tol=0: exactly max_iter half-iterations, no stopping test
+    n_iter, warn = (max_iter, False) if run_out else (n_iter, warn)
     a, b = _effective_weights(a, b, mask, C.shape)
-    inplace = not (torch.is_grad_enabled() and C.requires_grad)
+    inplace = not (torch.is_grad_enabled() and (C.requires_grad or a.requires_grad or b.requires_grad))
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = _initial_g(init_g, C)
     state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None,

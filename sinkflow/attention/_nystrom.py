@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, exp_floor, from_torch, to_torch
+from sinkflow._backend import (HALF_DTYPES, check_finite, check_float, check_number, exp_floor, from_torch, leading,
+                               lift_half, to_torch)
 from sinkflow.attention._normalizations import softmax
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 
@@ -62,9 +63,8 @@ _INVERSES = ("pinv", "iterative")
 
 
 # --------------------------------------------------------------------------- kernels
-def _check_pair(Q, K, name_q="Q", name_k="K"):
-    numpy_out = not isinstance(Q, torch.Tensor)
-    q = to_torch(Q, name_q)
+def _check_pair(Q, K, name_q="Q", name_k="K", V=None):
+    q, numpy_out = leading(Q, name_q, K, V)  # torch out if any of Q, K, V is torch
     check_float(q, name_q)
     k = to_torch(K, name_k, like=q)
     if q.ndim < 2 or k.ndim < 2:
@@ -112,7 +112,7 @@ def gaussian_kernel(X, Y, dim: int | None = None):
 
     Returns
     -------
-    array (..., n, m), entries in (0, 1], same type as ``X``.
+    array (..., n, m), entries in (0, 1]; torch if ``X`` or ``Y`` is, numpy otherwise.
 
     Examples
     --------
@@ -121,7 +121,7 @@ def gaussian_kernel(X, Y, dim: int | None = None):
     0.36787944117144233
     """
     x, y, numpy_out = _check_pair(X, Y, "X", "Y")
-    p = x.shape[-1] if dim is None else int(dim)
+    p = x.shape[-1] if dim is None else check_number(dim, "dim", integer=True, positive=True)
     if p < 1:
         raise ValueError(f"dim must be >= 1, got {dim}")
     return from_torch(_kernel(x, y, p), numpy_out)
@@ -173,7 +173,7 @@ def kernelized_attention(Q, K, V):
     array([[3.],
            [3.]])
     """
-    q, k, numpy_out = _check_pair(Q, K)
+    q, k, numpy_out = _check_pair(Q, K, V=V)
     v = _check_values(V, k)
     return from_torch(_kernel(q, k, q.shape[-1]) @ v, numpy_out)
 
@@ -204,12 +204,7 @@ def lifted_kernel(Q, K):
 
 # --------------------------------------------------------------------------- landmarks
 def _as_count(m, name="landmarks") -> int:
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)):
-        raise TypeError(f"{name} must be an int count or an array of indices, got {type(m).__name__}")
-    m = int(m)
-    if m < 1:
-        raise ValueError(f"the number of landmarks must be >= 1, got {m}")
-    return m
+    return check_number(m, name, integer=True, positive=True)
 
 
 def sample_landmarks(n_points: int, m: int, *, replace: bool = True, generator=None, batch_shape=(), device=None):
@@ -240,13 +235,12 @@ def sample_landmarks(n_points: int, m: int, *, replace: bool = True, generator=N
     >>> sorted(sinkflow.sample_landmarks(3, 3, replace=False, generator=1).tolist())
     [0, 1, 2]
     """
-    n_points = int(n_points)
+    n_points = check_number(n_points, "n_points", integer=True, positive=True)
     m = _as_count(m)
-    if n_points < 1:
-        raise ValueError(f"n_points must be >= 1, got {n_points}")
     if not replace and m > n_points:
         raise ValueError(f"cannot draw m = {m} distinct landmarks from {n_points} points; use replace=True or m <= {n_points}")
-    batch_shape = tuple(int(b) for b in batch_shape)
+    batch_shape = tuple(check_number(b, "batch_shape entries", integer=True, positive=True, allow_zero=True)
+                        for b in batch_shape)
     size = batch_shape + (m,)
     if isinstance(generator, torch.Generator):
         dev = generator.device
@@ -270,7 +264,7 @@ def sample_landmarks(n_points: int, m: int, *, replace: bool = True, generator=N
 
 def _landmark_indices(landmarks, n_points, batch_shape, device, replace, generator):
     """Indices (torch int64 on ``device``) from a count (sampled) or given indices (validated)."""
-    if isinstance(landmarks, (int, np.integer)) and not isinstance(landmarks, bool):
+    if not isinstance(landmarks, (list, tuple, np.ndarray, torch.Tensor)) or np.ndim(landmarks) == 0:
         return sample_landmarks(n_points, landmarks, replace=replace, generator=generator,
                                 batch_shape=batch_shape, device=device)
     idx = to_torch(landmarks, "landmarks").to(device)
@@ -331,9 +325,11 @@ def _check_square(M, name="M"):
 
 
 def _check_iter(n_iter):
-    if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 0:
-        raise ValueError(f"n_iter must be a non-negative int, got {n_iter!r}")
-    return int(n_iter)
+    return check_number(n_iter, "n_iter", integer=True, positive=True, allow_zero=True)
+
+
+def _check_gamma(gamma):
+    return float(check_number(gamma, "gamma", positive=True, allow_zero=True))
 
 
 _INITS = ("official", "norms")
@@ -389,7 +385,7 @@ def iterative_inverse(M, n_iter: int = 6, gamma: float = 0.1, init: str = "offic
     a, numpy_out = _check_square(M)
     if not (float(gamma) >= 0):
         raise ValueError(f"gamma must be >= 0, got {gamma}")
-    return from_torch(_iterative_inverse(a, _check_iter(n_iter), float(gamma), init), numpy_out)
+    return from_torch(_iterative_inverse(a, _check_iter(n_iter), _check_gamma(gamma), init), numpy_out)
 
 
 def newton_schulz_pinv(M, n_iter: int = 6):
@@ -467,7 +463,9 @@ class NystromFactors:
 
 
 def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator, lift, init="official"):
+    """Factors in float32 for float16 / bfloat16 inputs (torch has no half pinv; its rounding would set the cutoff)."""
     _check_inverse(inverse)
+    q, k = lift_half(q, k)
     n_q, n_k, p = q.shape[-2], k.shape[-2], q.shape[-1]
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     if lift:
@@ -525,7 +523,8 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
     Returns
     -------
     NystromFactors
-        Same array type as ``Q``.
+        torch if ``Q`` or ``K`` is (float16 / bfloat16 computed in float32, returned in their
+        dtype), numpy otherwise.
 
     Examples
     --------
@@ -537,8 +536,9 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
     True
     """
     q, k, numpy_out = _check_pair(Q, K)
-    left, core, right, idx = _skyformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), float(gamma),
+    left, core, right, idx = _skyformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), _check_gamma(gamma),
                                               replace, generator, lift, init)
+    left, core, right = (t.to(q.dtype) for t in (left, core, right))
     return NystromFactors(*(from_torch(t, numpy_out) for t in (left, core, right, idx)), inverse)
 
 
@@ -553,6 +553,9 @@ def nystrom_matrix(Q, K, landmarks, **kwargs):
            [1., 1., 1.],
            [1., 1., 1.]])
     """
+    dtype = next((t.dtype for t in (Q, K) if isinstance(t, torch.Tensor)), None)
+    if dtype in HALF_DTYPES:  # formed in float32: half factors lose the cancellations of L W R
+        return nystrom_factors(*lift_half(Q, K), landmarks, **kwargs).matrix().to(dtype)
     return nystrom_factors(Q, K, landmarks, **kwargs).matrix()
 
 
@@ -565,7 +568,8 @@ def nystrom_attention(Q, K, V, landmarks, *, inverse: str = "pinv", n_iter: int 
     Returns
     -------
     array (..., n_q, d_v)
-        Same type, device and dtype as ``Q``; memory O(n m) besides the inputs.
+        torch if any of ``Q``, ``K``, ``V`` is (its device and dtype), numpy otherwise; memory
+        O(n m) besides the inputs.
 
     Examples
     --------
@@ -577,11 +581,11 @@ def nystrom_attention(Q, K, V, landmarks, *, inverse: str = "pinv", n_iter: int 
     >>> bool(np.linalg.norm(approx - exact) < 0.2 * np.linalg.norm(exact))
     True
     """
-    q, k, numpy_out = _check_pair(Q, K)
+    q, k, numpy_out = _check_pair(Q, K, V=V)
     v = _check_values(V, k)
-    left, core, right, _ = _skyformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), float(gamma),
+    left, core, right, _ = _skyformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), _check_gamma(gamma),
                                             replace, generator, lift, init)
-    return from_torch(left @ (core @ (right @ v)), numpy_out)
+    return from_torch((left @ (core @ (right @ v.to(left.dtype)))).to(q.dtype), numpy_out)
 
 
 # --------------------------------------------------------------------------- Nyströmformer
@@ -672,7 +676,7 @@ def nystromformer_attention(Q, K, V, landmarks: int, *, inverse: str = "iterativ
     >>> out.round(6)[0]
     array([1., 1., 1.])
     """
-    q, k, numpy_out = _check_pair(Q, K)
+    q, k, numpy_out = _check_pair(Q, K, V=V)
     v = _check_values(V, k)
     left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter))
     if core is right:  # the exact case (landmarks >= tokens): both factors are the identity

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 
 __all__ = ["dot_scores", "gaussian_scores"]
 
 
 def _qkw(Q, K, W, temperature):
-    numpy_out = not isinstance(Q, torch.Tensor)
-    q = to_torch(Q, "Q")
+    q, numpy_out = leading(Q, "Q", K, W)
     check_float(q, "Q")
     k = to_torch(K, "K", like=q)
     if q.ndim < 2 or k.ndim < 2:
@@ -32,9 +31,8 @@ def _qkw(Q, K, W, temperature):
         if w.shape[-2:] != (d, d):
             raise ValueError(f"W must have shape (..., {d}, {d}), got {tuple(w.shape)}")
         check_finite(w.detach(), "W")
-    if not (float(temperature) > 0):
-        raise ValueError(f"temperature must be positive, got {temperature}")
-    return q, k, w, float(temperature), numpy_out
+    tau = check_number(temperature, "temperature", positive=True)
+    return q, k, w, float(tau), numpy_out
 
 
 def dot_scores(Q, K, W=None, temperature: float = 1.0):
@@ -53,7 +51,7 @@ def dot_scores(Q, K, W=None, temperature: float = 1.0):
 
     Returns
     -------
-    C : array (..., n, m), same type as ``Q``
+    C : array (..., n, m); torch if any input is (its device, graph kept), numpy otherwise
 
     Examples
     --------
@@ -87,7 +85,7 @@ def gaussian_scores(Q, K, W=None, temperature: float = 1.0):
 
     Returns
     -------
-    C : array (..., n, m), same type as ``Q``; all entries ``<= 0``.
+    C : array (..., n, m); torch if any input is (its device, graph kept), numpy otherwise; all entries ``<= 0``.
 
     Examples
     --------

@@ -41,8 +41,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sinkflow._checks import check_number, check_seed
 from sinkflow.attention._nystrom import (
+    _check_gamma,
     _check_inverse,
+    _check_iter,
     _check_pair,
     _iterative_inverse,
     _kernel,
@@ -62,6 +65,13 @@ from sinkflow.bounds._spectral import (
 )
 
 __all__ = ["NystromErrors", "nystrom_errors", "NystromCheck", "nystrom_check", "smallest_sufficient_landmarks"]
+
+
+def _check_fraction(value, name):
+    """A probability-like parameter in (0, 1)."""
+    if not (0 < check_number(value, name) < 1):
+        raise ValueError(f"{name} must be in (0, 1), got {value}")
+    return float(value)
 
 
 # --------------------------------------------------------------------------- Monte Carlo
@@ -121,9 +131,7 @@ def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, metho
 
 
 def _check_trials(trials):
-    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
-    return int(trials)
+    return check_number(trials, "trials", integer=True, positive=True)
 
 
 def _check_landmarks_fit(m, N):
@@ -169,8 +177,8 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     _check_inverse(inverse)
     Cbar, n_q, _ = _lifted64(Q, K)
     _check_landmarks_fit(m, Cbar.shape[0])
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
+    rng = np.random.default_rng(check_seed(seed))
+    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma), rng, method, progress)
     return NystromErrors(errs, lows, highs, spectral_norm(Cbar[:n_q, n_q:], method=method),
                          spectral_norm(Cbar, symmetric=True, method=method), m, inverse)
 
@@ -341,10 +349,9 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
     m = _as_count(landmarks)
     trials = _check_trials(trials)
     _check_inverse(inverse)
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
-    if not (0 < delta < 1):
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    eps, delta = check_number(eps, "eps", positive=True), _check_fraction(delta, "delta")
+    confidence, constant = _check_fraction(confidence, "confidence"), check_number(constant, "constant", positive=True)
+    loewner_tol = check_number(loewner_tol, "loewner_tol", positive=True, allow_zero=True)
     Cbar, n_q, p = _lifted64(Q, K)
     N = Cbar.shape[0]
     _check_landmarks_fit(m, N)
@@ -354,8 +361,8 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
     lev = ridge_leverage_scores(Cbar, lam)
     d_stat, beta = float(lev.sum()), beta_star(lev)
     m_req = landmarks_required(d_stat, beta, N, delta, constant)
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma), rng, method, progress)
+    rng = np.random.default_rng(check_seed(seed))
+    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma), rng, method, progress)
     failures = int((errs > lam).sum())
     ci = binomial_interval(failures, trials, confidence, ci_method)
     applies = m >= m_req
@@ -394,11 +401,12 @@ def smallest_sufficient_landmarks(Q, K, eps: float = 0.1, delta: float = 0.1, tr
     Cbar, n_q, _ = _lifted64(Q, K)
     trials = _check_trials(trials)
     _check_inverse(inverse)
+    eps, delta, seed = check_number(eps, "eps", positive=True), _check_fraction(delta, "delta"), check_seed(seed)
     lam = float(eps) * spectral_norm(Cbar[:n_q, n_q:], method=method)
-    m_max = 8 * Cbar.shape[0] if m_max is None else int(m_max)
+    m_max = 8 * Cbar.shape[0] if m_max is None else check_number(m_max, "m_max", integer=True, positive=True)
 
     def ok(m):
-        errs, _, _ = _errors_from_lifted(Cbar, n_q, m, trials, inverse, int(n_iter), float(gamma),
+        errs, _, _ = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma),
                                          np.random.default_rng(seed), method, False,
                                          lifted=False)
         return (errs > lam).mean() <= delta

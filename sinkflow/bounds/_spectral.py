@@ -10,6 +10,8 @@ import math
 import numpy as np
 import torch
 
+from sinkflow._checks import check_number
+
 __all__ = [
     "LANDMARK_CONSTANT",
     "SHARP_LANDMARK_CONSTANT",
@@ -51,6 +53,7 @@ def _v0(n, seed=0):
 
 
 def _use_dense(shape, method, dense_limit):
+    check_number(dense_limit, "dense_limit", integer=True, positive=True, allow_zero=True)
     if method not in ("auto", "dense", "lanczos"):
         raise ValueError(f"method must be 'auto', 'dense' or 'lanczos', got {method!r}")
     return method == "dense" or (method == "auto" and min(shape) <= dense_limit)
@@ -76,6 +79,7 @@ def spectral_norm(A, *, symmetric: bool = False, method: str = "auto", tol: floa
     import scipy.sparse.linalg as spla  # lazy: 0.7 s of import time otherwise paid by `import sinkflow`
 
     a = _np64(A)
+    tol = check_number(tol, "tol", positive=True, allow_zero=True)  # ARPACK: 0 is machine precision
     if _use_dense(a.shape, method, dense_limit) or min(a.shape) < 3:
         if symmetric:
             return float(np.abs(np.linalg.eigvalsh(a)[[0, -1]]).max())
@@ -106,6 +110,7 @@ def extreme_eigenvalues(S, *, method: str = "auto", tol: float = 1e-12, dense_li
     import scipy.sparse.linalg as spla
 
     a = _np64(S, "S")
+    tol = check_number(tol, "tol", positive=True, allow_zero=True)
     if a.shape[0] != a.shape[1]:
         raise ValueError(f"S must be square, got {a.shape}")
     if _use_dense(a.shape, method, dense_limit) or a.shape[0] < 3:
@@ -135,9 +140,7 @@ def ridge_leverage_scores(Cbar, lam: float, method: str = "cholesky") -> np.ndar
     import scipy.linalg
 
     a = _np64(Cbar, "Cbar")
-    lam = float(lam)
-    if not lam > 0:
-        raise ValueError(f"lam must be positive, got {lam}")
+    lam = float(check_number(lam, "lam", positive=True))
     if method == "eigh":
         w, U = np.linalg.eigh(a)
         w = np.clip(w, 0.0, None)
@@ -189,11 +192,11 @@ def landmarks_required(d_stat: float, beta: float, n_points: int, delta: float,
     >>> sinkflow.landmarks_required(10.0, 0.5, 200, 0.1) == math.ceil(56 / 3 * 20 * math.log(4000))
     True
     """
-    if not (0 < delta < 1):
-        raise ValueError(f"delta must lie in (0, 1), got {delta}")
-    if not (beta > 0 and d_stat > 0):
-        raise ValueError(f"d_stat and beta must be positive, got {d_stat} and {beta}")
-    return int(math.ceil(constant * (d_stat / beta) * math.log(2 * int(n_points) / delta)))
+    delta = _check_fraction(delta, "delta")
+    d_stat, beta = check_number(d_stat, "d_stat", positive=True), check_number(beta, "beta", positive=True)
+    n_points = check_number(n_points, "n_points", integer=True, positive=True)
+    constant = check_number(constant, "constant", positive=True)
+    return int(math.ceil(constant * (d_stat / beta) * math.log(2 * n_points / delta)))
 
 
 def binomial_interval(successes: int, trials: int, confidence: float = 0.95, method: str = "exact"):
@@ -208,7 +211,8 @@ def binomial_interval(successes: int, trials: int, confidence: float = 0.95, met
     """
     from scipy.stats import binomtest
 
-    if trials < 1:
-        raise ValueError(f"need at least one trial, got {trials}")
-    ci = binomtest(int(successes), int(trials)).proportion_ci(confidence_level=confidence, method=method)
+    trials = _check_trials(trials)
+    successes = check_number(successes, "successes", integer=True, positive=True, allow_zero=True)
+    ci = binomtest(successes, trials).proportion_ci(confidence_level=_check_fraction(confidence, "confidence"),
+                                                    method=method)
     return float(ci.low), float(ci.high)

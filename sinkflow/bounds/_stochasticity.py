@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from sinkflow._backend import check_float, from_torch, to_torch
+from sinkflow._backend import check_float, check_number, from_torch, leading, lift_half, to_torch
 
 __all__ = [
     "MarginalErrors",
@@ -39,9 +39,8 @@ class MarginalErrors(NamedTuple):
     column: object
 
 
-def _matrix(K, name="K"):
-    numpy_out = not isinstance(K, torch.Tensor)
-    t = to_torch(K, name)
+def _matrix(K, name="K", *others):
+    t, numpy_out = leading(K, name, *others)  # torch out if any input (weights included) is torch
     check_float(t, name)
     if t.ndim < 2:
         raise ValueError(f"{name} must have shape (..., n, m), got {tuple(t.shape)}")
@@ -68,7 +67,7 @@ def marginal_errors(K, a=None, b=None) -> MarginalErrors:
     >>> sinkflow.marginal_errors(np.array([[1.0, 0.0], [1.0, 0.0]]))
     MarginalErrors(row=0.0, column=1.0)
     """
-    t, numpy_out = _matrix(K)
+    t, numpy_out = _matrix(K, "K", a, b)
     n, m = t.shape[-2:]
     a = torch.full((n,), 1.0 / n, dtype=t.dtype, device=t.device) if a is None else to_torch(a, "a", like=t)
     b = torch.full((m,), 1.0 / m, dtype=t.dtype, device=t.device) if b is None else to_torch(b, "b", like=t)
@@ -156,13 +155,13 @@ def asymptotic_rate(P, a=None, b=None):
     :math:`M = \mathrm{diag}(\sqrt a) P \mathrm{diag}(1/\sqrt b)`, whose top singular value
     is 1; for uniform square problems ``M`` is ``P`` itself.
     """
-    t, numpy_out = _matrix(P, "P")
+    t, numpy_out = _matrix(P, "P", a, b)
     n, m = t.shape[-2:]
-    a = torch.full((n,), 1.0 / n, dtype=t.dtype) if a is None else to_torch(a, "a", like=t)
-    b = torch.full((m,), 1.0 / m, dtype=t.dtype) if b is None else to_torch(b, "b", like=t)
+    a = torch.full((n,), 1.0 / n, dtype=t.dtype, device=t.device) if a is None else to_torch(a, "a", like=t)
+    b = torch.full((m,), 1.0 / m, dtype=t.dtype, device=t.device) if b is None else to_torch(b, "b", like=t)
     M = a.sqrt()[..., :, None] * t / b.sqrt()[..., None, :]
-    s = torch.linalg.svdvals(M)
-    r = s[..., 1] ** 2 if min(n, m) > 1 else torch.zeros(t.shape[:-2], dtype=t.dtype)
+    s = torch.linalg.svdvals(lift_half(M)[0]).to(t.dtype)  # no half svd in torch: float32
+    r = s[..., 1] ** 2 if min(n, m) > 1 else torch.zeros(t.shape[:-2], dtype=t.dtype, device=t.device)
     return float(r) if numpy_out and r.ndim == 0 else from_torch(r, numpy_out)
 
 
@@ -178,6 +177,10 @@ def observed_rate(errors, tail: float = 0.5, floor: float = 1e-13) -> float:
     >>> round(sinkflow.observed_rate(0.5 ** np.arange(40)), 6)  # halves every half-iteration
     0.25
     """
+    tail = check_number(tail, "tail", positive=True)
+    floor = check_number(floor, "floor", positive=True, allow_zero=True)
+    if tail > 1:
+        raise ValueError(f"tail must be a fraction in (0, 1], got {tail!r}")
     e = np.asarray(errors, dtype=float)[::2]
     e = e[np.isfinite(e) & (e > floor)]
     if e.size < 3:

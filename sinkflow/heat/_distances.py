@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from sinkflow._checks import check_number, check_seed
+
 __all__ = ["W2Result", "wasserstein2", "MomentErrors", "moment_errors", "kde_l1",
            "fit_loglog_slope", "ConvergenceStudy", "convergence_study"]
 
@@ -119,7 +121,8 @@ def wasserstein2(particles, reference, *, n_reference: int | None = None, floor:
     d = reference.dim
     x = _particles(particles, d)
     n = x.shape[0]
-    rng = np.random.default_rng(seed)
+    n_reference = check_number(n_reference, "n_reference", integer=True, positive=True, allow_none=True)
+    rng = np.random.default_rng(check_seed(seed))
     if d == 1:
         m = int(n_reference or max(20 * n, 20000))
         q = _quantiles_1d(reference, m)
@@ -213,6 +216,11 @@ def kde_l1(particles, reference, axes: Sequence[np.ndarray], bandwidth: float | 
     x = _particles(particles, d)
     axes = [np.asarray(a, dtype=float) for a in axes]
     pts = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
+    if isinstance(bandwidth, str):
+        if bandwidth not in ("scott", "silverman"):
+            raise ValueError(f"bandwidth must be a positive number, 'scott' or 'silverman', got {bandwidth!r}")
+    elif bandwidth is not None:
+        bandwidth = check_number(bandwidth, "bandwidth", positive=True)
     kde = gaussian_kde(x.T, bw_method=bandwidth)
     cell = float(np.prod([a[1] - a[0] for a in axes]))
     return float(np.abs(kde(pts.T) - reference.pdf(pts)).sum() * cell)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sinkflow._backend import check_number, check_seed
 from sinkflow.particles._energies import energy_inf
 from sinkflow.particles._dense_fields import attention_field
 from sinkflow.heat._references import GaussianMixture
@@ -91,10 +92,12 @@ def nystrom_spectral_error(x, landmarks, W=None, temperature: float = 1.0, seed:
     """
     X = torch.as_tensor(np.asarray(x, dtype=float))
     Wt = None if W is None else torch.as_tensor(np.asarray(W, dtype=float))
-    z = gaussian_coordinates(X, Wt, float(temperature))
+    temperature = float(check_number(temperature, "temperature", positive=True))
+    z = gaussian_coordinates(X, Wt, temperature)
     idx = landmarks
-    if isinstance(landmarks, (int, np.integer)):
-        idx = _flow_landmarks(X, int(landmarks), "nystrom", Wt, float(temperature), sampling, seed)
+    if np.ndim(landmarks) == 0:
+        landmarks = check_number(landmarks, "landmarks", integer=True, positive=True)
+        idx = _flow_landmarks(X, landmarks, "nystrom", Wt, temperature, sampling, check_seed(seed))
     G = _kernel(z, z, z.shape[-1])  # the exact kernel (what every landmark would give)
     approx = nystrom_factors(z, z, torch.as_tensor(idx), lift=False).matrix()
     return float(torch.linalg.matrix_norm(G - approx, 2) / torch.linalg.matrix_norm(G, 2))
@@ -145,7 +148,7 @@ def landmark_flow_errors(x0, landmarks=(8, 16, 32, 64), *, W=None, h: float = 0.
     exact = _euler(x0, W, h, steps, None, temperature, n_iter)
     L = max(lipschitz_scale(torch.as_tensor(x), torch.as_tensor(W), torch.as_tensor(W), temperature) for x in exact)
     k = np.arange(steps + 1)
-    ms = np.asarray(landmarks, dtype=int)
+    ms = np.array([check_number(m, "landmarks", integer=True, positive=True) for m in np.atleast_1d(landmarks)])
     out = {key: [] for key in ("spectral", "field", "deviation", "bound", "energy")}
     for m in ms:
         approx = _euler(x0, W, h, steps, int(m), temperature, n_iter)
@@ -178,6 +181,8 @@ def heat_variance_errors(ns, landmarks: int, *, t: float = 0.1, eps: float = 0.2
     >>> float(heat_variance_errors([2000], 64)[0]) < 0.05
     True
     """
+    d = check_number(d, "d", integer=True, positive=True)
+    landmarks = check_number(landmarks, "landmarks", integer=True, positive=True)
     start = GaussianMixture.gaussian(np.zeros(d), np.eye(d))
     growth = float(np.trace(start.evolve(t).covs[0]) - np.trace(start.covs[0]))
     errors = []

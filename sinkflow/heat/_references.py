@@ -24,11 +24,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from sinkflow._checks import check_number, check_seed
+
 __all__ = ["GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid"]
 
 
 def _check_time(t, name="t") -> float:
-    t = float(t)
+    t = float(check_number(t, name, allow_inf=True))
     if not math.isfinite(t) or t < 0:
         raise ValueError(f"{name} must be a finite time >= 0 (the heat semigroup runs forward only), got {t}")
     return t
@@ -169,11 +171,10 @@ class GaussianMixture:
 
     def sample(self, n: int, seed=None) -> np.ndarray:
         """``n`` i.i.d. samples, shape (n, d); ``seed`` an int or a numpy Generator."""
-        if int(n) != n or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n}")
-        rng = np.random.default_rng(seed)
-        comp = rng.choice(len(self.weights), size=int(n), p=self.weights)
-        z = rng.standard_normal((int(n), self.dim))
+        n = check_number(n, "n", integer=True, positive=True)
+        rng = np.random.default_rng(check_seed(seed))
+        comp = rng.choice(len(self.weights), size=n, p=self.weights)
+        z = rng.standard_normal((n, self.dim))
         return self.means[comp] + np.einsum("nij,nj->ni", self._chol[comp], z)
 
 
@@ -202,12 +203,9 @@ class Barenblatt:
     center: tuple = ()
 
     def __post_init__(self):
-        if int(self.dim) != self.dim or self.dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {self.dim}")
-        if not (float(self.time) > 0 and math.isfinite(self.time)):
-            raise ValueError(f"the self-similar time must be > 0, got {self.time}")
-        if not (float(self.mass) > 0):
-            raise ValueError(f"mass must be positive, got {self.mass}")
+        check_number(self.dim, "dim", integer=True, positive=True)
+        check_number(self.time, "the self-similar time", positive=True)
+        check_number(self.mass, "mass", positive=True)
         c = np.zeros(self.dim) if len(self.center) == 0 else np.asarray(self.center, dtype=float)
         if c.shape != (self.dim,):
             raise ValueError(f"center must have {self.dim} coordinates, got {c.shape}")
@@ -259,11 +257,10 @@ class Barenblatt:
 
     def sample(self, n: int, seed=None) -> np.ndarray:
         """``n`` samples of the normalized profile, shape (n, d)."""
-        if int(n) != n or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n}")
-        rng = np.random.default_rng(seed)
-        s = rng.beta(self.dim / 2, 2.0, size=int(n))
-        u = rng.standard_normal((int(n), self.dim))
+        n = check_number(n, "n", integer=True, positive=True)
+        rng = np.random.default_rng(check_seed(seed))
+        s = rng.beta(self.dim / 2, 2.0, size=n)
+        u = rng.standard_normal((n, self.dim))
         u /= np.linalg.norm(u, axis=1, keepdims=True)
         return np.asarray(self.center) + self.radius * np.sqrt(s)[:, None] * u
 
@@ -369,7 +366,7 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
         raise ValueError("times must be a float or a 1D array of floats")
     for t in times:
         _check_time(t, "each time")
-    if not (0 < tol < 1):
+    if not (0 < check_number(tol, "tol", positive=True) < 1):
         raise ValueError(f"tol must be in (0, 1), got {tol}")
     shape = tuple(ax.size for ax in axes)
     if callable(initial):

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, check_seed, from_torch, lift_half, to_torch
 from sinkflow.heat._references import Barenblatt, GaussianMixture, _check_time
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._lowrank_fields import LANDMARK_SAMPLINGS, _flow_landmarks, lowrank_attention_field
@@ -82,10 +82,7 @@ def _check_normalization(normalization: str) -> str:
 
 
 def _check_eps(eps) -> float:
-    eps = float(eps)
-    if not (eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"eps (kernel bandwidth squared) must be positive and finite, got {eps}")
-    return eps
+    return float(check_number(eps, "eps (kernel bandwidth squared)", positive=True))
 
 
 def _positions(x0) -> tuple[torch.Tensor, bool]:
@@ -95,7 +92,7 @@ def _positions(x0) -> tuple[torch.Tensor, bool]:
     if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 1:
         raise ValueError(f"particle positions must have shape (n, d) with n >= 2, got {tuple(x.shape)}")
     check_finite(x.detach(), "x0")
-    return x.detach(), numpy_out
+    return x, numpy_out  # a tensor requiring grad keeps its graph (the flow is differentiable)
 
 
 def _default_tol(x: torch.Tensor, tol, eps: float) -> float:
@@ -110,7 +107,7 @@ def _default_tol(x: torch.Tensor, tol, eps: float) -> float:
     1e-10 in float64.
     """
     if tol is not None:
-        return float(tol)
+        return float(check_number(tol, "tol", positive=True))
     floor = 1e-10 if x.dtype == torch.float64 else 2e-6
     return min(max(eps * eps / 100, floor), 1e-4)
 
@@ -168,7 +165,14 @@ def _landmark_velocity(x, eps, layer: _Layer, g, tol, max_iter, landmarks):
 
 
 def _velocity(x: torch.Tensor, eps: float, layer: _Layer, g=None, tol=1e-6, max_iter=5000, landmarks=None):
-    """Velocity (n, d) and Sinkhorn diagnostics (g, half-iterations, marginal error, converged)."""
+    """Velocity (n, d) and Sinkhorn diagnostics (g, half-iterations, marginal error, converged).
+
+    float16 / bfloat16 particles are computed in float32 (half scores |x|^2 / (2 eps) would carry
+    errors of several percent into the kernel; torch has no half eigh for landmarks), and the
+    velocity is returned in their dtype.
+    """
+    out_dtype = x.dtype
+    x, g = lift_half(x, g)
     if landmarks is None:
         Kx, mass, info = _kernel_velocity(x, eps, layer, g, tol, max_iter)
     else:
@@ -178,7 +182,7 @@ def _velocity(x: torch.Tensor, eps: float, layer: _Layer, g=None, tol=1e-6, max_
         Kx, mass = Kx * scale, mass * scale
     # sum_j K_ij (x_j - x_i), written without an (n, n, d) temporary
     drift = Kx - mass[:, None] * x
-    return drift.mul_(-2.0 / eps), info
+    return drift.mul_(-2.0 / eps).to(out_dtype), info
 
 
 def heat_velocity(x, eps: float, normalization: str = "sinkhorn", *, tol: float | None = None):
@@ -255,16 +259,17 @@ class HeatFlowResult:
 
 
 def _check_steps(times, dt) -> tuple[np.ndarray, float]:
-    times = np.atleast_1d(np.asarray(times, dtype=float))
+    times = np.atleast_1d(np.asarray(times.detach().cpu() if isinstance(times, torch.Tensor) else times))
+    if times.dtype.kind not in "iuf":
+        raise TypeError(f"times must be a real number or a 1D array of real numbers, got {times.dtype} values")
+    times = times.astype(float)
     if times.ndim != 1 or times.size == 0:
         raise ValueError("times must be a float or a 1D array of floats")
     for t in times:
         _check_time(t)
     if np.any(np.diff(times) < 0):
         raise ValueError("times must be sorted increasingly")
-    dt = float(dt)
-    if not (dt > 0 and math.isfinite(dt)):
-        raise ValueError(f"dt must be positive, got {dt}")
+    dt = float(check_number(dt, "dt", positive=True))
     if dt > times[-1] > 0:
         raise ValueError(f"dt = {dt} exceeds the final time t = {times[-1]}: choose dt <= t (the step is cut to fit t)")
     return times, dt
@@ -291,7 +296,7 @@ def largest_safe_dt(x, eps: float, normalization: str = "sinkhorn") -> float:
     eps = _check_eps(eps)
     if _heat_layer(normalization).scores == "dot":
         xt, _ = _positions(x)
-        var = float(xt.to(torch.float64).var(0).sum())
+        var = float(xt.detach().to(torch.float64).var(0).sum())
         return eps * eps / (4 * max(var, 1e-300))
     return eps / 2
 
@@ -370,8 +375,11 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
 
     Raises
     ------
+    TypeError
+        A numeric parameter that is not a real number (a string, a bool), or a count that is not
+        an integer (``max_iter``, ``landmarks``).
     ValueError
-        eps <= 0, negative or unsorted times, dt <= 0 or dt > t, unknown normalization.
+        eps <= 0, negative or unsorted times, dt <= 0 or dt > t, NaN, unknown normalization.
     FloatingPointError
         When the particles leave the floating range (explicit Euler unstable: reduce dt).
 
@@ -387,9 +395,14 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     eps = _check_eps(eps)
     layer = _heat_layer(normalization)
     times, dt = _check_steps(times, dt)
+    max_iter = check_number(max_iter, "max_iter", integer=True, positive=True)
+    landmarks = check_number(landmarks, "landmarks", integer=True, positive=True, allow_none=True)
+    landmark_seed = check_seed(landmark_seed, "landmark_seed")
+    if landmarks is not None and torch.is_grad_enabled() and x.requires_grad:
+        raise ValueError("gradients through the heat flow need the dense evaluation (no landmarks)")
     if times[-1] > 0:
-        _check_heat_step(x, eps, dt, normalization)
-        _check_bandwidth_resolves_particles(x, eps)
+        _check_heat_step(x.detach(), eps, dt, normalization)
+        _check_bandwidth_resolves_particles(x.detach(), eps)
     tol = _default_tol(x, tol, eps)
     if landmark_sampling not in LANDMARK_SAMPLINGS:
         raise ValueError(f"landmark_sampling must be one of {LANDMARK_SAMPLINGS}, got {landmark_sampling!r}")
@@ -468,7 +481,8 @@ def heat_flow(x0, t: float, eps: float, dt: float, normalization: str = "sinkhor
 
     Returns
     -------
-    positions : (n, d), same type (numpy / torch), dtype and device as ``x0``
+    positions : (n, d), same type (numpy / torch), dtype and device as ``x0``; a tensor that
+        requires grad gives positions with an autograd graph (dense evaluation, no landmarks)
 
     Examples
     --------
@@ -479,7 +493,7 @@ def heat_flow(x0, t: float, eps: float, dt: float, normalization: str = "sinkhor
     >>> bool(abs(growth - 0.5) < 0.05)
     True
     """
-    return heat_trajectory(x0, [float(t)], eps, dt, normalization, **kwargs).final
+    return heat_trajectory(x0, [_check_time(t)], eps, dt, normalization, **kwargs).final
 
 
 def limit_time_factor(normalization: str) -> float | None:

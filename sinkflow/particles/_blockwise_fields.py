@@ -21,10 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 
 __all__ = ["LazyField", "lazy_attention_field", "DEFAULT_BLOCK_BYTES"]
 
@@ -138,8 +137,7 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
     >>> bool(np.allclose(res.velocity, K @ x, atol=1e-8))
     True
     """
-    numpy_out = not isinstance(x, torch.Tensor)
-    X = to_torch(x, "x")
+    X, numpy_out = leading(x, "x", V, W, weights, init_g)  # torch out if any input is torch
     check_float(X, "x")
     if X.ndim != 2:
         raise ValueError(f"x must have shape (n, d), got {tuple(X.shape)}")
@@ -155,10 +153,10 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
         raise ValueError(f"normalization must be one of {_NORMALIZATIONS}, got {normalization!r}")
     if scores not in _SCORES:
         raise ValueError(f"scores must be one of {_SCORES}, got {scores!r}")
-    if not (float(temperature) > 0):
-        raise ValueError(f"temperature must be positive, got {temperature}")
-    if n_iter is not None and (isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1):
-        raise ValueError(f"n_iter must be a positive integer (half-iterations) or None, got {n_iter!r}")
+    temperature = check_number(temperature, "temperature", positive=True)
+    check_number(n_iter, "n_iter (half-iterations)", integer=True, positive=True, allow_none=True)
+    check_number(tol, "tol", positive=True)
+    check_number(max_iter, "max_iter", integer=True, positive=True)
     dtype, dev = X.dtype, X.device
     if weights is None:
         a = torch.full((n,), 1.0 / n, dtype=dtype, device=dev)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sinkflow._backend import check_finite, to_torch, torch_threads
+from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
@@ -81,7 +81,7 @@ def check_weights(weights, like: torch.Tensor, name: str = "weights") -> torch.T
     check_finite(a, name)
     if bool((a <= 0).any()):
         raise ValueError(f"{name} must be positive (a particle of weight 0 is not in the measure; drop it)")
-    if abs(float(a.sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
+    if abs(float(a.detach().sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
         raise ValueError(f"{name} must sum to 1 (a probability measure), got sum {float(a.sum())!r}")
     return a
 
@@ -154,7 +154,9 @@ def _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol
 def _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks) -> FieldEvaluation:
     if variant.landmark_method is None:
         raise ValueError(f"attention {variant.name!r} has no landmark approximation; drop landmarks")
+    out_dtype = x.dtype  # float16 / bfloat16 are computed in float32 (eigh, pinv), returned in their dtype
+    x, V, W, weights, init_g = lift_half(x, V, W, weights, init_g)
     r = lowrank_attention_field(x, V, landmarks, normalization=variant.normalization, scores=variant.scores,
                                 method=variant.landmark_method, W=W, temperature=temperature, weights=weights,
                                 n_iter=n_iter, tol=tol, max_iter=max_iter, init_g=init_g)
-    return FieldEvaluation(r.velocity, None, r.g, r.n_iter, r.converged, r.row_error, r.column_error)
+    return FieldEvaluation(r.velocity.to(out_dtype), None, r.g, r.n_iter, r.converged, r.row_error, r.column_error)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from sinkflow._backend import check_finite, check_float, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, leading, to_torch
 from sinkflow.particles._dense_fields import attention_field, check_matrix, check_weights, single_thread_if_small
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import gaussian_scores
@@ -57,9 +57,9 @@ __all__ = [
 # input handling
 
 
-def _points(x, name="x"):
-    numpy_out = not isinstance(x, torch.Tensor)
-    X = to_torch(x, name)
+def _points(x, name="x", *others):
+    """``x`` as a tensor and whether the result is numpy (no array input, ``others`` included, is torch)."""
+    X, numpy_out = leading(x, name, *others)
     check_float(X, name)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ValueError(f"{name} must have shape (n, d) with n >= 1, got {tuple(X.shape)}")
@@ -118,7 +118,7 @@ def energy_0(x, W=None, weights=None):
     >>> sinkflow.energy_0(np.zeros((3, 2)))
     -0.5
     """
-    X, numpy_out = _points(x)
+    X, numpy_out = _points(x, "x", W, weights)
     Wt, a = _form(W, X), _weights(weights, X)
     return _scalar(-0.5 * _pair_mass(X @ Wt @ X.T, a), numpy_out)
 
@@ -145,7 +145,7 @@ def energy_gaussian(x, W=None, weights=None):
     >>> sinkflow.energy_gaussian(np.zeros((3, 2)))
     -0.5
     """
-    X, numpy_out = _points(x)
+    X, numpy_out = _points(x, "x", W, weights)
     Wt, a = _form(W, X), _weights(weights, X)
     return _scalar(-0.5 * _pair_mass(gaussian_scores(X, X, Wt), a), numpy_out)
 
@@ -179,7 +179,7 @@ def energy_log_partition(x, W=None, weights=None):
     >>> sinkflow.energy_log_partition(np.zeros((3, 2)))
     -0.0
     """
-    X, numpy_out = _points(x)
+    X, numpy_out = _points(x, "x", W, weights)
     Wt, a = _form(W, X), _weights(weights, X)
     C = X @ Wt @ X.T + torch.log(a)[None, :]
     return _scalar(-0.5 * (a * torch.logsumexp(C, 1)).sum(), numpy_out)
@@ -210,9 +210,8 @@ def energy_sphere(x, beta=1.0, weights=None):
     >>> bool(np.isclose(sinkflow.energy_sphere(x, beta=2.0), np.exp(2.0) / 4))
     True
     """
-    if not (float(beta) > 0):
-        raise ValueError(f"beta must be positive, got {beta}")
-    X, numpy_out = _points(x)
+    beta = check_number(beta, "beta", positive=True)
+    X, numpy_out = _points(x, "x", weights)
     a = _weights(weights, X)
     return _scalar(_pair_mass(float(beta) * (X @ X.T), a) / (2 * float(beta)), numpy_out)
 
@@ -251,7 +250,7 @@ def entropic_ot(x, y, W=None, a=None, b=None, *, tol=1e-12, max_iter=50_000):
     >>> float(sinkflow.entropic_ot(one, one))
     -5.0
     """
-    X, numpy_out = _points(x, "x")
+    X, numpy_out = _points(x, "x", y, W, a, b)
     Y = to_torch(y, "y", like=X)
     if Y.ndim != 2 or Y.shape[1] != X.shape[1]:
         raise ValueError(f"y must have shape (m, {X.shape[1]}), got {tuple(Y.shape)}")
@@ -266,7 +265,7 @@ def entropic_ot(x, y, W=None, a=None, b=None, *, tol=1e-12, max_iter=50_000):
     lab = torch.log(a_)[:, None] + torch.log(b_)[None, :]
     mass = torch.exp(torch.logsumexp((u[:, None] + v[None, :] + C + lab).reshape(-1), 0))
     value = (a_ * u).sum() + (b_ * v).sum() - mass + 1  # dual objective; mass == 1 at the optimum
-    return _scalar(value, numpy_out)
+    return _scalar(value.to(X.dtype), numpy_out)  # float16 / bfloat16 potentials come back in float32
 
 
 def energy_inf(x, W=None, weights=None, *, tol=1e-12):
@@ -291,7 +290,7 @@ def energy_inf(x, W=None, weights=None, *, tol=1e-12):
     >>> bool(np.isclose(F, 0.5 * sinkflow.entropic_ot(x, x)))
     True
     """
-    X, numpy_out = _points(x)
+    X, numpy_out = _points(x, "x", W, weights)
     return _scalar(0.5 * entropic_ot(X, X, W, weights, weights, tol=tol), numpy_out)
 
 

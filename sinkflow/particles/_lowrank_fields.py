@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sinkflow._backend import exp_floor
+from sinkflow._backend import exp_floor, lift_half
 from sinkflow.attention._nystrom import _kernel, _pinv_rtol, nystromformer_attention, sample_landmarks
 
 __all__ = ["NystromPositivityError", "LowRankField", "landmark_indices", "farthest_point_indices", "gaussian_coordinates",
@@ -274,7 +274,7 @@ def _flow_landmarks(x, landmarks, method, W, temperature, sampling, seed):
     """The landmarks of a flow from its start ``x``: indices for the Nyström methods, else the count."""
     if method not in ("nystrom", "lifted"):
         return landmarks
-    points = gaussian_coordinates(x.detach(), W, temperature) if sampling == "farthest" else None
+    points = gaussian_coordinates(*lift_half(x.detach(), W), temperature) if sampling == "farthest" else None
     return landmark_indices(x.shape[0], landmarks, method, seed, sampling=sampling, points=points).to(x.device)
 
 

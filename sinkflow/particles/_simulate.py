@@ -31,7 +31,6 @@ Monitors follow py-pde's trackers: quantities recorded along the run, every
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, check_seed, from_torch, leading, to_torch
 from sinkflow.particles._energies import energy_0, energy_gaussian, energy_inf, energy_sphere
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
@@ -142,10 +141,11 @@ def random_particles(n: int, d: int, *, seed=0, manifold: str = "euclidean", sca
     """
     if manifold not in MANIFOLDS:
         raise ValueError(f"manifold must be one of {MANIFOLDS}, got {manifold!r}")
-    if int(n) < 1 or int(d) < 1:
-        raise ValueError(f"n and d must be positive, got n={n}, d={d}")
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((int(n), int(d)))
+    n = check_number(n, "n", integer=True, positive=True)
+    d = check_number(d, "d", integer=True, positive=True)
+    scale = check_number(scale, "scale", positive=True)
+    rng = np.random.default_rng(check_seed(seed))
+    x = rng.standard_normal((n, d))
     if manifold == "sphere":
         x /= np.linalg.norm(x, axis=1, keepdims=True)
     else:
@@ -179,6 +179,7 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
     """
     from scipy.sparse.csgraph import connected_components
 
+    tol = check_number(tol, "tol", positive=True)
     X = to_torch(x, "x").detach()
     n = X.shape[0]
     if manifold == "sphere":
@@ -197,11 +198,6 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
 def _check_choice(value, name, choices):
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
-
-
-def _check_positive_int(value, name, what=""):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer{what}, got {value!r}")
 
 
 def default_tol(dtype: torch.dtype) -> float:
@@ -239,9 +235,7 @@ def _solver_tol(tol, dtype) -> float:
     floor = default_tol(dtype)
     if tol is None:
         return floor
-    tol = float(tol)
-    if not tol > 0:
-        raise ValueError(f"tol must be positive, got {tol!r}")
+    tol = float(check_number(tol, "tol", positive=True))
     if dtype != torch.float64 and tol < floor:
         warnings.warn(f"tol={tol:g} is below what {dtype} Sinkhorn solves reach; using {floor:.2g} "
                       "(pass float64 particles for tighter solves)", RuntimeWarning, stacklevel=3)
@@ -506,8 +500,7 @@ def _interaction_matrix(Wq, Wk, d, like):
 
 
 def _check_step_size(h, X, W, Wv, tau, variant, integrator):
-    if isinstance(h, bool) or not isinstance(h, (int, float, np.floating, np.integer)) or not math.isfinite(h) or h <= 0:
-        raise ValueError(f"step size h must be a finite number > 0, got {h!r}")
+    h = check_number(h, "h", positive=True)
     if not variant.normalized and variant.approximates is None:
         return  # unnormalized kernels grow like exp(R^2): no useful global scale
     L = lipschitz_scale(X, W, Wv, tau)
@@ -533,8 +526,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     Parameters
     ----------
     x0 : array (n, d) or torch.Tensor
-        Initial particles. numpy in -> numpy out; torch in -> torch out on the same
-        device and dtype (CUDA works unchanged). Must be finite, floating (numpy defaults
+        Initial particles. numpy in -> numpy out; torch in (``x0`` or any of ``W_Q``, ``W_K``,
+        ``W_V``, ``weights``) -> torch out on that tensor's device and dtype (CUDA works
+        unchanged; float16 / bfloat16 landmark fields are computed in float32). Must be finite, floating (numpy defaults
         to float64), and on the unit sphere for ``manifold="sphere"``. A torch ``x0`` (or
         ``W_Q``, ``W_K``, ``W_V``) that requires grad gives positions with an autograd graph
         (dense evaluation only).
@@ -598,6 +592,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
 
     Raises
     ------
+    TypeError
+        A numeric parameter that is not a real number (a string, a bool), or a count that is not
+        an integer (``steps``, ``n_iter``, ``landmarks``, ...).
     ValueError
         Non-finite ``x0``, ``h <= 0``, ``steps < 0``, wrong shapes of the matrices or the
         weights, weights not summing to 1, points off the sphere, unknown options.
@@ -614,8 +611,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     """
     from sinkflow._progress import progress_bar
 
-    numpy_out = not isinstance(x0, torch.Tensor)
-    X = to_torch(x0, "x0")
+    X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
     check_float(X, "x0")
     if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
         raise ValueError(f"x0 must have shape (n, d) with n, d >= 1, got {tuple(X.shape)}")
@@ -625,16 +621,15 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     _check_choice(integrator, "integrator", INTEGRATORS)
     _check_choice(manifold, "manifold", MANIFOLDS)
     _check_choice(landmark_sampling, "landmark_sampling", LANDMARK_SAMPLINGS)
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
-    if not (math.isfinite(float(temperature)) and float(temperature) > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if n_iter is not None:
-        _check_positive_int(n_iter, "n_iter", " (Sinkhorn half-iterations) or None")
-    _check_positive_int(monitor_every, "monitor_every")
-    _check_positive_int(save_every, "save_every")
-    if landmarks is not None:
-        _check_positive_int(landmarks, "landmarks")
+    steps = check_number(steps, "steps", integer=True, positive=True, allow_zero=True)
+    temperature = check_number(temperature, "temperature", positive=True)
+    n_iter = check_number(n_iter, "n_iter (Sinkhorn half-iterations)", integer=True, positive=True, allow_none=True)
+    monitor_every = check_number(monitor_every, "monitor_every", integer=True, positive=True)
+    save_every = check_number(save_every, "save_every", integer=True, positive=True)
+    landmarks = check_number(landmarks, "landmarks", integer=True, positive=True, allow_none=True)
+    landmark_seed = check_seed(landmark_seed, "landmark_seed")
+    max_iter = check_number(max_iter, "max_iter", integer=True, positive=True)
+    cluster_tol = check_number(cluster_tol, "cluster_tol", positive=True)
     monitors = _as_monitor_names(monitors)
     Wq, Wk, Wv = (check_matrix(M, name, d, X) for M, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
     W = _interaction_matrix(Wq, Wk, d, X)

@@ -31,7 +31,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["sweep", "expand_grid", "resolve_experiment", "point_key", "local_client", "SweepError"]
+from sinkflow._checks import check_number
+
+__all__ = ["sweep", "expand_grid", "resolve_experiment", "point_key", "local_client", "plot_sweep", "SweepError"]
 
 #: Result arrays larger than this are refused: a sweep table holds summaries, not data sets.
 MAX_RESULT_SIZE = 100_000
@@ -371,6 +373,8 @@ def local_client(n_workers: int = 2, threads_per_worker: int = 1):
     distributed.Client
         With the dashboard on a free port when bokeh is installed (``client.dashboard_link``).
     """
+    n_workers = check_number(n_workers, "n_workers", integer=True, positive=True)
+    threads_per_worker = check_number(threads_per_worker, "threads_per_worker", integer=True, positive=True)
     import dask
     from distributed import Client, LocalCluster
 

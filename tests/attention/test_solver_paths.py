@@ -187,8 +187,8 @@ def test_clear_errors_on_bad_inputs():
         solve_sinkhorn(np.ones((3, 3), dtype=int))
     with pytest.raises(ValueError, match="must broadcast to the batch shape"):
         solve_sinkhorn(torch.randn(2, 3, 3), a=torch.full((4, 3), 1 / 3))
-    with pytest.raises(ValueError, match="tol must be positive"):
-        solve_sinkhorn(np.eye(3), tol=0.0)
+    with pytest.raises(ValueError, match="tol must be >= 0"):  # tol=0 is POT's stopThr=0 (tests/test_inputs.py)
+        solve_sinkhorn(np.eye(3), tol=-1e-9)
     Q = np.random.default_rng(0).normal(size=(3, 2))
     with pytest.warns(UserWarning, match="exceeds the N = 6"):
         sinkflow.nystrom_check(Q, Q, 7, trials=2)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.integrate import solve_ivp
 
 import sinkflow
-from sinkflow.heat._references import symbolic
+from sinkflow.heat import symbolic
 from sinkflow.heat._references import Barenblatt, GaussianMixture, solve_heat_grid
 from sinkflow.heat._rescaled_flow import NORMALIZATIONS, barycentric_map, heat_flow, heat_reference, heat_trajectory
 

@@ -1,0 +1,84 @@
+"""One validator for the numeric parameters of the public API (torch-free: importing it never loads torch).
+
+:func:`check_number` names the parameter in its error, so ``sinkhorn(C, tol="1e-6")`` says
+``TypeError: tol must be a real number, got '1e-6'`` instead of failing deep inside a solver.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_number", "check_seed"]
+
+
+def _is_torch(value: Any, cls: str) -> bool:
+    """Whether ``value`` is a ``torch.<cls>``, without importing torch (a tensor implies torch is loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, getattr(torch, cls))
+
+
+def check_seed(seed: Any, name: str = "seed"):
+    """A random seed: None, a numpy Generator / SeedSequence, a torch Generator, or an integer >= 0."""
+    if seed is None or isinstance(seed, (np.random.Generator, np.random.SeedSequence)) or _is_torch(seed, "Generator"):
+        return seed
+    return check_number(seed, name, integer=True, positive=True, allow_zero=True)
+
+
+def _real_scalar(value: Any, name: str):
+    """``value`` as a Python int or float; TypeError for anything but a real number."""
+    tensor = _is_torch(value, "Tensor")
+    if tensor or isinstance(value, np.ndarray):
+        real = (not (value.dtype.is_complex or str(value.dtype) == "torch.bool") if tensor
+                else value.dtype.kind in "iuf")
+        if value.ndim != 0 or not real:
+            raise TypeError(f"{name} must be a real number, got an array of shape {tuple(value.shape)} "
+                            f"and dtype {value.dtype}")
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+def check_number(value: Any, name: str, *, integer: bool = False, positive: bool = False,
+                 allow_zero: bool = False, allow_none: bool = False, allow_inf: bool = False):
+    """Validate a numeric parameter once, naming it in the error; return it as int or float.
+
+    Accepted: Python and numpy reals, 0-d arrays and 0-d tensors (their value; a tensor's
+    graph is not kept). Refused: strings, None (unless ``allow_none``), booleans, NaN,
+    infinities (unless ``allow_inf``), non-integers where ``integer``, and with ``positive``
+    values ``<= 0`` (``< 0`` with ``allow_zero``).
+
+    Raises
+    ------
+    TypeError
+        Not a real number, or not an integer where one is needed.
+    ValueError
+        NaN, infinite, or outside the allowed sign.
+
+    Examples
+    --------
+    >>> check_number(np.float32(0.5), "temperature", positive=True)
+    0.5
+    >>> check_number("1e-6", "tol")
+    Traceback (most recent call last):
+    ...
+    TypeError: tol must be a real number, got '1e-6'
+    """
+    if value is None and allow_none:
+        return None
+    if type(value) not in (int, float):  # fast path for plain numbers (bool is not int here)
+        value = _real_scalar(value, name)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if positive and not (value > 0 or (allow_zero and value == 0)):
+        bound = ((">= 0 (a non-negative integer)" if allow_zero else ">= 1 (a positive integer)") if integer
+                 else (">= 0" if allow_zero else "positive"))
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return value
