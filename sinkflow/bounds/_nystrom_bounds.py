@@ -54,6 +54,8 @@ from sinkflow.attention._nystrom import (
     sample_landmarks,
 )
 from sinkflow.bounds._spectral import (
+    _check_fraction,
+    _check_trials,
     LANDMARK_CONSTANT,
     SHARP_LANDMARK_CONSTANT,
     spectral_norm,
@@ -65,13 +67,6 @@ from sinkflow.bounds._spectral import (
 )
 
 __all__ = ["NystromErrors", "nystrom_errors", "NystromCheck", "nystrom_check", "smallest_sufficient_landmarks"]
-
-
-def _check_fraction(value, name):
-    """A probability-like parameter in (0, 1)."""
-    if not (0 < check_number(value, name) < 1):
-        raise ValueError(f"{name} must be in (0, 1), got {value}")
-    return float(value)
 
 
 # --------------------------------------------------------------------------- Monte Carlo
@@ -128,10 +123,6 @@ def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, metho
         if lifted:
             lows[t], highs[t] = extreme_eigenvalues(E, method=method)
     return errs, lows, highs
-
-
-def _check_trials(trials):
-    return check_number(trials, "trials", integer=True, positive=True)
 
 
 def _check_landmarks_fit(m, N):

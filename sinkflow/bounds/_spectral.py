@@ -25,6 +25,17 @@ __all__ = [
 ]
 
 
+def _check_fraction(value, name):
+    """A probability-like parameter in (0, 1)."""
+    if not (0 < check_number(value, name) < 1):
+        raise ValueError(f"{name} must be in (0, 1), got {value}")
+    return float(value)
+
+
+def _check_trials(trials):
+    return check_number(trials, "trials", integer=True, positive=True)
+
+
 #: The theorem's constant c in m >= c (d_stat / beta) log(4n / delta) (docs/theory/nystrom.md).
 LANDMARK_CONSTANT = 56.0 / 3.0
 
