@@ -1,0 +1,196 @@
+r"""Attention outputs from fused block-wise kernels, without the ``n x m`` matrix.
+
+Every pass here is one call of torch's fused scaled-dot-product attention, which walks key
+blocks with an online log-sum-exp and keeps O(n p) for backward:
+
+* SoftMax: :math:`Y = N_R(e^{C + B}) V` with :math:`C = q k^T / \sqrt p` is exactly
+  ``torch.nn.functional.scaled_dot_product_attention`` with ``scale = 1/sqrt(p)`` (the
+  scale of :func:`sinkflow.nn.scaled_attention`) and the boolean mask or additive bias
+  :math:`B` as its ``attn_mask``;
+* the unnormalized Gaussian kernel of ``"gaussian"``,
+  :math:`K_{ij} = \exp(-\|q_i - k_j\|^2 / (2\tau))` with :math:`\tau = \sqrt p`, splits as
+  :math:`\exp(a_i)\, \exp(q_i \cdot k_j / \tau + b_j)` with :math:`a_i = -\|q_i\|^2/(2\tau)`
+  and :math:`b_j = -\|k_j\|^2/(2\tau)`. The fused pass with key bias :math:`b` returns the
+  SoftMax output :math:`O` and the row log-sum-exp :math:`L`, and
+  :math:`K V = \exp(L + a) \odot O` undoes the normalization (:math:`L + a \le \log m`:
+  no overflow). Backward (:class:`_ExpAttention`): with :math:`G = \exp(L + a) \odot dY`
+  the fused backward gives :math:`\partial L/\partial C_{ij} = K_{ij}\, dY_i \cdot V_j`
+  when it is handed a zero output (its row correction :math:`\sum_p dO \odot O` then
+  vanishes, as it must for an unnormalized kernel), and the biases' gradients are line
+  sums of that: :math:`\partial L / \partial a_i = dY_i \cdot Y_i`,
+  :math:`\partial L / \partial b_j = V_j \cdot \partial L / \partial V_j`.
+
+The passes run in float32 (float64 for float64 inputs) with autocast off, and return the
+dtype of ``v``; a query with no admissible key gets a zero output. The eager path of
+:func:`sinkflow.nn.scaled_attention` is the oracle (tests/test_nn_fused.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from sinkflow.attention import AttentionVariant, _exponential, _sinkhorn, _softmax, compute_dtype, get_attention
+
+__all__ = ["fused_available", "fused_attention"]
+
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CPU_FLASH_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+def _kind(variant: AttentionVariant, n_iter: int) -> str | None:
+    """Which fused pass computes a built-in variant (not a user's override), or None."""
+    if variant.normalize is _softmax or (variant.normalize is _sinkhorn and n_iter == 1):
+        return "softmax"
+    if variant.normalize is _exponential and variant.scores == "gaussian":
+        return "gaussian"
+    return None
+
+
+def fused_available(variant, n_iter: int = 1, device: torch.device | str = "cpu") -> bool:
+    """Whether :func:`fused_attention` computes ``variant`` on ``device``.
+
+    SoftMax (and Sinkhorn with ``n_iter = 1``, which is SoftMax) on every device; the
+    Gaussian kernel where torch's CPU flash kernel with log-sum-exp exists (CPU).
+
+    Examples
+    --------
+    >>> from sinkflow.nn._fused import fused_available
+    >>> fused_available("softmax"), fused_available("sinkhorn", n_iter=3)
+    (True, False)
+    """
+    kind = _kind(get_attention(variant), n_iter)
+    if kind == "gaussian":
+        return torch.device(device).type == "cpu" and _CPU_FLASH is not None and _CPU_FLASH_BACKWARD is not None
+    return kind is not None
+
+
+def _check(q, k, v, allowed, bias):
+    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(f"q, k, v must be (..., n, p), (..., m, p), (..., m, p_v) tensors of one rank, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"q and k must share p, and k and v the number of keys, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if allowed is not None and allowed.dtype != torch.bool:
+        raise TypeError(f"allowed must be a boolean mask (True = may attend), got dtype {allowed.dtype}")
+    if bias is not None and not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating-point additive mask, got dtype {bias.dtype}")
+
+
+def _attn_mask(allowed, bias, dtype):
+    """One ``attn_mask`` for SDPA from a boolean mask and an additive bias (None if neither)."""
+    if bias is None:
+        return allowed
+    bias = bias.to(dtype)
+    return bias if allowed is None else bias.masked_fill(~allowed, -math.inf)
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant="softmax", *, n_iter: int = 1,
+                    allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Output of an attention variant from fused kernels, never forming the ``n x m`` matrix.
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (..., n, p)
+    k : torch.Tensor, shape (..., m, p)
+    v : torch.Tensor, shape (..., m, p_v)
+    variant : str or AttentionVariant
+        ``"softmax"``, ``"sinkhorn"`` with ``n_iter = 1``, or ``"gaussian"`` (CPU); see
+        :func:`fused_available`.
+    n_iter : int
+        Sinkhorn half-iterations.
+    allowed : bool tensor broadcastable to (..., n, m), optional
+        ``True`` where query ``i`` may attend to key ``j`` (sinkflow's convention).
+    bias : float tensor broadcastable to (..., n, m), optional
+        Added to the scores (torch's additive ``attn_mask``; ``-inf`` drops an entry). Not
+        differentiated.
+
+    Returns
+    -------
+    torch.Tensor, shape (..., n, p_v), dtype of ``v``
+        Equal to ``scaled_attention(q, k, v, variant, n_iter=n_iter, mask=allowed)[0]`` to
+        rounding; queries with no admissible key give zeros.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.nn import scaled_attention
+    >>> from sinkflow.nn._fused import fused_attention
+    >>> q, k, v = torch.randn(3, 2, 6, 4, generator=torch.Generator().manual_seed(0))
+    >>> eager = scaled_attention(q, k, v, "gaussian")[0]
+    >>> bool(torch.allclose(fused_attention(q, k, v, "gaussian"), eager, atol=1e-6))
+    True
+    """
+    var = get_attention(variant)
+    if not fused_available(var, n_iter, q.device):
+        raise ValueError(f"no fused pass for {var.name!r} with n_iter={n_iter} on {q.device.type}; "
+                         "see fused_available")
+    _check(q, k, v, allowed, bias)
+    if bias is not None and bias.requires_grad:
+        bias = bias.detach()
+    dtype = compute_dtype(q, k, v)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q32, k32, v32 = q.to(dtype), k.to(dtype), v.to(dtype)
+        if _kind(var, n_iter) == "softmax":
+            out = _softmax_pass(q32, k32, v32, _attn_mask(allowed, bias, dtype))
+        else:
+            out = _gaussian_pass(q32, k32, v32, allowed, bias)
+    return out.to(v.dtype)
+
+
+def _one_width(q, k, v):
+    """Zero-pad q and k or v to one head width (the fused kernels want it; scores and output unchanged)."""
+    width = max(q.shape[-1], v.shape[-1])
+    return (F.pad(q, (0, width - q.shape[-1])), F.pad(k, (0, width - k.shape[-1])),
+            F.pad(v, (0, width - v.shape[-1])))
+
+
+def _softmax_pass(q, k, v, attn_mask):
+    """SoftMax attention with scores ``q k^T / sqrt(p)`` (plus the mask) through SDPA."""
+    scale, p_v = 1.0 / math.sqrt(q.shape[-1]), v.shape[-1]
+    q, k, v = _one_width(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)[..., :p_v]
+
+
+class _ExpAttention(torch.autograd.Function):
+    r"""``Y_i = sum_j exp(scale q_i.k_j + mask_ij + col_j + row_i) v_j`` on 4-D (B, 1, n, p) tensors (CPU)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, row, col, mask, scale):
+        attn = col.unsqueeze(-2) if mask is None else mask + col.unsqueeze(-2)
+        out, lse = _CPU_FLASH(q, k, v, attn_mask=attn, scale=scale)
+        r = torch.exp(lse + row)  # the row sums of the kernel, <= m
+        y = r.unsqueeze(-1) * out
+        ctx.scale = scale
+        ctx.save_for_backward(q, k, v, attn, lse, r, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, attn, lse, r, y = ctx.saved_tensors
+        g = (r.unsqueeze(-1) * dy).contiguous()
+        # A zero "output" removes the kernel's SoftMax row correction: dC_ij = K_ij dy_i . v_j.
+        dq, dk, dv = _CPU_FLASH_BACKWARD(g, q, k, v, torch.zeros_like(y), lse, 0.0, False,
+                                         attn_mask=attn, scale=ctx.scale)
+        return dq, dk, dv, torch.linalg.vecdot(dy, y), torch.linalg.vecdot(v, dv), None, None
+
+
+def _gaussian_pass(q, k, v, allowed, bias):
+    r"""Skyformer's unnormalized kernel ``exp(-|q_i - k_j|^2 / (2 sqrt p)) (* exp(bias))`` times ``v``."""
+    tau = math.sqrt(q.shape[-1])
+    batch, n, m, p_v = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    row, col = q.square().sum(-1) * (-0.5 / tau), k.square().sum(-1) * (-0.5 / tau)
+    mask = None
+    if allowed is not None or bias is not None:
+        zero = torch.zeros((), dtype=q.dtype, device=q.device)
+        mask = zero if bias is None else bias.to(q.dtype)
+        mask = mask if allowed is None else mask.masked_fill(~allowed, -math.inf)
+        shape = torch.broadcast_shapes(mask.shape, batch + (1, m))
+        mask = mask.expand(shape).reshape(-1, 1, shape[-2], m)
+    q, k, v = _one_width(q, k, v)
+    flat = [t.reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (q, k, v)]
+    y = _ExpAttention.apply(*flat, row.reshape(-1, 1, n), col.reshape(-1, 1, m), mask, 1.0 / tau)
+    return y.reshape(*batch, n, -1)[..., :p_v]
