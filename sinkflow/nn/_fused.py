@@ -144,8 +144,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant="
 def _one_width(q, k, v):
     """Zero-pad q and k or v to one head width (the fused kernels want it; scores and output unchanged)."""
     width = max(q.shape[-1], v.shape[-1])
-    return (F.pad(q, (0, width - q.shape[-1])), F.pad(k, (0, width - k.shape[-1])),
-            F.pad(v, (0, width - v.shape[-1])))
+    return tuple(t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
 
 
 def _softmax_pass(q, k, v, attn_mask):
@@ -178,19 +177,21 @@ class _ExpAttention(torch.autograd.Function):
         return dq, dk, dv, torch.linalg.vecdot(dy, y), torch.linalg.vecdot(v, dv), None, None
 
 
+def _as4d(t):
+    """``(..., a, b)`` as ``(B, H, a, b)``: a view up to four dimensions (the kernels' layout)."""
+    return t.reshape((1,) * (4 - t.dim()) + t.shape) if t.dim() <= 4 else t.reshape(-1, *t.shape[-3:])
+
+
 def _gaussian_pass(q, k, v, allowed, bias):
     r"""Skyformer's unnormalized kernel ``exp(-|q_i - k_j|^2 / (2 sqrt p)) (* exp(bias))`` times ``v``."""
     tau = math.sqrt(q.shape[-1])
-    batch, n, m, p_v = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
-    row, col = q.square().sum(-1) * (-0.5 / tau), k.square().sum(-1) * (-0.5 / tau)
+    batch, m, p_v = q.shape[:-2], k.shape[-2], v.shape[-1]
     mask = None
     if allowed is not None or bias is not None:
-        zero = torch.zeros((), dtype=q.dtype, device=q.device)
-        mask = zero if bias is None else bias.to(q.dtype)
+        mask = torch.zeros((), dtype=q.dtype, device=q.device) if bias is None else bias.to(q.dtype)
         mask = mask if allowed is None else mask.masked_fill(~allowed, -math.inf)
-        shape = torch.broadcast_shapes(mask.shape, batch + (1, m))
-        mask = mask.expand(shape).reshape(-1, 1, shape[-2], m)
-    q, k, v = _one_width(q, k, v)
-    flat = [t.reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (q, k, v)]
-    y = _ExpAttention.apply(*flat, row.reshape(-1, 1, n), col.reshape(-1, 1, m), mask, 1.0 / tau)
-    return y.reshape(*batch, n, -1)[..., :p_v]
+        mask = _as4d(mask.expand(torch.broadcast_shapes(mask.shape, batch + (1, m))))
+    q, k, v = (_as4d(t) for t in _one_width(q, k, v))
+    row, col = q.square().sum(-1) * (-0.5 / tau), k.square().sum(-1) * (-0.5 / tau)
+    y = _ExpAttention.apply(q, k, v, row, col, mask, 1.0 / tau)
+    return y.reshape(*batch, *y.shape[-2:])[..., :p_v]
