@@ -48,8 +48,9 @@ def _solver_path(scores, n_iter, mask=None, values=None):
     return P if values is None else P @ values
 
 
-def _layer_step(normalization, n_iter, x, solver_path=False, eager=False):
-    """A sinkflow layer step; ``eager``: without the fused passes (the matrix path, as before them)."""
+def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
+    """A sinkflow layer step; ``path="eager"``: without the fused passes (the matrix path, as before
+    them); ``path="fused"``: the fused passes wherever they are available (else: sinkflow's choice)."""
     from unittest import mock
 
     import sinkflow.nn._fused as fused
@@ -61,11 +62,20 @@ def _layer_step(normalization, n_iter, x, solver_path=False, eager=False):
 
     def step():
         with mock.patch.object(attention, "sinkhorn_attention", _solver_path) if solver_path else nullcontext(), \
-                mock.patch.object(fused, "fused_available", lambda *a, **k: False) if eager else nullcontext():
+                mock.patch.object(fused, "fused_preferred", _FORCED[path]) if path else nullcontext():
             out, _ = mha(x, x, x, need_weights=False)
             out.mean().backward()
         return out
     return step
+
+
+_FORCED = {"eager": lambda *args: False, "fused": lambda variant, n_iter, device, n, m: _fused_available(variant, n_iter, device)}
+
+
+def _fused_available(*args):
+    from sinkflow.nn._fused import fused_available
+
+    return fused_available(*args)
 
 
 def _torch_mha_step(x, heads=4):
@@ -152,10 +162,12 @@ def _fused_table(lengths, device, repeats, eager_up_to=4096) -> None:
         x = torch.randn(b, n, 64, generator=g).to(device)
         steps = {"torch sdpa (reference)": _reference_step("sdpa", x), "torch.nn.MultiheadAttention": _torch_mha_step(x),
                  "softmax": _layer_step("softmax", 1, x), "gaussian": _layer_step("gaussian", 1, x),
-                 "skyformer": _layer_step("skyformer", 1, x), "sinkhorn(3)": _layer_step("sinkhorn", 3, x)}
+                 "skyformer": _layer_step("skyformer", 1, x),
+                 "sinkhorn(3), fused passes": _layer_step("sinkhorn", 3, x, path="fused")}
         if n <= eager_up_to:
-            steps |= {"softmax, eager (before)": _layer_step("softmax", 1, x, eager=True),
-                      "gaussian, eager (before)": _layer_step("gaussian", 1, x, eager=True)}
+            steps |= {"softmax, eager (before)": _layer_step("softmax", 1, x, path="eager"),
+                      "gaussian, eager (before)": _layer_step("gaussian", 1, x, path="eager"),
+                      "sinkhorn(3), factored (before)": _layer_step("sinkhorn", 3, x, path="eager")}
         med = _interleaved(steps, device, repeats)
         mem = {k: step_bytes(s, device)[0] for k, s in steps.items()}
         ref, sdpa, soft = med["torch.nn.MultiheadAttention"], med["torch sdpa (reference)"], med["softmax"]

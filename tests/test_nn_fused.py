@@ -10,7 +10,7 @@ from oracles import mask_patterns
 
 from sinkflow.nn import MultiheadAttention, scaled_attention
 from sinkflow.nn._cost import saved_bytes
-from sinkflow.nn._fused import fused_attention, fused_available
+from sinkflow.nn._fused import SINKHORN_FUSED_FROM, fused_attention, fused_available, fused_preferred
 
 MASKS = ["none", "keys", "keys+queries", "causal", "random", "empty row"]
 VARIANTS = [("softmax", 1), ("sinkhorn", 1), ("gaussian", 1)]
@@ -157,12 +157,61 @@ def test_layer_matches_torch_multihead_attention_with_masks():
     assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("n_iter", [2, 3, 4, 7])
+@pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 7, 5), (1, 40, 33)])
+def test_fused_sinkhorn_equals_the_eager_factored_path(shape, n_iter, mask_kind, dtype):
+    # The log-domain passes against the factored multiplicative path (values and gradients of
+    # q, k, v) and against the solver's matrix times v, over the six mask patterns.
+    import sinkflow
+    from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+
+    g = torch.Generator().manual_seed(n_iter + len(mask_kind))
+    mask = mask_patterns(shape, g)[mask_kind]
+    q, k, v = _qkv(shape, dtype, g, scale=1.5)
+    w = torch.randn(*shape[:-1], v.shape[-1], generator=g, dtype=dtype)
+    C = q @ k.transpose(-1, -2) / 2.0  # p = 4: the scores q k^T / sqrt(p)
+    eager = sinkhorn_attention(C, n_iter, mask, values=v)
+    fused = fused_attention(q, k, v, "sinkhorn", n_iter=n_iter, allowed=mask)
+    tol = TOL[dtype]
+    assert fused.dtype == dtype and torch.allclose(fused, eager, rtol=0, atol=tol)
+    solver = sinkflow.sinkhorn(C.detach().double(), n_iter=n_iter, mask=mask) @ v.detach().double()
+    assert torch.allclose(fused.double(), solver, rtol=0, atol=10 * tol)
+    for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w)):
+        assert torch.allclose(got, want, rtol=0, atol=5 * tol * max(1.0, float(want.abs().max())))
+
+
+def test_fused_sinkhorn_saves_linear_memory_and_takes_a_bias():
+    # Memory saved for backward: O(n (p + n_iter)) per head, not the n x n SoftMax the
+    # factored path keeps; a finite additive bias enters the scores (oracle: solver on C + B).
+    import sinkflow
+    from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+
+    g = torch.Generator().manual_seed(6)
+    q, k, v = _qkv((2, 2, 1024, 1024), torch.float32, g, p=8)
+    mask = mask_patterns((2, 2, 1024, 1024), g)["keys"]
+    nbytes, _ = saved_bytes(lambda: fused_attention(q, k, v, "sinkhorn", n_iter=3, allowed=mask))
+    per_line = 2 * 2 * 1024 * 4  # batch x heads x n float32
+    assert nbytes <= per_line * (4 * 8 + 3 * (3 + 1)), nbytes  # q, k, v, output; 3 line vectors per pass
+    factored, _ = saved_bytes(lambda: sinkhorn_attention(q @ k.transpose(-1, -2), 3, mask, values=v))
+    assert factored > 10 * nbytes
+    q, k, v = _qkv((2, 6, 8), torch.float64, g)
+    bias = torch.randn(6, 8, generator=g, dtype=torch.float64)
+    C = q @ k.transpose(-1, -2) / 2.0 + bias
+    want = sinkflow.sinkhorn(C, n_iter=4) @ v
+    assert torch.allclose(fused_attention(q, k, v, "sinkhorn", n_iter=4, bias=bias), want, rtol=0, atol=1e-12)
+
+
 def test_fused_availability_and_refusals():
     q = k = v = torch.randn(2, 3, 4)
     assert fused_available("softmax") and fused_available("sinkhorn", 1) and fused_available("gaussian")
-    assert not fused_available("sinkhorn", 3) and not fused_available("unnormalized")
+    assert fused_available("sinkhorn", 3) and not fused_available("unnormalized")
+    side = math.isqrt(SINKHORN_FUSED_FROM)
+    assert not fused_preferred("sinkhorn", 3, "cpu", side - 1, side) and fused_preferred("sinkhorn", 3, "cpu", side, side)
+    assert fused_preferred("softmax", 1, "cpu", 4, 4) and not fused_preferred("unnormalized", 1, "cpu", side, side)
     with pytest.raises(ValueError, match="no fused pass"):
-        fused_attention(q, k, v, "sinkhorn", n_iter=3)
+        fused_attention(q, k, v, "unnormalized")
     with pytest.raises(TypeError, match="boolean"):
         fused_attention(q, k, v, allowed=torch.ones(3, 3))
     with pytest.raises(TypeError, match="floating-point"):
