@@ -69,7 +69,7 @@ def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
     return step
 
 
-_FORCED = {"eager": lambda *args: False, "fused": lambda variant, n_iter, device, n, m: _fused_available(variant, n_iter, device)}
+_FORCED = {"eager": lambda *args: False, "fused": lambda variant, n_iter, q, k: _fused_available(variant, n_iter, q.device)}
 
 
 def _fused_available(*args):

@@ -10,7 +10,7 @@ from oracles import mask_patterns
 
 from sinkflow.nn import MultiheadAttention, scaled_attention
 from sinkflow.nn._cost import saved_bytes
-from sinkflow.nn._fused import SINKHORN_FUSED_FROM, fused_attention, fused_available, fused_preferred
+from sinkflow.nn._fused import SINKHORN_MATRIX_BYTES, fused_attention, fused_available, fused_preferred
 
 MASKS = ["none", "keys", "keys+queries", "causal", "random", "empty row"]
 VARIANTS = [("softmax", 1), ("sinkhorn", 1), ("gaussian", 1)]
@@ -203,13 +203,39 @@ def test_fused_sinkhorn_saves_linear_memory_and_takes_a_bias():
     assert torch.allclose(fused_attention(q, k, v, "sinkhorn", n_iter=4, bias=bias), want, rtol=0, atol=1e-12)
 
 
+def test_sinkhorn_layer_takes_the_fused_passes_past_the_matrix_budget(monkeypatch):
+    # With the budget at 0 the layer's need_weights=False path is the fused one: same output
+    # and parameter gradients as the matrix path, and a fraction of its saved memory.
+    import sinkflow.nn._fused as fused
+
+    torch.manual_seed(2)
+    x = torch.randn(2, 64, 16)
+    pad = (torch.arange(64) >= 50).expand(2, 64)
+    mha = MultiheadAttention(16, 2, normalization="sinkhorn", n_iter=3)
+    factored, _ = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=False))
+    monkeypatch.setattr(fused, "SINKHORN_MATRIX_BYTES", 0)
+    results = []
+    for need in (True, False):
+        mha.zero_grad()
+        nbytes, (out, _) = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=need))
+        out.square().mean().backward()
+        results.append((nbytes, out.detach(), [p.grad.clone() for p in mha.parameters()]))
+    (_, out_w, grads_w), (nbytes, out_f, grads_f) = results
+    assert torch.allclose(out_f, out_w, rtol=0, atol=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads_f, grads_w))
+    assert nbytes < factored / 2, (nbytes, factored)
+
+
 def test_fused_availability_and_refusals():
     q = k = v = torch.randn(2, 3, 4)
     assert fused_available("softmax") and fused_available("sinkhorn", 1) and fused_available("gaussian")
     assert fused_available("sinkhorn", 3) and not fused_available("unnormalized")
-    side = math.isqrt(SINKHORN_FUSED_FROM)
-    assert not fused_preferred("sinkhorn", 3, "cpu", side - 1, side) and fused_preferred("sinkhorn", 3, "cpu", side, side)
-    assert fused_preferred("softmax", 1, "cpu", 4, 4) and not fused_preferred("unnormalized", 1, "cpu", side, side)
+    # Sinkhorn goes fused only past the factored path's matrix budget (float32: 4 bytes an entry)
+    side = math.isqrt(SINKHORN_MATRIX_BYTES // 4)
+    at, past = torch.empty(side, 1), torch.empty(side + 1, 1)
+    assert not fused_preferred("sinkhorn", 3, at, at) and fused_preferred("sinkhorn", 3, past, past)
+    assert fused_preferred("sinkhorn", 3, at.double(), at.double())  # 8 bytes an entry
+    assert fused_preferred("softmax", 1, q, k) and not fused_preferred("unnormalized", 1, past, past)
     with pytest.raises(ValueError, match="no fused pass"):
         fused_attention(q, k, v, "unnormalized")
     with pytest.raises(TypeError, match="boolean"):

@@ -195,8 +195,7 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
         return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
     from sinkflow.nn._fused import fused_attention, fused_preferred
 
-    if not need_weights and not (dropout > 0 and training) and fused_preferred(variant, n_iter, q.device,
-                                                                                q.shape[-2], k.shape[-2]):
+    if not need_weights and not (dropout > 0 and training) and fused_preferred(variant, n_iter, q, k):
         return fused_attention(q, k, v, variant, n_iter=n_iter, allowed=mask), None  # SDPA: no n x m matrix
     if not need_weights and variant.normalize is _builtin_sinkhorn and not (dropout > 0 and training):
         with torch.autocast(device_type=q.device.type, enabled=False):
