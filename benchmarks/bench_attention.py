@@ -78,6 +78,25 @@ def _fused_available(*args):
     return fused_available(*args)
 
 
+def _autocast(step):
+    def run():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            step()
+    return run
+
+
+def _flash_step(x):
+    """torch's SDPA restricted to the flash kernel (CUDA, under bf16 autocast)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    step = _reference_step("sdpa", x)
+
+    def run():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            step()
+    return run
+
+
 def _torch_mha_step(x, heads=4):
     """``torch.nn.MultiheadAttention`` (SDPA inside when weights are not needed), the layer reference."""
     torch.manual_seed(0)
@@ -164,10 +183,15 @@ def _fused_table(lengths, device, repeats, eager_up_to=4096) -> None:
                  "softmax": _layer_step("softmax", 1, x), "gaussian": _layer_step("gaussian", 1, x),
                  "skyformer": _layer_step("skyformer", 1, x),
                  "sinkhorn(3), fused passes": _layer_step("sinkhorn", 3, x, path="fused")}
+        if device.type == "cuda":  # the hardware's fastest kernel: flash attention wants bf16/fp16
+            steps |= {"torch sdpa, flash, bf16 autocast (reference)": _autocast(_flash_step(x)),
+                      "softmax, bf16 autocast": _autocast(_layer_step("softmax", 1, x))}
+        if not _fused_available("sinkhorn", 3, device):
+            del steps["sinkhorn(3), fused passes"]  # not on this device: the row would repeat the factored one
         if n <= eager_up_to:
             steps |= {"softmax, eager (before)": _layer_step("softmax", 1, x, path="eager"),
                       "gaussian, eager (before)": _layer_step("gaussian", 1, x, path="eager"),
-                      "sinkhorn(3), factored (before)": _layer_step("sinkhorn", 3, x, path="eager")}
+                      "sinkhorn(3), factored": _layer_step("sinkhorn", 3, x, path="eager")}
         med = _interleaved(steps, device, repeats)
         mem = {k: step_bytes(s, device)[0] for k, s in steps.items()}
         ref, sdpa, soft = med["torch.nn.MultiheadAttention"], med["torch sdpa (reference)"], med["softmax"]
