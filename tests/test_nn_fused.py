@@ -68,6 +68,26 @@ def test_fused_equals_the_eager_path_forward_and_gradients(shape, variant, n_ite
         assert torch.equal(fused[..., 1, :], torch.zeros_like(fused[..., 1, :]))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_softmax_zeroes_empty_rows_where_the_kernel_would_not(monkeypatch, bias):
+    # Kernels other than CPU's may return NaN for a query with no admissible key: the pass then
+    # lets such rows attend everywhere and zeroes them. Forced here on CPU: same values and gradients.
+    import sinkflow.nn._fused as fused
+
+    g = torch.Generator().manual_seed(8)
+    q, k, v = _qkv((2, 3, 9, 9), torch.float64, g)
+    mask = mask_patterns((2, 3, 9, 9), g)["empty row"] & mask_patterns((2, 3, 9, 9), g)["keys+queries"]
+    extra = torch.randn(9, 9, generator=g, dtype=torch.float64) if bias else None
+    w = torch.randn(2, 3, 9, 4, generator=g, dtype=torch.float64)
+    want = fused_attention(q, k, v, allowed=mask, bias=extra)
+    monkeypatch.setattr(fused, "_zeroes_empty_rows", lambda device: False)
+    got = fused_attention(q, k, v, allowed=mask, bias=extra)
+    assert torch.equal(got[..., 1, :], torch.zeros_like(got[..., 1, :]))
+    assert torch.allclose(got, want, rtol=0, atol=1e-14)
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-14)
+
+
 @pytest.mark.parametrize("variant", ["softmax", "gaussian"])
 def test_fused_with_an_additive_bias_is_the_biased_formula(variant):
     # torch's float attn_mask: added to the scores, -inf drops an entry; combined with a boolean mask.

@@ -196,11 +196,22 @@ def _one_width(q, k, v):
     return tuple(t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
 
 
+def _zeroes_empty_rows(device) -> bool:
+    """Whether torch's fused kernels on ``device`` return 0 for a query with no admissible key (CPU: yes)."""
+    return device.type == "cpu"
+
+
 def _softmax_pass(q, k, v, attn_mask):
     """SoftMax attention with scores ``q k^T / sqrt(p)`` (plus the mask) through SDPA."""
     scale, p_v = 1.0 / math.sqrt(q.shape[-1]), v.shape[-1]
     q, k, v = _one_width(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)[..., :p_v]
+    empty = None
+    if attn_mask is not None and not _zeroes_empty_rows(q.device):  # elsewhere such a row may be NaN:
+        ok = attn_mask if attn_mask.dtype == torch.bool else attn_mask > -math.inf  # let it attend
+        empty = ~ok.any(-1, keepdim=True)  # everywhere, then zero it (no gradient flows through it)
+        attn_mask = attn_mask | empty if attn_mask.dtype == torch.bool else attn_mask.masked_fill(empty, 0.0)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)[..., :p_v]
+    return out if empty is None else out.masked_fill(empty, 0.0)
 
 
 def _bias_mask(col, mask):
