@@ -144,8 +144,8 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant="
     k : torch.Tensor, shape (..., m, p)
     v : torch.Tensor, shape (..., m, p_v)
     variant : str or AttentionVariant
-        ``"softmax"``, ``"sinkhorn"`` with ``n_iter = 1``, or ``"gaussian"`` (CPU); see
-        :func:`fused_available`.
+        ``"softmax"`` (and ``"sinkhorn"`` with ``n_iter = 1``) on any device; ``"gaussian"``
+        and ``"sinkhorn"`` on CPU; see :func:`fused_available`.
     n_iter : int
         Sinkhorn half-iterations.
     allowed : bool tensor broadcastable to (..., n, m), optional
