@@ -83,8 +83,8 @@ def fused_available(variant, n_iter: int = 1, device: torch.device | str = "cpu"
 # Sinkhorn(n_iter) makes n_iter + 1 fused passes; the factored path makes one SoftMax pass and
 # keeps the n x m matrix. On CPU (one thread, embedding 64, 4 heads, n_iter = 3) the factored
 # path was the faster at every length measured (2.1-2.6x torch's SDPA per training step at
-# n = 1,024 and 4,096, the fused passes 3.7-4x), so the fused passes take over only where the
-# matrix the factored path keeps for backward would pass this many bytes.
+# n = 1,024 and 4,096, the fused passes 3.7-4x; at 16,384 the fused passes took 2.4x), so the
+# fused passes take over only where the matrix the factored path keeps would pass this many bytes.
 SINKHORN_MATRIX_BYTES = 2**30
 
 
