@@ -19,7 +19,13 @@ saves for backward (the part that grows as n^2).
 
 ``--profile`` prints the top ops of the Sinkhorn layer step (torch.profiler).
 
+``--fused [N ...]`` prints only the fused-pass table instead (issue 21): the layer step of
+SoftMax and the Gaussian kernel through the fused kernels (:mod:`sinkflow.nn._fused`) against
+torch's SDPA, ``torch.nn.MultiheadAttention`` and the eager matrix path (up to n = 4,096),
+with Skyformer and Sinkhorn(3), time and memory, measured in the same run with the load.
+
 Usage: ``python benchmarks/bench_attention.py [--quick] [--threads 1] [--lengths 1024 4096] [--profile]``
+or ``python benchmarks/bench_attention.py --fused 256 1024 4096 16384 [--repeats 7]``
 """
 
 from __future__ import annotations
@@ -42,9 +48,12 @@ def _solver_path(scores, n_iter, mask=None, values=None):
     return P if values is None else P @ values
 
 
-def _layer_step(normalization, n_iter, x, solver_path=False):
+def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
+    """A sinkflow layer step; ``path="eager"``: without the fused passes (the matrix path, as before
+    them); ``path="fused"``: the fused passes wherever they are available (else: sinkflow's choice)."""
     from unittest import mock
 
+    import sinkflow.nn._fused as fused
     import sinkflow.nn.attention as attention
     from sinkflow.nn import MultiheadAttention
 
@@ -52,10 +61,49 @@ def _layer_step(normalization, n_iter, x, solver_path=False):
     mha = MultiheadAttention(x.shape[-1], 4, batch_first=True, normalization=normalization, n_iter=n_iter, device=x.device)
 
     def step():
-        with mock.patch.object(attention, "sinkhorn_attention", _solver_path) if solver_path else nullcontext():
+        with mock.patch.object(attention, "sinkhorn_attention", _solver_path) if solver_path else nullcontext(), \
+                mock.patch.object(fused, "fused_preferred", _FORCED[path]) if path else nullcontext():
             out, _ = mha(x, x, x, need_weights=False)
             out.mean().backward()
         return out
+    return step
+
+
+_FORCED = {"eager": lambda *args: False, "fused": lambda variant, n_iter, q, k: _fused_available(variant, n_iter, q.device)}
+
+
+def _fused_available(*args):
+    from sinkflow.nn._fused import fused_available
+
+    return fused_available(*args)
+
+
+def _autocast(step):
+    def run():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            step()
+    return run
+
+
+def _flash_step(x):
+    """torch's SDPA restricted to the flash kernel (CUDA, under bf16 autocast)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    step = _reference_step("sdpa", x)
+
+    def run():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            step()
+    return run
+
+
+def _torch_mha_step(x, heads=4):
+    """``torch.nn.MultiheadAttention`` (SDPA inside when weights are not needed), the layer reference."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(x.shape[-1], heads, batch_first=True, device=x.device)
+
+    def step():
+        mha(x, x, x, need_weights=False)[0].mean().backward()
     return step
 
 
@@ -111,16 +159,64 @@ def _long_table(lengths, device, repeats) -> None:
         steps = {"softmax": _layer_step("softmax", 1, x), "sinkhorn(3)": _layer_step("sinkhorn", 3, x),
                  "sinkhorn(3), solver path (before)": _layer_step("sinkhorn", 3, x, solver_path=True),
                  "skyformer": _layer_step("skyformer", 1, x)}
-        timers = {k: _time(s, device, warmup=1) for k, s in steps.items()}
-        samples = {k: [] for k in steps}
-        for _ in range(repeats):
-            for k, t in timers.items():
-                samples[k].append(t())
-        med = {k: statistics.median(v) for k, v in samples.items()}
+        med = _interleaved(steps, device, repeats)
         mem = {k: step_bytes(s, device)[0] for k, s in steps.items()}
         for k in steps:
             print(f"| {n} | {k} | {1e3 * med[k]:.1f} | {med[k] / med['softmax']:.2f} | {mem[k] / 2**20:.1f} | "
                   f"{mem[k] / mem['softmax']:.2f} |")
+
+
+def _fused_table(lengths, device, repeats, eager_up_to=4096) -> None:
+    """Fused SoftMax and Gaussian layer steps against torch's SDPA / MultiheadAttention and the eager path."""
+    from sinkflow.nn._cost import step_bytes
+
+    print(f"\nFused passes (issue 21): layer step, embedding 64, 4 heads, batch max(1, min(8, 8192 / n)), "
+          f"{torch.get_num_threads()} thread(s), median of {repeats} (interleaved), load {_load()}; memory: "
+          f"{'peak CUDA allocated' if device.type == 'cuda' else 'bytes saved for backward'}\n")
+    print("| n | batch | variant | ms / step | x torch MHA | x SDPA | x SoftMax | memory MiB | x torch MHA |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    g = torch.Generator().manual_seed(2)
+    for n in lengths:
+        b = max(1, min(8, 8192 // n))
+        x = torch.randn(b, n, 64, generator=g).to(device)
+        steps = {"torch sdpa (reference)": _reference_step("sdpa", x), "torch.nn.MultiheadAttention": _torch_mha_step(x),
+                 "softmax": _layer_step("softmax", 1, x), "gaussian": _layer_step("gaussian", 1, x),
+                 "skyformer": _layer_step("skyformer", 1, x),
+                 "sinkhorn(3), fused passes": _layer_step("sinkhorn", 3, x, path="fused")}
+        if device.type == "cuda":  # the hardware's fastest kernel: flash attention wants bf16/fp16
+            steps |= {"torch sdpa, flash, bf16 autocast (reference)": _autocast(_flash_step(x)),
+                      "softmax, bf16 autocast": _autocast(_layer_step("softmax", 1, x))}
+        if not _fused_available("sinkhorn", 3, device):
+            del steps["sinkhorn(3), fused passes"]  # not on this device: the row would repeat the factored one
+        if n <= eager_up_to:
+            steps |= {"softmax, eager (before)": _layer_step("softmax", 1, x, path="eager"),
+                      "gaussian, eager (before)": _layer_step("gaussian", 1, x, path="eager"),
+                      "sinkhorn(3), factored": _layer_step("sinkhorn", 3, x, path="eager")}
+        med = _interleaved(steps, device, repeats)
+        mem = {k: step_bytes(s, device)[0] for k, s in steps.items()}
+        ref, sdpa, soft = med["torch.nn.MultiheadAttention"], med["torch sdpa (reference)"], med["softmax"]
+        for k in steps:
+            print(f"| {n} | {b} | {k} | {1e3 * med[k]:.1f} | {med[k] / ref:.2f} | {med[k] / sdpa:.2f} | "
+                  f"{med[k] / soft:.2f} | {mem[k] / 2**20:.1f} | {mem[k] / mem['torch.nn.MultiheadAttention']:.2f} |")
+    print(f"\nload after: {_load()}")
+
+
+def _load() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def _interleaved(steps, device, repeats):
+    """Median seconds of each step, the steps run in turn ``repeats`` times after one warm-up each."""
+    timers = {k: _time(s, device, warmup=1) for k, s in steps.items()}
+    samples = {k: [] for k in steps}
+    for _ in range(repeats):
+        for k, t in timers.items():
+            samples[k].append(t())
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def _time(step, device, warmup=2):
@@ -144,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--fused", nargs="*", type=int, default=None, metavar="N",
+                    help="only the fused-pass table (issue 21) at these lengths (default 256 1024 4096 16384)")
     ap.add_argument("--profile", action="store_true", help="profile the Sinkhorn layer step")
     ap.add_argument("--device", default="cpu", help="cpu (the target) or cuda")
     ap.add_argument("--lengths", nargs="*", type=int, default=[1024, 4096],
@@ -153,6 +251,9 @@ def main(argv=None) -> int:
     repeats = args.repeats or (7 if args.quick else 21)
     n, b, d = args.seq_len, args.batch, 64
     device = torch.device(args.device)
+    if args.fused is not None:
+        _fused_table(args.fused or [256, 1024, 4096, 16384], device, args.repeats or (3 if args.quick else 7))
+        return 0
     g = torch.Generator().manual_seed(0)
     x = torch.randn(b, n, d, generator=g).to(device)
     tokens = torch.randint(0, 64, (b, n), generator=g).to(device)

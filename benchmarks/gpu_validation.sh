@@ -11,7 +11,8 @@
 #   1. GPU consistency checks (CPU vs CUDA outputs, bf16 autocast keeps float32 weights, masks) -> gpu_checks.json,
 #      and the CUDA tests of tests/nn/test_nn.py (pytest -m gpu) -> gpu_tests.txt;
 #   2. per-step timing of SoftMax / Sinkhorn / Gaussian attention on CUDA (n = 256), and the layer step with
-#      peak memory at n = 1,024 ... 16,384 -> bench_*.md;
+#      peak memory at n = 1,024 ... 16,384 -> bench_*.md; 2b. (CUDA only) the fused-pass table of
+#      bench_attention.py --fused against SDPA (flash, bf16) at n = 1,024, 4,096, 16,384 -> bench_fused_cuda.md;
 #   3a. the Long Range Arena tasks of the Skyformer paper with the paper's model (--full: 2 layers, embedding 64,
 #      FFN 128, 2 heads, mean pooling, 128 landmarks) at reduced steps: listops and pathfinder, softmax, sinkhorn(3),
 #      gaussian, skyformer, nystromformer -> <task>_full.{json,md} + figures;
@@ -107,6 +108,12 @@ fi
 say "2. attention step timing on $DEVICE"
 timeout 120 "$PY" benchmarks/bench_attention.py --device "$DEVICE" --seq-len 256 --repeats "$REPEATS" --lengths $BENCH_LENGTHS \
     --threads "$(nproc)" >"$OUT/bench_${DEVICE}.md" 2>>"$LOG" || say "bench failed or timed out"
+
+if [[ $DEVICE == cuda ]] && "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    say "2b. fused attention layer steps against torch SDPA (flash, bf16) and torch.nn.MultiheadAttention, n = 1,024 ... 16,384"
+    timeout 120 "$PY" benchmarks/bench_attention.py --device cuda --fused 1024 4096 16384 --repeats 5 \
+        >"$OUT/bench_fused_cuda.md" 2>>"$LOG" || say "fused bench failed or timed out"
+fi
 
 run_task() {  # task budget_seconds extra-args...
     local task=$1 budget=$2; shift 2

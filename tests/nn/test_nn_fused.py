@@ -1,0 +1,263 @@
+"""Fused attention passes (sinkflow.nn._fused) against the eager path and plain formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from oracles import mask_patterns
+
+from sinkflow.nn import MultiheadAttention, scaled_attention
+from sinkflow.nn._cost import saved_bytes
+from sinkflow.nn._fused import SINKHORN_MATRIX_BYTES, fused_attention, fused_available, fused_preferred
+
+MASKS = ["none", "keys", "keys+queries", "causal", "random", "empty row"]
+VARIANTS = [("softmax", 1), ("sinkhorn", 1), ("gaussian", 1)]
+TOL = {torch.float64: 1e-12, torch.float32: 2e-6}
+
+
+def _plain(q, k, v, variant, allowed=None, bias=None):
+    """The attention matrix written out in float64 from its formula, then times v (the oracle)."""
+    q, k, v = q.double(), k.double(), v.double()
+    p = q.shape[-1]
+    if variant == "gaussian":
+        C = -((q.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1) / (2 * math.sqrt(p))
+    else:
+        C = q @ k.transpose(-1, -2) / math.sqrt(p)
+    C = C if bias is None else C + bias.double()
+    E = torch.exp(C if variant == "gaussian" else C - C.amax(-1, keepdim=True).clamp_min(-1e300))
+    E = E if allowed is None else E * allowed
+    if variant != "gaussian":
+        E = E / E.sum(-1, keepdim=True).clamp_min(1e-300)
+    return E @ v
+
+
+def _qkv(shape, dtype, g, p=4, p_v=None, scale=1.0):
+    *batch, n, m = shape
+    q = scale * torch.randn(*batch, n, p, generator=g, dtype=torch.float64)
+    k = scale * torch.randn(*batch, m, p, generator=g, dtype=torch.float64)
+    v = torch.randn(*batch, m, p_v or p, generator=g, dtype=torch.float64)
+    return [t.to(dtype).requires_grad_() for t in (q, k, v)]
+
+
+def _grads(out, inputs, w):
+    return torch.autograd.grad((out * w).sum(), inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("variant,n_iter", VARIANTS)
+@pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 7, 5), (1, 40, 33)])
+def test_fused_equals_the_eager_path_forward_and_gradients(shape, variant, n_iter, mask_kind, dtype):
+    # need_weights=False (fused) against need_weights=True (the matrix, then K @ V), over the
+    # six mask patterns of the factored Sinkhorn tests, values and gradients of q, k, v.
+    g = torch.Generator().manual_seed(len(shape) + len(mask_kind))
+    mask = mask_patterns(shape, g)[mask_kind]
+    q, k, v = _qkv(shape, dtype, g)
+    w = torch.randn(*shape[:-1], v.shape[-1], generator=g, dtype=dtype)
+    eager, K = scaled_attention(q, k, v, variant, n_iter=n_iter, mask=mask)
+    fused, none = scaled_attention(q, k, v, variant, n_iter=n_iter, mask=mask, need_weights=False)
+    assert K is not None and none is None and fused.dtype == dtype
+    tol = TOL[dtype]  # relative to the largest entry (the Gaussian kernel's outputs are sums, not means)
+    assert torch.allclose(fused, eager, rtol=0, atol=tol * max(1.0, float(eager.abs().max())))
+    assert torch.allclose(fused.double(), _plain(q, k, v, variant, mask), rtol=0, atol=10 * tol * max(1.0, float(eager.abs().max())))
+    for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w)):
+        assert torch.allclose(got, want, rtol=0, atol=5 * tol * max(1.0, float(want.abs().max())))
+    if mask_kind == "empty row":  # a query with no admissible key: zero output, zero gradient, no NaN
+        assert torch.equal(fused[..., 1, :], torch.zeros_like(fused[..., 1, :]))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_softmax_zeroes_empty_rows_where_the_kernel_would_not(monkeypatch, bias):
+    # Kernels other than CPU's may return NaN for a query with no admissible key: the pass then
+    # lets such rows attend everywhere and zeroes them. Forced here on CPU: same values and gradients.
+    import sinkflow.nn._fused as fused
+
+    g = torch.Generator().manual_seed(8)
+    q, k, v = _qkv((2, 3, 9, 9), torch.float64, g)
+    mask = mask_patterns((2, 3, 9, 9), g)["empty row"] & mask_patterns((2, 3, 9, 9), g)["keys+queries"]
+    extra = torch.randn(9, 9, generator=g, dtype=torch.float64) if bias else None
+    w = torch.randn(2, 3, 9, 4, generator=g, dtype=torch.float64)
+    want = fused_attention(q, k, v, allowed=mask, bias=extra)
+    monkeypatch.setattr(fused, "_zeroes_empty_rows", lambda device: False)
+    got = fused_attention(q, k, v, allowed=mask, bias=extra)
+    assert torch.equal(got[..., 1, :], torch.zeros_like(got[..., 1, :]))
+    assert torch.allclose(got, want, rtol=0, atol=1e-14)
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("variant", ["softmax", "gaussian"])
+def test_fused_with_an_additive_bias_is_the_biased_formula(variant):
+    # torch's float attn_mask: added to the scores, -inf drops an entry; combined with a boolean mask.
+    g = torch.Generator().manual_seed(3)
+    q, k, v = _qkv((2, 6, 8), torch.float64, g)
+    bias = torch.randn(6, 8, generator=g, dtype=torch.float64)
+    bias[0, 2] = -math.inf
+    allowed = torch.rand(2, 1, 8, generator=g) > 0.3
+    allowed[..., 0] = True
+    want = _plain(q, k, v, variant, allowed, bias)
+    got = fused_attention(q, k, v, variant, allowed=allowed, bias=bias)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    w = torch.randn(2, 6, 4, generator=g, dtype=torch.float64)
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_gaussian_fused_is_exact_at_large_norms_and_another_value_width():
+    # |q|^2 / (2 sqrt p) ~ 450 would overflow exp in float32 if the row factor were applied
+    # outside the pass; p_v != p takes the zero-padding path; non-contiguous heads as in a layer.
+    g = torch.Generator().manual_seed(4)
+    x = 30 * torch.randn(2, 12, 3, 4, generator=g)
+    q = x.transpose(1, 2).requires_grad_()  # (2, 3, 12, 4), not contiguous
+    k = (q.detach() + 0.5 * torch.randn(2, 3, 12, 4, generator=g)).requires_grad_()
+    v = torch.randn(2, 3, 12, 6, generator=g, requires_grad=True)
+    got = fused_attention(q, k, v, "gaussian")
+    want = _plain(q, k, v, "gaussian")
+    # float32 rounds the exponent -|q - k|^2 / (2 tau) = (2 q.k - |q|^2 - |k|^2) / (2 tau) to about
+    # eps |q|^2 / (2 tau) (~ 5e-4 here), relative, as the eager float32 scores do.
+    rel = float(torch.finfo(torch.float32).eps * q.detach().square().sum(-1).max() / (2 * math.sqrt(4)))
+    assert bool(torch.isfinite(got).all()) and want.abs().max() > 1e-3
+    assert torch.allclose(got.double(), want, rtol=0, atol=rel * float(want.abs().max()))
+    w = torch.randn(2, 3, 12, 6, generator=g)
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w.double())):
+        assert torch.allclose(a, b, rtol=0, atol=rel * float(b.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["softmax", "gaussian"])
+def test_fused_half_inputs_compute_in_float32_and_return_their_dtype(variant, dtype):
+    g = torch.Generator().manual_seed(5)
+    q, k, v = _qkv((2, 16, 16), torch.float32, g)
+    mask = mask_patterns((2, 16, 16), g)["keys"]
+    qh, kh, vh = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out = fused_attention(qh, kh, vh, variant, allowed=mask)
+    want = _plain(qh, kh, vh, variant, mask)  # the same rounded inputs, in float64
+    assert out.dtype == dtype
+    assert torch.allclose(out.double(), want, rtol=0, atol=2 * float(torch.finfo(dtype).eps) * (1 + float(want.abs().max())))
+    out.float().square().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == dtype and bool(torch.isfinite(t.grad).all()) for t in (qh, kh, vh))
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "gaussian"])
+def test_layer_without_weights_saves_what_torch_saves(normalization):
+    # The fused layer keeps O(n p) for backward: within 1.2x torch.nn.MultiheadAttention's
+    # (SoftMax), 1.8x for the Gaussian kernel (it adds the row sums and the key bias), and
+    # far below one batch x heads x n x n float32 matrix (what the eager path keeps).
+    torch.manual_seed(0)
+    b, n, d, h = 2, 1024, 16, 2
+    x = torch.randn(b, n, d)
+    pad = (torch.arange(n) >= 800).expand(b, n)
+    ours = MultiheadAttention(d, h, batch_first=True, normalization=normalization)
+    ref = torch.nn.MultiheadAttention(d, h, batch_first=True)
+    got, _ = saved_bytes(lambda: ours(x, x, x, key_padding_mask=pad, need_weights=False))
+    want, _ = saved_bytes(lambda: ref(x, x, x, key_padding_mask=pad, need_weights=False))
+    assert got <= (1.2 if normalization == "softmax" else 1.8) * want, (got, want)
+    assert got < b * h * n * n * 4 / 8
+
+
+def test_layer_matches_torch_multihead_attention_with_masks():
+    # Same parameters loaded into torch's module: equal outputs and input gradients with a
+    # key-padding mask and a causal boolean attn_mask (torch's True = not allowed).
+    torch.manual_seed(1)
+    b, n, d, h = 2, 10, 8, 2
+    ours = MultiheadAttention(d, h, batch_first=True)
+    ref = torch.nn.MultiheadAttention(d, h, batch_first=True)
+    ref.load_state_dict(ours.state_dict())  # torch's parameter layout
+    x = torch.randn(b, n, d, requires_grad=True)
+    pad = (torch.arange(n) >= 7).expand(b, n)
+    causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+    outs = [m(x, x, x, key_padding_mask=pad, attn_mask=causal, need_weights=False)[0] for m in (ours, ref)]
+    assert torch.allclose(outs[0], outs[1], rtol=0, atol=1e-6)
+    grads = [torch.autograd.grad(o.square().sum(), x)[0] for o in outs]
+    assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("n_iter", [2, 3, 4, 7])
+@pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 7, 5), (1, 40, 33)])
+def test_fused_sinkhorn_equals_the_eager_factored_path(shape, n_iter, mask_kind, dtype):
+    # The log-domain passes against the factored multiplicative path (values and gradients of
+    # q, k, v) and against the solver's matrix times v, over the six mask patterns.
+    import sinkflow
+    from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+
+    g = torch.Generator().manual_seed(n_iter + len(mask_kind))
+    mask = mask_patterns(shape, g)[mask_kind]
+    q, k, v = _qkv(shape, dtype, g, scale=1.5)
+    w = torch.randn(*shape[:-1], v.shape[-1], generator=g, dtype=dtype)
+    C = q @ k.transpose(-1, -2) / 2.0  # p = 4: the scores q k^T / sqrt(p)
+    eager = sinkhorn_attention(C, n_iter, mask, values=v)
+    fused = fused_attention(q, k, v, "sinkhorn", n_iter=n_iter, allowed=mask)
+    tol = TOL[dtype]
+    assert fused.dtype == dtype and torch.allclose(fused, eager, rtol=0, atol=tol)
+    solver = sinkflow.sinkhorn(C.detach().double(), n_iter=n_iter, mask=mask) @ v.detach().double()
+    assert torch.allclose(fused.double(), solver, rtol=0, atol=10 * tol)
+    for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w)):
+        assert torch.allclose(got, want, rtol=0, atol=5 * tol * max(1.0, float(want.abs().max())))
+
+
+def test_fused_sinkhorn_saves_linear_memory_and_takes_a_bias():
+    # Memory saved for backward: O(n (p + n_iter)) per head, not the n x n SoftMax the
+    # factored path keeps; a finite additive bias enters the scores (oracle: solver on C + B).
+    import sinkflow
+    from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+
+    g = torch.Generator().manual_seed(6)
+    q, k, v = _qkv((2, 2, 1024, 1024), torch.float32, g, p=8)
+    mask = mask_patterns((2, 2, 1024, 1024), g)["keys"]
+    nbytes, _ = saved_bytes(lambda: fused_attention(q, k, v, "sinkhorn", n_iter=3, allowed=mask))
+    per_line = 2 * 2 * 1024 * 4  # batch x heads x n float32
+    assert nbytes <= per_line * (4 * 8 + 3 * (3 + 1)), nbytes  # q, k, v, output; 3 line vectors per pass
+    factored, _ = saved_bytes(lambda: sinkhorn_attention(q @ k.transpose(-1, -2), 3, mask, values=v))
+    assert factored > 10 * nbytes
+    q, k, v = _qkv((2, 6, 8), torch.float64, g)
+    bias = torch.randn(6, 8, generator=g, dtype=torch.float64)
+    C = q @ k.transpose(-1, -2) / 2.0 + bias
+    want = sinkflow.sinkhorn(C, n_iter=4) @ v
+    assert torch.allclose(fused_attention(q, k, v, "sinkhorn", n_iter=4, bias=bias), want, rtol=0, atol=1e-12)
+
+
+def test_sinkhorn_layer_takes_the_fused_passes_past_the_matrix_budget(monkeypatch):
+    # With the budget at 0 the layer's need_weights=False path is the fused one: same output
+    # and parameter gradients as the matrix path, and a fraction of its saved memory.
+    import sinkflow.nn._fused as fused
+
+    torch.manual_seed(2)
+    x = torch.randn(2, 64, 16)
+    pad = (torch.arange(64) >= 50).expand(2, 64)
+    mha = MultiheadAttention(16, 2, batch_first=True, normalization="sinkhorn", n_iter=3)
+    factored, _ = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=False))
+    monkeypatch.setattr(fused, "SINKHORN_MATRIX_BYTES", 0)
+    results = []
+    for need in (True, False):
+        mha.zero_grad()
+        nbytes, (out, _) = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=need))
+        out.square().mean().backward()
+        results.append((nbytes, out.detach(), [p.grad.clone() for p in mha.parameters()]))
+    (_, out_w, grads_w), (nbytes, out_f, grads_f) = results
+    assert torch.allclose(out_f, out_w, rtol=0, atol=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads_f, grads_w))
+    assert nbytes < factored / 2, (nbytes, factored)
+
+
+def test_fused_availability_and_refusals():
+    q = k = v = torch.randn(2, 3, 4)
+    assert fused_available("softmax") and fused_available("sinkhorn", 1) and fused_available("gaussian")
+    assert fused_available("sinkhorn", 3) and not fused_available("unnormalized")
+    # Sinkhorn goes fused only past the factored path's matrix budget (float32: 4 bytes an entry)
+    side = math.isqrt(SINKHORN_MATRIX_BYTES // 4)
+    at, past = torch.empty(side, 1), torch.empty(side + 1, 1)
+    assert not fused_preferred("sinkhorn", 3, at, at) and fused_preferred("sinkhorn", 3, past, past)
+    assert fused_preferred("sinkhorn", 3, at.double(), at.double())  # 8 bytes an entry
+    assert fused_preferred("softmax", 1, q, k) and not fused_preferred("unnormalized", 1, past, past)
+    with pytest.raises(ValueError, match="no fused pass"):
+        fused_attention(q, k, v, "unnormalized")
+    with pytest.raises(TypeError, match="boolean"):
+        fused_attention(q, k, v, allowed=torch.ones(3, 3))
+    with pytest.raises(TypeError, match="floating-point"):
+        fused_attention(q, k, v, bias=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="share p"):
+        fused_attention(q, torch.randn(2, 3, 5), v)
