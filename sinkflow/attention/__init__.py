@@ -1,10 +1,11 @@
 """Attention primitives: scores, normalizations and the one registry of attention variants.
 
-Everything the dynamics and the models compute starts here. ``scores`` turns queries and
-keys into a score matrix (dot product or Gaussian); ``normalizations`` turns scores into
+Everything the dynamics and the models compute starts here. ``_scores.py`` turns queries and
+keys into a score matrix (dot product or Gaussian); ``_normalizations.py`` turns scores into
 attention: SoftMax, and Sinkhorn's algorithm, log-stable, to a fixed number of half-steps
-or to tolerance; ``nystrom`` has the Gaussian-kernel attention of Skyformer and its Nyström
-approximations; ``variants`` is the registry (:func:`register_attention`) through which
+or to tolerance; ``_kernelized.py`` has the exact Gaussian-kernel attention of Skyformer,
+``_nystrom.py`` its Nyström approximations (and Nyströmformer's), with the inverses of
+``_inverses.py``; ``_variants.py`` is the registry (:func:`register_attention`) through which
 particles, the heat layer and :mod:`sinkflow.nn` use every variant, defined once.
 
 Start reading at ``_variants.py`` (what an attention variant is), then
@@ -24,14 +25,18 @@ from sinkflow.attention._normalizations import (
     default_tolerance,
     attainable_error,
 )
-from sinkflow.attention._nystrom import (
+from sinkflow.attention._kernelized import (
     gaussian_kernel,
     kernelized_attention_matrix,
     kernelized_attention,
     lifted_kernel,
-    sample_landmarks,
+)
+from sinkflow.attention._inverses import (
     iterative_inverse,
     newton_schulz_pinv,
+)
+from sinkflow.attention._nystrom import (
+    sample_landmarks,
     NystromFactors,
     nystrom_factors,
     nystrom_matrix,
@@ -64,9 +69,9 @@ __all__ = [
     "kernelized_attention_matrix",
     "kernelized_attention",
     "lifted_kernel",
-    "sample_landmarks",
     "iterative_inverse",
     "newton_schulz_pinv",
+    "sample_landmarks",
     "NystromFactors",
     "nystrom_factors",
     "nystrom_matrix",

@@ -34,7 +34,6 @@ needed. Only the lower tail is needed, so even :math:`\log(2n/\delta)` would do.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -42,12 +41,12 @@ import numpy as np
 import torch
 
 from sinkflow._checks import check_number, check_seed
+from sinkflow.attention._inverses import _iterative_inverse
 from sinkflow.attention._nystrom import (
     _check_gamma,
     _check_inverse,
     _check_iter,
     _check_pair,
-    _iterative_inverse,
     _kernel,
     _pinv_rtol,
     _stack,
@@ -57,7 +56,6 @@ from sinkflow.bounds._spectral import (
     _check_fraction,
     _check_trials,
     LANDMARK_CONSTANT,
-    SHARP_LANDMARK_CONSTANT,
     spectral_norm,
     extreme_eigenvalues,
     ridge_leverage_scores,

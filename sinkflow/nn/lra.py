@@ -17,7 +17,6 @@ images) and the model.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from sinkflow.datasets import LISTOPS_VOCAB, listops, listops_tokens, pathfinder, pathfinder_tokens

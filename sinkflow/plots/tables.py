@@ -5,6 +5,8 @@ Not a figure module: it registers nothing, and draws what a user's sweep compute
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 __all__ = ["plot_sweep"]
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from sinkflow._checks import check_number
 
-__all__ = ["sweep", "expand_grid", "resolve_experiment", "point_key", "local_client", "plot_sweep", "SweepError"]
+__all__ = ["sweep", "expand_grid", "resolve_experiment", "point_key", "local_client", "SweepError"]
 
 #: Result arrays larger than this are refused: a sweep table holds summaries, not data sets.
 MAX_RESULT_SIZE = 100_000

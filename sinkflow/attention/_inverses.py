@@ -1,0 +1,154 @@
+"""Inverses for Nyström approximations: the Moore-Penrose pseudo-inverse with a dtype-aware
+cut-off, and the iterative (Newton-Schulz) inverse of Nyströmformer and Skyformer's code, with
+its initializations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sinkflow._backend import check_finite, check_float, check_number, from_torch, to_torch
+
+__all__ = ["iterative_inverse", "newton_schulz_pinv"]
+
+
+_INVERSES = ("pinv", "iterative")
+
+
+def _eye_like(a):
+    return torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+
+
+def _newton_schulz(S, n_iter, init="norms"):
+    r"""Cubic Newton–Schulz iteration :math:`Z \leftarrow \tfrac14 Z(13 I - SZ(15 I - SZ(7 I - SZ)))`.
+
+    ``init="norms"`` starts at :math:`Z_0 = S^T / (\|S\|_1 \|S\|_\infty)`, which makes every
+    eigenvalue of :math:`S Z_0` lie in (0, 1] for nonsingular ``S`` (Nyströmformer's start);
+    ``init="official"`` at :math:`Z_0 = S^T / \|S\|_1` (Skyformer's start, for the scaled
+    symmetric blocks of :func:`iterative_inverse`, whose spectrum lies in (0, 1]). The
+    residual :math:`r = 1 - x` of each eigenvalue then maps to :math:`r^3 (3 + r) / 4`.
+    """
+    norm1 = S.abs().sum(-2).amax(-1)
+    scale = norm1 if init == "official" else norm1 * S.abs().sum(-1).amax(-1)
+    Z = S.transpose(-1, -2) / scale[..., None, None]
+    eye = _eye_like(S)
+    for _ in range(n_iter):
+        SZ = S @ Z
+        Z = 0.25 * Z @ (13 * eye - SZ @ (15 * eye - SZ @ (7 * eye - SZ)))
+    return Z
+
+
+def _check_square(M, name="M"):
+    numpy_out = not isinstance(M, torch.Tensor)
+    a = to_torch(M, name)
+    check_float(a, name)
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"{name} must be square (..., m, m), got {tuple(a.shape)}")
+    check_finite(a.detach(), name)
+    return a, numpy_out
+
+
+def _check_iter(n_iter):
+    return check_number(n_iter, "n_iter", integer=True, positive=True, allow_zero=True)
+
+
+def _check_gamma(gamma):
+    return float(check_number(gamma, "gamma", positive=True, allow_zero=True))
+
+
+_INITS = ("official", "norms")
+
+
+def _iterative_inverse(a, n_iter, gamma, init="official"):
+    if init not in _INITS:
+        raise ValueError(f"init must be one of {_INITS}, got {init!r}")
+    r = a + gamma * _eye_like(a)
+    d = r.sum(-1)
+    if not bool((d > 0).all()):
+        raise ValueError("iterative_inverse needs positive row sums of M + gamma I (a kernel block with gamma > 0)")
+    s = d.rsqrt()
+    Z = _newton_schulz(s[..., :, None] * r * s[..., None, :], n_iter, init)
+    return s[..., :, None] * Z * s[..., None, :]
+
+
+def iterative_inverse(M, n_iter: int = 6, gamma: float = 0.1, init: str = "official"):
+    r"""Skyformer's practical inverse: :math:`(M + \gamma I)^{-1}` by Newton–Schulz iterations.
+
+    With :math:`R = M + \gamma I` and :math:`D = \mathrm{diag}(R \mathbf 1)`, the scaled matrix
+    :math:`S = D^{-1/2} R D^{-1/2}` (spectrum in (0, 1] for a positive kernel block) is
+    inverted by ``n_iter`` cubic Newton–Schulz iterations and scaled back,
+    :math:`R^{-1} \approx D^{-1/2} S^{-1} D^{-1/2}`. Few iterations invert only the
+    well-conditioned part of :math:`R`, which acts as extra regularization.
+
+    Parameters
+    ----------
+    M : array (..., m, m)
+        Symmetric landmark block with positive entries (e.g. :math:`\bar C_{J,J}`).
+    n_iter : int
+        Iterations (6 in Skyformer). ``n_iter -> inf`` gives :math:`(M + \gamma I)^{-1}`.
+    gamma : float
+        Ridge :math:`\gamma \ge 0` (0.1 in Skyformer).
+    init : {"official", "norms"}
+        Start of the iteration. ``"official"`` (default), as in Skyformer's code:
+        :math:`Z_0 = S^T / \|S\|_1` (largest column sum; the official code takes that maximum
+        over all heads and batch entries at once, here it is per head). ``"norms"``:
+        :math:`Z_0 = S^T / (\|S\|_1 \|S\|_\infty)`, Nyströmformer's start, safe for any
+        nonsingular matrix but slower. Measured on Gaussian landmark blocks (m = 64-128,
+        p = 8-64, 6 iterations, gamma = 0.1), the relative spectral error to
+        :math:`(M + \gamma I)^{-1}` was 0.35 (median) with ``"official"`` and 0.38 with
+        ``"norms"``.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> M = np.array([[1.0, 0.2], [0.2, 1.0]])
+    >>> Z = sinkflow.iterative_inverse(M, n_iter=10, gamma=0.0)
+    >>> bool(np.allclose(Z, np.linalg.inv(M)))
+    True
+    """
+    a, numpy_out = _check_square(M)
+    if not (float(gamma) >= 0):
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    return from_torch(_iterative_inverse(a, _check_iter(n_iter), _check_gamma(gamma), init), numpy_out)
+
+
+def newton_schulz_pinv(M, n_iter: int = 6):
+    r"""Nyströmformer's iterative Moore–Penrose inverse of a (non-symmetric) block.
+
+    Cubic Newton–Schulz iterations from :math:`Z_0 = M^T / (\|M\|_1 \|M\|_\infty)`;
+    converges to :math:`M^{+}` (to :math:`M^{-1}` when ``M`` is nonsingular).
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> M = np.array([[0.7, 0.3], [0.4, 0.6]])
+    >>> bool(np.allclose(sinkflow.newton_schulz_pinv(M, n_iter=12), np.linalg.inv(M)))
+    True
+    """
+    a, numpy_out = _check_square(M)
+    return from_torch(_newton_schulz(a, _check_iter(n_iter)), numpy_out)
+
+
+def _pinv_rtol(dtype) -> float:
+    """Default pseudo-inverse cutoff, sqrt(machine eps) relative to the largest eigenvalue.
+
+    Kernel entries carry rounding ~ eps (the squared distance is an expansion), so landmark-block
+    eigenvalues below ~sqrt(eps) are noise that 1/s amplifies: with LAPACK's m eps cutoff a
+    float64 Nyström broke Cbar~ <= Cbar by 1e-5 relative; at sqrt(eps) the violation stays ~1e-8.
+    """
+    return math.sqrt(torch.finfo(dtype).eps)
+
+
+def _core(block, inverse, n_iter, gamma, symmetric, init="official"):
+    if inverse == "pinv":
+        return torch.linalg.pinv(block, hermitian=symmetric, rtol=_pinv_rtol(block.dtype))
+    if symmetric:
+        return _iterative_inverse(block, n_iter, gamma, init)
+    return _newton_schulz(block, n_iter)
+
+
+def _check_inverse(inverse):
+    if inverse not in _INVERSES:
+        raise ValueError(f"inverse must be one of {_INVERSES}, got {inverse!r}")
