@@ -44,6 +44,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sinkflow.heat": ("GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid"),
     "sinkflow.heat_limit": ("heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map",
                             "HeatFlowResult"),
+    "sinkflow.mean_field": ("mean_field_flow", "MeanFieldResult"),
+    "sinkflow.circle_stability": ("circle_growth_rate", "fastest_mode", "count_clusters", "angular_density"),
     "sinkflow.distances": ("wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study"),
     # parameter sweeps (experiments live in sinkflow.experiments)
     "sinkflow.sweeps": ("sweep", "plot_sweep", "SweepError"),
