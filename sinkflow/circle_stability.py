@@ -31,7 +31,8 @@ from sinkflow._backend import from_torch, to_torch
 from sinkflow.mean_field import CIRCLE_NORMALIZATIONS, default_tol, symmetric_sinkhorn_scaling
 
 __all__ = ["CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode", "angular_density",
-           "count_clusters", "circle_energy", "uniform_angles", "fourier_amplitude", "STEP"]
+           "count_clusters", "circle_energy", "uniform_angles", "fourier_amplitude", "formation_time",
+           "particle_cluster_count", "STEP"]
 
 #: Largest step on the circle, in units of the field's time scale (1 for SoftMax and Sinkhorn).
 STEP = 0.05
@@ -217,3 +218,34 @@ def circle_energy(density, beta: float) -> float:
     w = rho * 2 * np.pi / rho.size
     K = np.exp(beta * np.cos(theta[:, None] - theta[None]))
     return float(w @ K @ w / (2 * beta))
+
+
+def formation_time(beta: float, n: int, normalization: str = "softmax") -> float:
+    r"""Time for the fastest mode to grow from the i.i.d. noise level :math:`n^{-1/2}` to O(1): :math:`\log\sqrt n / \lambda_{k^*}`."""
+    k = fastest_mode(beta, normalization)
+    return math.log(math.sqrt(n)) / circle_growth_rate(k, beta, normalization)
+
+
+def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: str = "softmax", *,
+                           h: float = 0.05, plateau: float = 2.0) -> int:
+    r"""Clusters that ``n`` i.i.d. uniform particles on the circle form, counted at the metastable plateau.
+
+    The particles run under :func:`sinkflow.simulate` (``manifold="sphere"``, :math:`d = 2`,
+    temperature :math:`1/\beta`, Euler step ``h``) up to ``plateau`` times
+    :func:`formation_time`, and their clusters are counted by :func:`count_clusters` of
+    :func:`angular_density`. Compare with :func:`fastest_mode`.
+
+    Examples
+    --------
+    >>> from sinkflow.circle_stability import particle_cluster_count, fastest_mode
+    >>> particle_cluster_count(8.0, seed=1), fastest_mode(8.0)
+    (4, 4)
+    """
+    import sinkflow
+
+    theta = np.random.default_rng(seed).uniform(0, 2 * np.pi, int(n))
+    x0 = np.stack([np.cos(theta), np.sin(theta)], 1)
+    steps = int(round(plateau * formation_time(beta, n, normalization) / h))
+    x = sinkflow.simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta,
+                          save_every=max(steps, 1)).final
+    return count_clusters(angular_density(np.arctan2(x[:, 1], x[:, 0])))
