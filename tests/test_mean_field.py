@@ -292,3 +292,17 @@ def test_count_clusters_on_planted_clusters_and_uniform():
     theta = np.concatenate([c + 0.02 * rng.normal(size=60) for c in centres])
     assert count_clusters(angular_density(theta)) == 4
     assert count_clusters(angular_density(rng.uniform(0, 2 * np.pi, 5000))) == 0
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "sinkhorn"])
+def test_particles_from_perturbed_equispaced_angles_grow_at_the_linear_rate(normalization):
+    """simulate on the sphere (d = 2): the displacement mode sin(k theta) grows at lambda_k too."""
+    n, k, beta = 96, 2, 3.0
+    th0 = 2 * np.pi * (np.arange(n) + 0.5) / n
+    th = th0 + 1e-5 * np.sin(k * th0)
+    lam = circle_growth_rate(k, beta, normalization)
+    traj = sinkflow.simulate(np.stack([np.cos(th), np.sin(th)], 1), normalization, h=0.05, steps=int(1.5 / lam / 0.05),
+                             manifold="sphere", temperature=1 / beta, integrator="rk4")
+    ang = np.unwrap(np.arctan2(traj.positions[:, :, 1], traj.positions[:, :, 0]), axis=1)
+    amp = [abs(np.fft.rfft(a - th0)[k]) for a in ang]
+    assert np.polyfit(traj.times, np.log(amp), 1)[0] == pytest.approx(lam, rel=1e-4)
