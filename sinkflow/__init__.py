@@ -46,7 +46,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                             "HeatFlowResult"),
     "sinkflow.mean_field": ("mean_field_flow", "MeanFieldResult"),
     "sinkflow.circle_stability": ("circle_growth_rate", "fastest_mode", "count_clusters", "angular_density"),
-    "sinkflow.distances": ("wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study"),
+    "sinkflow.distances": ("wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study",
+                           "wasserstein2_to_grid"),
     # parameter sweeps (experiments live in sinkflow.experiments)
     "sinkflow.sweeps": ("sweep", "plot_sweep", "SweepError"),
 }

@@ -28,7 +28,8 @@ import torch
 from scipy.special import ive
 
 from sinkflow._backend import from_torch, to_torch
-from sinkflow.mean_field import CIRCLE_NORMALIZATIONS, default_tol, symmetric_sinkhorn_scaling
+from sinkflow.grid_fields import default_tol, symmetric_sinkhorn_scaling
+from sinkflow.mean_field import CIRCLE_NORMALIZATIONS
 
 __all__ = ["CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode", "angular_density",
            "count_clusters", "circle_energy", "uniform_angles", "fourier_amplitude", "formation_time",

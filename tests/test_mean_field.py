@@ -17,7 +17,8 @@ from scipy.special import iv
 import sinkflow
 from sinkflow.circle_stability import (angular_density, circle_growth_rate, count_clusters, fastest_mode,
                                        fourier_amplitude, particle_cluster_count, uniform_angles)
-from sinkflow.mean_field import grid_quantiles, mean_field_flow, wasserstein2_to_grid
+from sinkflow.distances import grid_quantiles, wasserstein2_to_grid
+from sinkflow.mean_field import mean_field_flow
 
 # the exact variance rate of N(0, S) under each layer (docs/theory/heat_limit.md, heat-limits table)
 RATES = {

@@ -57,7 +57,7 @@ def compute_limits(cfg: LimitsConfig) -> dict:
     data = {"grid": y, "n": np.asarray(cfg.n_values, dtype=float), "eps": np.asarray(cfg.eps_values, dtype=float)}
     with torch_threads(1):
         pde = sinkflow.mean_field_flow(cells(g, y), y, [cfg.t], normalization="sinkhorn", eps=cfg.eps_for_n).final
-        w2 = np.array([[sinkflow.mean_field.wasserstein2_to_grid(
+        w2 = np.array([[sinkflow.distances.wasserstein2_to_grid(
             sinkflow.heat_flow(g.sample(n, 1000 * cfg.seed + s), cfg.t, cfg.eps_for_n, cfg.dt), pde, y)
             for s in range(cfg.seeds)] for n in cfg.n_values])
         data["pde"], data["w2"] = pde, w2
