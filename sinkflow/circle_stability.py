@@ -33,7 +33,7 @@ from sinkflow.mean_field import CIRCLE_NORMALIZATIONS
 
 __all__ = ["CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode", "angular_density",
            "count_clusters", "circle_energy", "uniform_angles", "fourier_amplitude", "formation_time",
-           "particle_cluster_count", "STEP"]
+           "particle_cluster_count", "sphere_growth_rate", "STEP"]
 
 #: Largest step on the circle, in units of the field's time scale (1 for SoftMax and Sinkhorn).
 STEP = 0.05
@@ -250,3 +250,40 @@ def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: 
     x = sinkflow.simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta,
                           save_every=max(steps, 1)).final
     return count_clusters(angular_density(np.arctan2(x[:, 1], x[:, 0])))
+
+
+def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
+    r"""Linear growth rate of the zonal harmonic :math:`P_l(\langle x, e\rangle)` around the uniform law on :math:`S^2`.
+
+    The sphere in :math:`d = 3` (:func:`sinkflow.simulate`, ``manifold="sphere"``, :math:`Q = K = V = I`):
+    by Funk-Hecke, :math:`\int_{S^2} e^{\beta\langle x, y\rangle} P_l(\langle y, e\rangle)\, d\sigma(y) = 4\pi\, i_l(\beta)\, P_l(\langle x, e\rangle)`
+    (:math:`i_l` the modified spherical Bessel function), the velocity is the surface gradient of
+    :math:`\beta^{-1}\int e^{\beta\langle x, y\rangle} d\rho`, and :math:`-\Delta_{S^2} P_l = l(l+1) P_l`, so
+
+    .. math:: \lambda_l = \frac{l(l+1)\, i_l(\beta)}{\beta}\, c_l,\qquad
+       c_l = 1,\ \frac{1}{i_0(\beta)},\ \frac{1}{i_0(\beta) + i_l(\beta)}
+
+    for the unnormalized, SoftMax and Sinkhorn kernels (the circle's :math:`k^2 I_k` with
+    :math:`l(l+1)\, i_l`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.circle_stability import sphere_growth_rate
+    >>> int(np.argmax(sphere_growth_rate(np.arange(1, 8), 5.0))) + 1   # fastest harmonic at beta = 5
+    3
+    """
+    from scipy.special import spherical_in
+
+    if normalization not in CIRCLE_NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
+    beta = float(beta)
+    if not (beta > 0 and math.isfinite(beta)):
+        raise ValueError(f"beta must be a positive finite number, got {beta}")
+    l = np.asarray(l)
+    if np.any(l < 1) or np.any(l != np.round(l)):
+        raise ValueError("l must be a positive integer")
+    il, i0 = spherical_in(l.astype(int), beta), spherical_in(0, beta)
+    c = {"unnormalized": 1.0, "softmax": 1 / i0, "sinkhorn": 1 / (i0 + il)}[normalization]
+    rate = l * (l + 1) * il * c / beta
+    return float(rate) if rate.ndim == 0 else rate

@@ -307,3 +307,27 @@ def test_particles_from_perturbed_equispaced_angles_grow_at_the_linear_rate(norm
     ang = np.unwrap(np.arctan2(traj.positions[:, :, 1], traj.positions[:, :, 0]), axis=1)
     amp = [abs(np.fft.rfft(a - th0)[k]) for a in ang]
     assert np.polyfit(traj.times, np.log(amp), 1)[0] == pytest.approx(lam, rel=1e-4)
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "sinkhorn"])
+def test_sphere_d3_zonal_harmonics_grow_at_the_funk_hecke_rate(normalization):
+    """Particles on S^2 (Fibonacci lattice, n = 150): a displacement along grad P_2(z) grows at lambda_2."""
+    from numpy.polynomial import legendre
+
+    from sinkflow.circle_stability import sphere_growth_rate
+
+    n, l, beta, h = 150, 2, 4.0, 0.05
+    k = np.arange(n) + 0.5
+    z, phi = 1 - 2 * k / n, np.pi * (1 + 5 ** 0.5) * k
+    x0 = np.stack([np.sqrt(1 - z ** 2) * np.cos(phi), np.sqrt(1 - z ** 2) * np.sin(phi), z], 1)
+    dP = legendre.legval(z, legendre.legder(np.eye(l + 1)[l]))
+    grad = dP[:, None] * (np.array([0.0, 0.0, 1.0]) - z[:, None] * x0)  # surface gradient of P_l(z)
+    xp = x0 + 1e-6 * grad
+    xp /= np.linalg.norm(xp, axis=1, keepdims=True)
+    lam = sphere_growth_rate(l, beta, normalization)
+    run = lambda x: sinkflow.simulate(x, normalization, h=h, steps=int(1.5 / lam / h), manifold="sphere",
+                                      temperature=1 / beta, integrator="rk4").positions
+    base, pert = run(x0), run(xp)  # the difference removes the lattice's own (non-uniform) drift
+    amp = np.einsum("tij,ij->t", pert - base, grad) / (grad ** 2).sum()
+    fit = np.polyfit(h * np.arange(amp.size), np.log(np.abs(amp)), 1)[0]
+    assert fit == pytest.approx(lam, rel=2e-3)
