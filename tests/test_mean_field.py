@@ -331,3 +331,28 @@ def test_sphere_d3_zonal_harmonics_grow_at_the_funk_hecke_rate(normalization):
     amp = np.einsum("tij,ij->t", pert - base, grad) / (grad ** 2).sum()
     fit = np.polyfit(h * np.arange(amp.size), np.log(np.abs(amp)), 1)[0]
     assert fit == pytest.approx(lam, rel=2e-3)
+
+
+def test_wasserstein2_to_grid_is_exact_on_a_coarse_grid():
+    """Five cells of unequal mass, seven particles: W2^2 = int_0^1 (x(u) - Q(u))^2 du by scipy quadrature."""
+    rng = np.random.default_rng(1)
+    y = np.arange(5) * 0.5 + 0.25
+    rho = rng.uniform(0.2, 1.0, 5)
+    rho /= rho.sum() * 0.5
+    x = np.sort(rng.uniform(-0.5, 3.0, 7))
+    cdf = np.concatenate([[0], np.cumsum(rho * 0.5)])
+    Q = lambda u: np.interp(u, cdf, np.arange(6) * 0.5)  # the quantile function, linear on each cell
+    points = np.unique(np.concatenate([cdf, np.arange(8) / 7]))
+    exact = sum(quad(lambda u: (x[min(int(7 * u), 6)] - Q(u)) ** 2, a, b)[0] for a, b in zip(points[:-1], points[1:]))
+    assert wasserstein2_to_grid(x, rho, y) ** 2 == pytest.approx(exact, rel=1e-10)
+
+
+def test_half_precision_is_refused_and_a_grad_tensor_is_accepted():
+    y = np.linspace(-5, 5, 100)
+    rho = torch.tensor(gaussian_cells(y, 1.0))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        mean_field_flow(rho.to(torch.float16), y, [0.1], normalization="sinkhorn", eps=0.1)
+    with pytest.raises(TypeError, match="floating"):
+        mean_field_flow(np.ones(100, dtype=int), y, [0.1], normalization="sinkhorn", eps=0.1)
+    r = mean_field_flow(rho.clone().requires_grad_(True), y, [0.1], normalization="sinkhorn", eps=0.1)
+    assert not r.densities.requires_grad and r.densities.dtype == torch.float64
