@@ -65,7 +65,7 @@ class MeanFieldResult:
     times : numpy.ndarray
     grid : numpy.ndarray or tuple of numpy.ndarray
         The cell centres (angles on the circle), as given.
-    densities : array (len(times), *grid_shape)
+    densities : array, shape ``(len(times), *grid_shape)``
         Cell values, in the input's type and dtype.
     normalization, manifold : str
     eps, temperature : float or None
