@@ -206,6 +206,43 @@ with style():
 """)
 
 md(r"""
+## 5. Between the particles and the heat equation: the mean-field PDE
+
+The comparison above mixes two limits. `sinkflow.mean_field_flow` solves the mean-field equation of the
+same layer, $\partial_t\rho + \nabla\cdot(\rho\, v_\varepsilon[\rho]) = 0$, on a grid (finite volumes,
+mass conserved to rounding), so the two errors can be seen apart: particles $\to$ PDE at rate
+$n^{-1/2}$ at fixed $\varepsilon$, PDE $\to$ heat at rate $O(\varepsilon)$ (docs/theory/mean_field.md).
+""")
+
+code(r"""
+from sinkflow.plots import mean_field as mf_figs
+
+cfg = mf_figs.LimitsConfig()  # a few seconds; fewer seeds make the n-slope too noisy to read
+data = mf_figs.compute_limits(cfg)
+with style():
+    fig = mf_figs.plot_limits(data, cfg)
+print(f"slopes: particles -> PDE {data['n_slope']:.2f} (n), PDE -> heat {data['eps_slope_sinkhorn']:.2f} (eps)")
+""")
+
+md(r"""
+On the circle the same equation (tokens under layer normalization, `simulate(..., manifold="sphere")` in
+$d = 2$) has the uniform density as an unstable state: the mode $\cos k\theta$ grows at
+$\lambda_k = k^2 I_k(\beta)/(\beta I_0(\beta))$ (SoftMax), and the fastest, $k^*(\beta)$, predicts how many
+metastable clusters form. Compare the PDE's growth with the formula:
+""")
+
+code(r"""
+from sinkflow.heat._circle_stability import circle_growth_rate, fourier_amplitude, uniform_angles
+
+beta, k, theta = 5.0, 3, uniform_angles(128)
+rho = (1 + 1e-6 * np.cos(k * theta)) / (2 * np.pi)
+res = sinkflow.mean_field_flow(rho, theta, np.linspace(0, 3, 7), normalization="softmax", temperature=1 / beta,
+                               manifold="circle")
+fit = np.polyfit(res.times, np.log([fourier_amplitude(d, k) for d in res.densities]), 1)[0]
+print(f"k* = {sinkflow.fastest_mode(beta)}; growth of cos(3 theta): PDE {fit:.4f}, linear theory {circle_growth_rate(k, beta):.4f}")
+""")
+
+md(r"""
 The full convergence study (orders in $\varepsilon$, $n$ and $dt$, several seeds) is the figure
 `heat_convergence`: `sinkflow figures heat_convergence --full`.
 

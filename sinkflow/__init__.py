@@ -42,7 +42,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sinkflow.heat": ("GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid",
                       "heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map",
                       "HeatFlowResult",
-                      "wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study"),
+                      "wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study",
+                      "wasserstein2_to_grid",
+                      "mean_field_flow", "MeanFieldResult",
+                      "circle_growth_rate", "fastest_mode", "count_clusters", "angular_density"),
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
     "sinkflow.sweeps": ("sweep", "SweepError"),
     "sinkflow.plots": ("plot_sweep",),

@@ -136,7 +136,7 @@ def test_gradient_flow_page_sign_convention_is_the_simulator(row):
 
 
 def test_nystrom_page_constants_are_the_code_constants():
-    import sinkflow.bounds._nystrom_bounds as bounds
+    import sinkflow.bounds as bounds
 
     t = sp.Rational(1, 2)
     bernstein = 2 * (1 + t / 3) / t ** 2  # m >= c R log(2N/delta) from P(|Y - P| >= t) <= 2N exp(-m t^2 / (2R(1 + t/3)))
@@ -144,3 +144,33 @@ def test_nystrom_page_constants_are_the_code_constants():
     assert rows == {"LANDMARK_CONSTANT": 2 * bernstein, "SHARP_LANDMARK_CONSTANT": bernstein}
     for name, value in rows.items():
         assert getattr(bounds, name) == pytest.approx(float(value), rel=1e-12)
+
+
+CIRCLE_ROWS = {row["normalization"]: row for row in read_table("mean_field.md", "circle-rates")}
+k_sym, beta_sym = sp.symbols("k beta", positive=True)
+
+
+def test_mean_field_page_has_one_circle_row_per_normalization():
+    from sinkflow.heat._mean_field import CIRCLE_NORMALIZATIONS
+
+    assert sorted(CIRCLE_ROWS) == sorted(CIRCLE_NORMALIZATIONS)
+
+
+@pytest.mark.parametrize("name", ["softmax", "unnormalized", "sinkhorn"])
+def test_mean_field_page_circle_rate_is_the_code_rate(name):
+    rate = sp.sympify(CIRCLE_ROWS[name]["growth rate of $\\cos k\\theta$"], locals={"k": k_sym, "beta": beta_sym})
+    for k in (1, 2, 3, 7):
+        for beta in (0.5, 5.0, 20.0):
+            stated = float(rate.subs({k_sym: k, beta_sym: beta}).evalf(30))
+            assert sinkflow.circle_growth_rate(k, beta, name) == pytest.approx(stated, rel=1e-10)
+    assert int(CIRCLE_ROWS[name]["$k^*$ at $\\beta = 5$"]) == sinkflow.fastest_mode(5.0, name)
+
+
+def test_mean_field_page_bessel_step_of_the_derivation():
+    """J_k = int e^{beta cos} sin sin(k .) = pi (I_{k-1} - I_{k+1}) = 2 pi k I_k / beta (sympy, 30 digits)."""
+    psi = sp.Symbol("psi")
+    for m in (1, 2, 5):
+        for b in (sp.Rational(3, 10), sp.Integer(4)):
+            J = sp.Integral(sp.exp(b * sp.cos(psi)) * sp.sin(psi) * sp.sin(m * psi), (psi, 0, 2 * sp.pi)).evalf(30)
+            assert abs(J - (sp.pi * (sp.besseli(m - 1, b) - sp.besseli(m + 1, b))).evalf(30)) < 1e-20
+            assert abs(J - (2 * sp.pi * m * sp.besseli(m, b) / b).evalf(30)) < 1e-20

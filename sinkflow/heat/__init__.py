@@ -3,7 +3,10 @@
 ``_references.py`` has exact references (Gaussian mixtures, Barenblatt, an FFT grid
 solver); ``_rescaled_flow.py`` the rescaled layer (:func:`heat_flow`) and its time scale;
 ``_distances.py`` W2, moment and KDE errors with fitted rates; ``_landmark_errors.py``
-how far a landmark flow strays from the exact one; :mod:`sinkflow.heat.symbolic` the sympy
+how far a landmark flow strays from the exact one; ``_mean_field.py`` the mean-field PDE
+between particles and heat (:func:`mean_field_flow`, its velocity on a grid in
+``_grid_fields.py``), and ``_circle_stability.py`` the linear theory of clustering on the
+circle and the sphere; :mod:`sinkflow.heat.symbolic` the sympy
 derivations used as test oracles (loaded on its own: it imports sympy).
 Start reading at ``_rescaled_flow.py``.
 """
@@ -17,6 +20,8 @@ from sinkflow.heat._references import (
 from sinkflow.heat._distances import (
     W2Result,
     wasserstein2,
+    grid_quantiles,
+    wasserstein2_to_grid,
     MomentErrors,
     moment_errors,
     kde_l1,
@@ -44,6 +49,36 @@ from sinkflow.heat._landmark_errors import (
     nystrom_spectral_error,
     heat_variance_errors,
 )
+from sinkflow.heat._grid_fields import (
+    symmetric_sinkhorn_scaling,
+    default_tol,
+    separable_apply,
+    EuclideanVelocity,
+)
+from sinkflow.heat._mean_field import (
+    mean_field_flow,
+    MeanFieldResult,
+    EUCLIDEAN_NORMALIZATIONS,
+    CIRCLE_NORMALIZATIONS,
+    MANIFOLDS,
+    flux_divergence,
+    CFL,
+)
+from sinkflow.heat._circle_stability import (
+    CircleVelocity,
+    circle_field,
+    circle_growth_rate,
+    fastest_mode,
+    angular_density,
+    count_clusters,
+    circle_energy,
+    uniform_angles,
+    fourier_amplitude,
+    formation_time,
+    particle_cluster_count,
+    sphere_growth_rate,
+    STEP,
+)
 
 __all__ = [
     "GaussianMixture",
@@ -52,6 +87,8 @@ __all__ = [
     "solve_heat_grid",
     "W2Result",
     "wasserstein2",
+    "grid_quantiles",
+    "wasserstein2_to_grid",
     "MomentErrors",
     "moment_errors",
     "kde_l1",
@@ -74,4 +111,28 @@ __all__ = [
     "landmark_flow_errors",
     "nystrom_spectral_error",
     "heat_variance_errors",
+    "symmetric_sinkhorn_scaling",
+    "default_tol",
+    "separable_apply",
+    "EuclideanVelocity",
+    "mean_field_flow",
+    "MeanFieldResult",
+    "EUCLIDEAN_NORMALIZATIONS",
+    "CIRCLE_NORMALIZATIONS",
+    "MANIFOLDS",
+    "flux_divergence",
+    "CFL",
+    "CircleVelocity",
+    "circle_field",
+    "circle_growth_rate",
+    "fastest_mode",
+    "angular_density",
+    "count_clusters",
+    "circle_energy",
+    "uniform_angles",
+    "fourier_amplitude",
+    "formation_time",
+    "particle_cluster_count",
+    "sphere_growth_rate",
+    "STEP",
 ]

@@ -1,0 +1,289 @@
+r"""Attention on the circle: the mean-field velocity, its linear stability, and cluster counts.
+
+docs/theory/mean_field.md. Tokens :math:`x = (\cos\theta, \sin\theta)` on the unit circle
+under :func:`sinkflow.simulate` with ``manifold="sphere"``, :math:`Q = K = V = I` and
+temperature :math:`1/\beta` move by :math:`\dot\theta_i = \sum_j K_{ij}\sin(\theta_j - \theta_i)`
+with :math:`K_{ij} \propto a_j e^{\beta\cos(\theta_i - \theta_j)}` normalized by rows
+(``"softmax"``), not at all (``"unnormalized"``) or doubly stochastically (``"sinkhorn"``).
+On a density :math:`\rho` (w.r.t. :math:`d\theta`):
+
+.. math:: v[\rho](\theta) = \int K_\rho(\theta, \varphi)\sin(\varphi - \theta)\,\rho(\varphi)\,d\varphi .
+
+Around the uniform density :math:`1/(2\pi)` the mode :math:`\cos k\theta` grows at the rate
+
+.. math:: \lambda_k = \frac{k^2 I_k(\beta)}{\beta}\,c_k, \qquad
+   c_k = 1 \text{ (unnormalized)},\quad \frac{1}{I_0(\beta)} \text{ (softmax)},\quad
+   \frac{1}{I_0(\beta) + I_k(\beta)} \text{ (sinkhorn)},
+
+(:math:`I_k` the modified Bessel functions), and the fastest mode :math:`k^*(\beta)` predicts
+how many clusters particles from a near-uniform start form before they merge.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.special import ive
+
+from sinkflow._backend import from_torch, to_torch
+from sinkflow.heat._grid_fields import default_tol, symmetric_sinkhorn_scaling
+from sinkflow.heat._mean_field import CIRCLE_NORMALIZATIONS
+
+__all__ = ["CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode", "angular_density",
+           "count_clusters", "circle_energy", "uniform_angles", "fourier_amplitude", "formation_time",
+           "particle_cluster_count", "sphere_growth_rate", "STEP"]
+
+#: Largest step on the circle, in units of the field's time scale (1 for SoftMax and Sinkhorn).
+STEP = 0.05
+
+
+def uniform_angles(n_cells: int) -> np.ndarray:
+    """Cell centres :math:`2\\pi (i + 1/2) / G` of ``G`` equal cells on the circle."""
+    return 2 * np.pi * (np.arange(n_cells) + 0.5) / n_cells
+
+
+class CircleVelocity:
+    """Face velocities :math:`v[\\rho](\\theta_{i+1/2})` on ``G`` equal cells of the circle (periodic)."""
+
+    periodic = True
+
+    def __init__(self, theta: torch.Tensor, beta: float, normalization: str, tol: float, max_iter: int):
+        self.beta, self.temperature, self.normalization = beta, 1.0 / beta, normalization
+        self.tol, self.max_iter = tol, max_iter
+        # accuracy step: the normalized fields attract to a cluster at rate <= 1 and grow modes at
+        # rates <= 2/e; the unnormalized field is I_0(beta) times faster
+        self.step_cap = STEP / (float(ive(0, beta)) * math.exp(beta) if normalization == "unnormalized" else 1.0)
+        h = float(theta[1] - theta[0])
+        self.spacings = [h]
+        faces = theta + h / 2
+        # e^{beta (cos - 1)} <= 1: no overflow; the factor e^beta returns only for "unnormalized"
+        self.centre = torch.exp(beta * (torch.cos(theta[:, None] - theta[None]) - 1))
+        diff = theta[None] - faces[:, None]
+        self.face = torch.exp(beta * (torch.cos(diff) - 1))
+        self.face_sin = self.face * torch.sin(diff)
+
+    def kernel(self, a):
+        return self.centre @ a
+
+    def __call__(self, w: torch.Tensor, s=None):
+        info = (None, 0, 0.0, True)
+        a = w
+        if self.normalization == "sinkhorn":
+            info = symmetric_sinkhorn_scaling(self.kernel, w, s, tol=self.tol, max_iter=self.max_iter)
+            a = w * info[0]
+        drift = self.face_sin @ a
+        if self.normalization == "unnormalized":
+            return [drift * math.exp(self.beta)], info
+        mass = self.face @ a
+        return [torch.where(mass > 0, drift / mass.clamp_min(torch.finfo(a.dtype).tiny), 0.0)], info
+
+
+def _check_circle_grid(grid) -> np.ndarray:
+    theta = np.asarray(from_torch(to_torch(grid, "grid"), True), dtype=float)
+    if theta.ndim != 1 or theta.size < 8:
+        raise ValueError(f"the circle grid must be a 1D array of at least 8 angles, got shape {theta.shape}")
+    d = np.diff(theta)
+    h = 2 * np.pi / theta.size
+    if not (np.all(np.isfinite(theta)) and np.all(np.abs(d - h) <= 1e-6 * h)):
+        raise ValueError(f"the circle grid must be {theta.size} equispaced increasing angles covering one turn "
+                         f"(spacing 2 pi / G = {h:.6g}), e.g. sinkflow.heat.uniform_angles(G)")
+    return theta
+
+
+def circle_field(grid, temperature, normalization: str, like: torch.Tensor, tol, max_iter):
+    """Checked :class:`CircleVelocity` for :func:`sinkflow.mean_field_flow` (internal)."""
+    if normalization not in CIRCLE_NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS} on the circle "
+                         f"(the names of simulate), got {normalization!r}")
+    if temperature is None:
+        raise ValueError("manifold='circle' needs temperature (tau = 1/beta of the scores beta cos(theta - phi))")
+    tau = float(temperature)
+    if not (tau > 0 and math.isfinite(tau)):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+    beta = 1.0 / tau
+    theta = _check_circle_grid(grid)
+    if 2 * np.pi / theta.size > 0.5 / math.sqrt(beta):
+        raise ValueError(f"the grid does not resolve the kernel e^(beta cos): spacing {2 * np.pi / theta.size:.3g} exceeds "
+                         f"1/(2 sqrt(beta)) = {0.5 / math.sqrt(beta):.3g}; use at least "
+                         f"{math.ceil(4 * np.pi * math.sqrt(beta))} angles")
+    tol = default_tol(like.dtype, None) if tol is None else float(tol)
+    field = CircleVelocity(torch.as_tensor(theta, dtype=like.dtype, device=like.device), beta, normalization, tol,
+                           max_iter)
+    return field, (theta.size,), theta
+
+
+def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
+    r"""Linear growth rate :math:`\lambda_k` of :math:`\cos k\theta` around the uniform density.
+
+    Parameters
+    ----------
+    k : int or array of int >= 1
+    beta : float
+        Inverse temperature (> 0).
+    normalization : {"softmax", "unnormalized", "sinkhorn"}
+
+    Returns
+    -------
+    float or numpy.ndarray
+        :math:`k^2 I_k(\beta) c_k / \beta` with :math:`c_k` of the module docstring.
+
+    Examples
+    --------
+    >>> from sinkflow.heat._circle_stability import circle_growth_rate
+    >>> rates = circle_growth_rate([1, 2, 3, 4, 5], 5.0)
+    >>> int(rates.argmax()) + 1   # beta = 5: the 3-periodic mode grows fastest under SoftMax
+    3
+    """
+    if normalization not in CIRCLE_NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
+    beta = float(beta)
+    if not (beta > 0 and math.isfinite(beta)):
+        raise ValueError(f"beta must be a positive finite number, got {beta}")
+    k = np.asarray(k, dtype=float)
+    if np.any(k < 1) or np.any(k != np.round(k)):
+        raise ValueError("k must be a positive integer (k = 0 is the mass, which does not grow)")
+    ik, i0 = ive(k, beta), ive(0, beta)  # scaled by e^-beta: the ratios are exact
+    c = {"unnormalized": math.exp(beta), "softmax": 1 / i0, "sinkhorn": 1 / (i0 + ik)}[normalization]
+    rate = k ** 2 * ik * c / beta
+    return float(rate) if rate.ndim == 0 else rate
+
+
+def fastest_mode(beta: float, normalization: str = "softmax", k_max: int | None = None) -> int:
+    r"""The mode :math:`k^*(\beta) = \arg\max_k \lambda_k` (:func:`circle_growth_rate`).
+
+    Examples
+    --------
+    >>> from sinkflow.heat._circle_stability import fastest_mode
+    >>> [fastest_mode(b) for b in (1.0, 5.0, 20.0)], fastest_mode(5.0, "sinkhorn")
+    ([1, 3, 6], 4)
+    """
+    k_max = k_max or int(4 * math.sqrt(max(float(beta), 1.0))) + 4
+    rates = np.atleast_1d(circle_growth_rate(np.arange(1, k_max + 1), beta, normalization))
+    return int(np.argmax(rates)) + 1
+
+
+def fourier_amplitude(density, k: int) -> float:
+    r"""Amplitude :math:`\sqrt{a_k^2 + b_k^2}` of :math:`\cos(k\theta)` in a density on :func:`uniform_angles`.
+
+    With :math:`\rho = \frac{1}{2\pi}(1 + \delta\cos k\theta)` it returns :math:`\delta / (2\pi)`.
+    """
+    rho = np.asarray(from_torch(to_torch(density, "density"), True), dtype=float)
+    c = np.fft.rfft(rho)[k]
+    return float(2 * abs(c) / rho.size)
+
+
+def angular_density(theta, n_cells: int = 360, bandwidth: float = 0.05) -> np.ndarray:
+    """Smoothed angular density of particle angles on :func:`uniform_angles` (periodic Gaussian, std ``bandwidth``)."""
+    theta = np.mod(np.asarray(theta, dtype=float).ravel(), 2 * np.pi)
+    hist = np.bincount((theta / (2 * np.pi) * n_cells).astype(int) % n_cells, minlength=n_cells).astype(float)
+    return _smooth(hist / (theta.size * 2 * np.pi / n_cells), bandwidth)
+
+
+def _smooth(rho: np.ndarray, bandwidth: float) -> np.ndarray:
+    n = rho.size
+    freq = np.fft.rfftfreq(n, d=1.0 / n)  # integer wave numbers
+    return np.fft.irfft(np.fft.rfft(rho) * np.exp(-0.5 * (bandwidth * freq) ** 2), n)
+
+
+def count_clusters(density, *, threshold: float = 3.0, bandwidth: float = 0.05) -> int:
+    r"""Clusters of an angular density: local maxima of the smoothed density above ``threshold / (2 pi)``.
+
+    The definition used for particles and for the mean-field densities alike: smooth the
+    density on its (equispaced, periodic) cells with a Gaussian of std ``bandwidth`` (radians)
+    and count the strict local maxima higher than ``threshold`` times the uniform density.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.heat._circle_stability import angular_density, count_clusters
+    >>> theta = np.concatenate([np.full(50, 0.5), np.full(50, 2.5), np.full(50, 4.5)])
+    >>> count_clusters(angular_density(theta))
+    3
+    """
+    rho = _smooth(np.asarray(from_torch(to_torch(density, "density"), True), dtype=float), bandwidth)
+    left, right = np.roll(rho, 1), np.roll(rho, -1)
+    peaks = (rho > left) & (rho >= right) & (rho > threshold / (2 * np.pi))
+    return int(peaks.sum())
+
+
+def circle_energy(density, beta: float) -> float:
+    r""":math:`E_\beta = \frac{1}{2\beta}\iint e^{\beta\cos(\theta - \varphi)}\rho(\theta)\rho(\varphi)` on :func:`uniform_angles`.
+
+    The mean-field counterpart of :func:`sinkflow.energy_sphere` (which SoftMax and the
+    unnormalized kernel increase along the flow).
+    """
+    rho = np.asarray(from_torch(to_torch(density, "density"), True), dtype=float)
+    theta = uniform_angles(rho.size)
+    w = rho * 2 * np.pi / rho.size
+    K = np.exp(beta * np.cos(theta[:, None] - theta[None]))
+    return float(w @ K @ w / (2 * beta))
+
+
+def formation_time(beta: float, n: int, normalization: str = "softmax") -> float:
+    r"""Time for the fastest mode to grow from the i.i.d. noise level :math:`n^{-1/2}` to O(1): :math:`\log\sqrt n / \lambda_{k^*}`."""
+    k = fastest_mode(beta, normalization)
+    return math.log(math.sqrt(n)) / circle_growth_rate(k, beta, normalization)
+
+
+def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: str = "softmax", *,
+                           h: float = 0.05, plateau: float = 2.0) -> int:
+    r"""Clusters that ``n`` i.i.d. uniform particles on the circle form, counted at the metastable plateau.
+
+    The particles run under :func:`sinkflow.simulate` (``manifold="sphere"``, :math:`d = 2`,
+    temperature :math:`1/\beta`, Euler step ``h``) up to ``plateau`` times
+    :func:`formation_time`, and their clusters are counted by :func:`count_clusters` of
+    :func:`angular_density`. Compare with :func:`fastest_mode`.
+
+    Examples
+    --------
+    >>> from sinkflow.heat._circle_stability import particle_cluster_count, fastest_mode
+    >>> particle_cluster_count(8.0, seed=1), fastest_mode(8.0)
+    (4, 4)
+    """
+    import sinkflow
+
+    theta = np.random.default_rng(seed).uniform(0, 2 * np.pi, int(n))
+    x0 = np.stack([np.cos(theta), np.sin(theta)], 1)
+    steps = int(round(plateau * formation_time(beta, n, normalization) / h))
+    x = sinkflow.simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta,
+                          save_every=max(steps, 1)).final
+    return count_clusters(angular_density(np.arctan2(x[:, 1], x[:, 0])))
+
+
+def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
+    r"""Linear growth rate of the zonal harmonic :math:`P_l(\langle x, e\rangle)` around the uniform law on :math:`S^2`.
+
+    The sphere in :math:`d = 3` (:func:`sinkflow.simulate`, ``manifold="sphere"``, :math:`Q = K = V = I`):
+    by Funk-Hecke, :math:`\int_{S^2} e^{\beta\langle x, y\rangle} P_l(\langle y, e\rangle)\, d\sigma(y) = 4\pi\, i_l(\beta)\, P_l(\langle x, e\rangle)`
+    (:math:`i_l` the modified spherical Bessel function), the velocity is the surface gradient of
+    :math:`\beta^{-1}\int e^{\beta\langle x, y\rangle} d\rho`, and :math:`-\Delta_{S^2} P_l = l(l+1) P_l`, so
+
+    .. math:: \lambda_l = \frac{l(l+1)\, i_l(\beta)}{\beta}\, c_l,\qquad
+       c_l = 1,\ \frac{1}{i_0(\beta)},\ \frac{1}{i_0(\beta) + i_l(\beta)}
+
+    for the unnormalized, SoftMax and Sinkhorn kernels (the circle's :math:`k^2 I_k` with
+    :math:`l(l+1)\, i_l`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.heat._circle_stability import sphere_growth_rate
+    >>> int(np.argmax(sphere_growth_rate(np.arange(1, 8), 5.0))) + 1   # fastest harmonic at beta = 5
+    3
+    """
+    from scipy.special import spherical_in
+
+    if normalization not in CIRCLE_NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
+    beta = float(beta)
+    if not (beta > 0 and math.isfinite(beta)):
+        raise ValueError(f"beta must be a positive finite number, got {beta}")
+    l = np.asarray(l)
+    if np.any(l < 1) or np.any(l != np.round(l)):
+        raise ValueError("l must be a positive integer")
+    il, i0 = spherical_in(l.astype(int), beta), spherical_in(0, beta)
+    c = {"unnormalized": 1.0, "softmax": 1 / i0, "sinkhorn": 1 / (i0 + il)}[normalization]
+    rate = l * (l + 1) * il * c / beta
+    return float(rate) if rate.ndim == 0 else rate

@@ -1,0 +1,394 @@
+r"""The mean-field equation of an attention layer, solved on a grid (docs/theory/mean_field.md).
+
+Particles of :func:`sinkflow.heat_flow` (or of :func:`sinkflow.simulate` on the circle) move
+with a velocity that depends on the empirical measure only. Evaluated on a density instead,
+it gives the mean-field (Vlasov) equation of the same layer,
+
+.. math:: \partial_t\rho + \nabla\cdot(\rho\, v_\varepsilon[\rho]) = 0,
+
+which sits between the particles (:math:`n\to\infty`, error :math:`O(n^{-1/2})`) and the
+heat limit (:math:`\varepsilon\to 0`, error :math:`O(\varepsilon)`).
+
+* ``manifold="euclidean"``: :math:`v_\varepsilon[\rho](x) = -\frac2\varepsilon\int K(x, y)(y - x)\rho(y)\,dy`
+  with the kernels of :mod:`sinkflow.heat` (``"sinkhorn"``, ``"softmax_gaussian"``,
+  ``"softmax_dot"``, ``"unnormalized"``), in 1D or 2D; the Gaussian kernel is applied one
+  axis at a time (never a dense ``G^2 x G^2`` matrix).
+* ``manifold="circle"``: :math:`v[\rho](\theta) = \int K(\theta, \varphi)\sin(\varphi - \theta)\rho(\varphi)\,d\varphi`
+  with :math:`K \propto e^{\beta\cos(\theta - \varphi)}` normalized as in :func:`sinkflow.simulate`
+  on the sphere with :math:`d = 2`, :math:`Q = K = V = I` (:mod:`sinkflow.heat`).
+
+Scheme: finite volumes on cell centres. The velocity is evaluated exactly at the cell faces
+(the kernel sums of the barycentric map, the Sinkhorn potential extended to any point by its
+row normalization), fluxes are upwind with minmod-limited (MUSCL) reconstruction, boundary
+faces carry no flux (periodic on the circle), and time advances by Heun's method (SSP-RK2).
+Mass is conserved to rounding; the density stays non-negative under the CFL condition
+:math:`h\sum_k \max|v_k|/\Delta x_k \le 1/2`, which each step enforces by sub-stepping. Sinkhorn
+runs on the cell masses with the symmetric (geometric-mean) iteration
+:math:`s \leftarrow \sqrt{s / K(s w)}`, which contracts by at least 1/2 per iteration because the
+kernel is positive definite.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sinkflow._backend import check_finite, check_float, from_torch, to_torch
+from sinkflow.heat._references import _check_time
+from sinkflow.heat._grid_fields import EuclideanVelocity, default_tol
+from sinkflow.heat._rescaled_flow import NORMALIZATIONS as EUCLIDEAN_NORMALIZATIONS
+
+__all__ = ["mean_field_flow", "MeanFieldResult", "EUCLIDEAN_NORMALIZATIONS", "CIRCLE_NORMALIZATIONS", "MANIFOLDS",
+           "flux_divergence", "CFL"]
+
+CIRCLE_NORMALIZATIONS = ("softmax", "unnormalized", "sinkhorn")
+MANIFOLDS = ("euclidean", "circle")
+#: Courant number of each Heun stage: positivity of the limited upwind scheme needs <= 1/2.
+CFL = 0.45
+#: Largest relative deviation of the initial mass from 1.
+MASS_TOL = 1e-4
+#: Mass in the outer cells of a Euclidean grid above which the solver warns (the box is too small).
+BOUNDARY_TOL = 1e-4
+
+
+@dataclass(frozen=True)
+class MeanFieldResult:
+    """Densities of the mean-field equation at the requested times, with the solver's diagnostics.
+
+    Attributes
+    ----------
+    times : numpy.ndarray
+    grid : numpy.ndarray or tuple of numpy.ndarray
+        The cell centres (angles on the circle), as given.
+    densities : array, shape ``(len(times), *grid_shape)``
+        Cell values, in the input's type and dtype.
+    normalization, manifold : str
+    eps, temperature : float or None
+    n_steps : int
+        Heun steps taken (each costs two velocity evaluations).
+    dt_max, dt_min : float
+        Largest and smallest step used (steps are cut by the CFL condition, ``eps / 2`` and the
+        requested ``dt``, and to land on each output time).
+    mass_error : float
+        Largest ``|mass(t) - mass(0)|`` over the snapshots (rounding only).
+    min_density : float
+        Smallest cell value over the snapshots (>= 0 up to rounding).
+    boundary_mass : float
+        Largest mass in the outer cells of a Euclidean grid (0 on the circle): mass that
+        reaches the box's edge is held there by the zero-flux boundary.
+    sinkhorn_iterations : numpy.ndarray
+        Symmetric Sinkhorn iterations of each step (both stages; zeros for the other kernels).
+    max_marginal_error : float
+        Largest L1 marginal error of the Sinkhorn plans on the grid.
+    converged : bool
+    """
+
+    times: np.ndarray
+    grid: Any
+    densities: Any
+    normalization: str
+    manifold: str
+    eps: float | None
+    temperature: float | None
+    n_steps: int
+    dt_max: float
+    dt_min: float
+    mass_error: float
+    min_density: float
+    boundary_mass: float
+    sinkhorn_iterations: np.ndarray
+    max_marginal_error: float
+    converged: bool
+
+    @property
+    def final(self):
+        """The density at the last time."""
+        return self.densities[-1]
+
+
+# ----------------------------------------------------------------------------------------
+# finite volumes
+
+
+def _minmod(a, b):
+    return torch.where(a * b > 0, torch.sign(a) * torch.minimum(a.abs(), b.abs()), 0.0)
+
+
+def flux_divergence(rho: torch.Tensor, v: torch.Tensor, axis: int, spacing: float, periodic: bool) -> torch.Tensor:
+    r""":math:`-\partial_k(\rho v_k)` by limited upwind fluxes along ``axis``.
+
+    ``v`` holds the velocity at the faces of that axis: the ``G - 1`` interior faces (boundary
+    faces carry no flux), or the ``G`` faces :math:`i + 1/2` when ``periodic``. Minmod slopes
+    keep each face value between the neighbouring cell values, so a forward Euler step with
+    :math:`h \max|v| / \Delta x \le 1/2` keeps the density non-negative.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.heat._mean_field import flux_divergence
+    >>> rho = torch.tensor([0.0, 1.0, 2.0, 1.0, 0.0], dtype=torch.float64)
+    >>> d = flux_divergence(rho, torch.ones(4, dtype=torch.float64), 0, 1.0, periodic=False)
+    >>> float(d.sum())   # zero-flux boundaries: the mass is kept
+    0.0
+    """
+    r = torch.movedim(rho, axis, 0)
+    vv = torch.movedim(v, axis, 0)
+    if periodic:
+        right_cells = torch.roll(r, -1, 0)
+        slope = _minmod(r - torch.roll(r, 1, 0), right_cells - r)
+        left = r + slope / 2
+        right = right_cells - torch.roll(slope, -1, 0) / 2
+        F = vv.clamp_min(0) * left + vv.clamp_max(0) * right  # face i + 1/2
+        div = F - torch.roll(F, 1, 0)
+    else:
+        delta = r[1:] - r[:-1]
+        slope = torch.zeros_like(r)
+        slope[1:-1] = _minmod(delta[:-1], delta[1:])
+        left = r[:-1] + slope[:-1] / 2
+        right = r[1:] - slope[1:] / 2
+        F = vv.clamp_min(0) * left + vv.clamp_max(0) * right
+        zero = torch.zeros_like(F[:1])
+        div = torch.cat([F, zero]) - torch.cat([zero, F])
+    return torch.movedim(div, 0, axis) * (-1.0 / spacing)
+
+
+def _rate(field, rho, w, s):
+    """Right-hand side, Courant rate (sum_k max|v_k| / dx_k) and Sinkhorn diagnostics."""
+    v, info = field(w, s)
+    rhs = sum(flux_divergence(rho, vk, k, field.spacings[k], field.periodic) for k, vk in enumerate(v))
+    courant = sum(float(vk.abs().max()) / dx for vk, dx in zip(v, field.spacings))
+    if not math.isfinite(courant):
+        raise FloatingPointError(f"the {field.normalization} velocity left the floating range; "
+                                 "use float64 or a smaller temperature / larger eps")
+    return rhs, courant, info
+
+
+class _Stats:
+    def __init__(self):
+        self.steps, self.iters, self.h = 0, [], []
+        self.max_err, self.converged = 0.0, True
+
+    def add(self, h, *infos):
+        self.steps += 1
+        self.h.append(h)
+        self.iters.append(sum(i[1] for i in infos))
+        self.max_err = max([self.max_err] + [float(i[2]) for i in infos])
+        self.converged = self.converged and all(i[3] for i in infos)
+
+
+def _heun_step(field, rho, cell, h_cap, remaining, s, stats):
+    """One SSP-RK2 step no longer than ``h_cap`` and ``remaining``, cut to the CFL condition."""
+    rhs, courant, info = _rate(field, rho, rho * cell, s)
+    h = min(h_cap, remaining, CFL / courant if courant > 0 else math.inf)
+    while True:
+        stage = rho + h * rhs
+        rhs2, courant2, info2 = _rate(field, stage, stage * cell, info[0])
+        if h * courant2 <= 0.5 or h < 1e-12 * max(remaining, 1e-300):
+            break
+        h = CFL / courant2  # the stage moved faster: retake the step shorter
+    new = 0.5 * rho + 0.5 * (stage + h * rhs2)
+    stats.add(h, info, info2)
+    return new, h, info2[0]
+
+
+def _integrate(field, rho0, cell, times, h_cap):
+    """Heun steps through the output times; snapshots and diagnostics."""
+    stats = _Stats()
+    rho, t, s = rho0, 0.0, None
+    snaps = []
+    for target in times:
+        while target - t > 1e-12 * max(1.0, target):
+            rho, h, s = _heun_step(field, rho, cell, h_cap, target - t, s, stats)
+            t = target if target - t - h <= 1e-12 * max(1.0, target) else t + h
+        snaps.append(rho.clone())
+    return torch.stack(snaps), stats
+
+
+# ----------------------------------------------------------------------------------------
+# input checks
+
+
+def _check_axis(y, name: str) -> np.ndarray:
+    y = np.asarray(from_torch(to_torch(y, name), True), dtype=float)
+    if y.ndim != 1 or y.size < 8:
+        raise ValueError(f"{name} must be a 1D array of at least 8 cell centres, got shape {y.shape}")
+    d = np.diff(y)
+    if not (np.all(np.isfinite(y)) and d.min() > 0 and np.ptp(d) <= 1e-6 * d.mean()):
+        raise ValueError(f"{name} must hold equispaced, increasing cell centres (finite-volume cells of one width)")
+    return y
+
+
+def _check_density(density, shape):
+    numpy_out = not isinstance(density, torch.Tensor)
+    rho = to_torch(density, "density")
+    check_float(rho, "density")
+    if rho.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"density must be float32 or float64, got {rho.dtype} (convert it explicitly)")
+    if tuple(rho.shape) != tuple(shape):
+        raise ValueError(f"density must hold one value per cell of the grid, shape {tuple(shape)}, got {tuple(rho.shape)}")
+    rho = rho.detach().clone()
+    check_finite(rho, "density")
+    if bool((rho < 0).any()):
+        raise ValueError("density must be non-negative")
+    return rho, numpy_out
+
+
+def _check_mass(rho: torch.Tensor, cell: float) -> None:
+    mass = float(rho.to(torch.float64).sum()) * cell
+    if abs(mass - 1) > MASS_TOL:
+        raise ValueError(f"density must integrate to 1 on the grid (sum of cell values x cell volume), got {mass:.6g}; "
+                         "divide it by that sum (mass outside the grid is not modelled)")
+
+
+def _check_times(times, dt) -> tuple[np.ndarray, float]:
+    times = np.atleast_1d(np.asarray(times, dtype=float))
+    if times.ndim != 1 or times.size == 0:
+        raise ValueError("times must be a float or a 1D array of output times")
+    for t in times:
+        _check_time(t, "times")
+    if np.any(np.diff(times) < 0):
+        raise ValueError("times must be sorted increasingly")
+    if dt is None:
+        return times, math.inf
+    dt = float(dt)
+    if not (dt > 0 and math.isfinite(dt)):
+        raise ValueError(f"dt (the largest step) must be a positive finite number, got {dt}")
+    return times, dt
+
+
+def _positive(value, name: str) -> float:
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+    return value
+
+
+def _euclidean_field(grid, eps, normalization, rho_like, tol, max_iter):
+    if normalization not in EUCLIDEAN_NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {EUCLIDEAN_NORMALIZATIONS} on the Euclidean side "
+                         f"(the names of heat_flow), got {normalization!r}")
+    if eps is None:
+        raise ValueError("manifold='euclidean' needs eps (the kernel bandwidth squared of heat_flow)")
+    eps = _positive(eps, "eps")
+    pair = isinstance(grid, (tuple, list)) and len(grid) == 2 and np.ndim(grid[0]) == 1
+    axes = [_check_axis(y, f"grid[{k}]") for k, y in enumerate(grid)] if pair else [_check_axis(grid, "grid")]
+    for k, y in enumerate(axes):
+        if y[1] - y[0] > math.sqrt(eps) / 2:
+            raise ValueError(f"the grid does not resolve the kernel: spacing {y[1] - y[0]:.3g} on axis {k} exceeds "
+                             f"sqrt(eps)/2 = {math.sqrt(eps) / 2:.3g}; use more cells or a larger eps")
+    like = dict(dtype=rho_like.dtype, device=rho_like.device)
+    tol = default_tol(rho_like.dtype, eps) if tol is None else float(tol)
+    field = EuclideanVelocity([torch.as_tensor(y, **like) for y in axes], eps, normalization, tol, max_iter)
+    return field, tuple(y.size for y in axes), (tuple(axes) if pair else axes[0])
+
+
+def _boundary_mass(densities: torch.Tensor, cell: float) -> float:
+    edge = torch.zeros_like(densities, dtype=torch.bool)
+    for k in range(1, densities.ndim):
+        idx = [slice(None)] * densities.ndim
+        for end in (0, -1):
+            idx[k] = end
+            edge[tuple(idx)] = True
+    return float((densities * edge).flatten(1).sum(1).max()) * cell
+
+
+def mean_field_flow(density, grid, times, *, normalization: str, eps: float | None = None,
+                    temperature: float | None = None, manifold: str = "euclidean", dt: float | None = None,
+                    tol: float | None = None, max_iter: int = 2000) -> MeanFieldResult:
+    r"""Solve the mean-field equation :math:`\partial_t\rho + \nabla\cdot(\rho\, v[\rho]) = 0` of an attention layer.
+
+    Parameters
+    ----------
+    density : array or tensor (float32 / float64)
+        Cell values of the initial density on ``grid`` (integrating to 1: sum x cell volume).
+    grid : array (G,) or pair of arrays (G1,), (G2,)
+        Equispaced cell centres: 1D, or the two axes of a 2D grid (``density`` of shape
+        ``(G1, G2)``, first index along ``grid[0]``). On the circle: ``G`` equispaced angles
+        covering one turn (spacing ``2 pi / G``).
+    times : float or increasing array of floats >= 0
+        Output times.
+    normalization : str
+        Euclidean: ``"sinkhorn"``, ``"softmax_gaussian"``, ``"softmax_dot"``, ``"unnormalized"``
+        (the rescaled layer of :func:`sinkflow.heat_flow`, same ``eps`` and clock, so its
+        particles converge to this solution). Circle: ``"softmax"``, ``"unnormalized"``,
+        ``"sinkhorn"`` (:func:`sinkflow.simulate` with ``manifold="sphere"``, ``d = 2``,
+        :math:`Q = K = V = I`).
+    eps : float
+        Euclidean kernel bandwidth squared; the grid spacing must be at most ``sqrt(eps) / 2``.
+    temperature : float
+        Circle: :math:`\tau = 1/\beta` of the scores :math:`\beta\cos(\theta - \varphi)`; the
+        spacing must be at most :math:`1/(2\sqrt\beta)`.
+    manifold : {"euclidean", "circle"}
+    dt : float, optional
+        Largest step. The solver also cuts steps to ``eps / 2`` (the stability step of
+        :func:`sinkflow.heat.largest_safe_dt`; on the circle 0.05 over the field's rate
+        scale, :data:`sinkflow.heat.STEP`) and to the CFL condition, and reports
+        the steps it took.
+    tol, max_iter : Sinkhorn L1 marginal tolerance (default ``eps**2/100`` clipped to
+        [1e-12, 1e-6], 1e-12 on the circle; floor 1e-5 in float32) and iteration budget per
+        velocity evaluation.
+
+    Returns
+    -------
+    MeanFieldResult
+        ``densities`` has shape ``(len(times), *grid_shape)``, the type of ``density``.
+
+    Raises
+    ------
+    ValueError
+        Mass not 1, negative or non-finite density, a grid that is not equispaced or does not
+        resolve the kernel, unknown normalization or manifold, missing ``eps`` / ``temperature``.
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> y = np.linspace(-7, 7, 281)
+    >>> rho = np.exp(-y ** 2 / 2) / np.sqrt(2 * np.pi)
+    >>> r = sinkflow.mean_field_flow(rho, y, [0.0, 0.5], normalization="sinkhorn", eps=0.1)
+    >>> r.densities.shape, r.mass_error < 1e-12, r.min_density >= 0, r.converged
+    ((2, 281), True, True, True)
+    >>> var = (r.final * y ** 2).sum() * (y[1] - y[0])   # heat: 1 + 2t, minus the O(eps) bias
+    >>> bool(1.9 < var < 2.0)
+    True
+    """
+    if manifold not in MANIFOLDS:
+        raise ValueError(f"manifold must be one of {MANIFOLDS}, got {manifold!r}")
+    times, dt = _check_times(times, dt)
+    probe = to_torch(density, "density")
+    check_float(probe, "density")
+    if manifold == "circle":
+        from sinkflow.heat._circle_stability import circle_field
+
+        if eps is not None:
+            raise ValueError("manifold='circle' takes temperature (1/beta), not eps")
+        field, shape, grid_out = circle_field(grid, temperature, normalization, probe, tol, max_iter)
+        h_cap = min(dt, field.step_cap)
+    else:
+        if temperature is not None:
+            raise ValueError("manifold='euclidean' takes eps (as heat_flow), not temperature")
+        field, shape, grid_out = _euclidean_field(grid, eps, normalization, probe, tol, max_iter)
+        h_cap = min(dt, field.eps / 2)
+    rho, numpy_out = _check_density(density, shape)
+    cell = math.prod(field.spacings)
+    _check_mass(rho, cell)
+    densities, st = _integrate(field, rho, cell, times, h_cap)
+    masses = densities.to(torch.float64).flatten(1).sum(1) * cell
+    boundary = 0.0 if field.periodic else _boundary_mass(densities, cell)
+    if boundary > BOUNDARY_TOL:
+        warnings.warn(f"mass {boundary:.2g} reached the edge of the grid (held there by the zero-flux boundary); "
+                      "widen the grid", RuntimeWarning, stacklevel=2)
+    if not st.converged:
+        warnings.warn(f"some Sinkhorn solves stopped at max_iter={max_iter} (largest marginal error "
+                      f"{st.max_err:.2g} > tol={field.tol:g})", RuntimeWarning, stacklevel=2)
+    return MeanFieldResult(times=times, grid=grid_out, densities=from_torch(densities, numpy_out),
+                           normalization=normalization, manifold=manifold, eps=getattr(field, "eps", None),
+                           temperature=getattr(field, "temperature", None), n_steps=st.steps,
+                           dt_max=max(st.h, default=0.0), dt_min=min(st.h, default=0.0),
+                           mass_error=float((masses - masses[0]).abs().max()), min_density=float(densities.min()),
+                           boundary_mass=boundary, sinkhorn_iterations=np.asarray(st.iters, dtype=int),
+                           max_marginal_error=st.max_err, converged=st.converged)
