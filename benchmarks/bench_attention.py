@@ -54,7 +54,7 @@ def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
     from unittest import mock
 
     import sinkflow.nn._fused as fused
-    import sinkflow.nn.attention as attention
+    import sinkflow.nn.functional as attention
     from sinkflow.nn import MultiheadAttention
 
     torch.manual_seed(0)

@@ -1,14 +1,14 @@
 """Torch attention with SoftMax, Sinkhorn or Gaussian-kernel normalization, small models,
 generated data, and training that tracks doubly stochasticity (docs/theory/training.md).
 
-Layers: :mod:`~sinkflow.nn.attention` (modules) -> :mod:`~sinkflow.nn.models` ->
+Layers: :mod:`~sinkflow.nn.functional` (attention on per-head tensors) ->
+:mod:`~sinkflow.nn.attention` (modules) -> :mod:`~sinkflow.nn.models` ->
 :mod:`~sinkflow.nn.data`, :mod:`~sinkflow.nn.tracking` -> :mod:`~sinkflow.nn.training` ->
 :mod:`~sinkflow.nn.validation` (the tasks behind ``sinkflow validate``).
 """
 
-from sinkflow.nn.attention import (
-    AttentionKernel,
-    MultiheadAttention,
+from sinkflow.nn.attention import AttentionKernel, MultiheadAttention
+from sinkflow.nn.functional import (
     attention_weights,
     available_normalizations,
     register_normalization,

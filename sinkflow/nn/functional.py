@@ -1,0 +1,223 @@
+"""Attention on per-head tensors, as functions: scores, the normalization of a registered
+variant, the output (:func:`scaled_attention`, through fused passes when the weights are not
+needed), and the registry of output-only normalizations for models.
+
+Conventions as in :mod:`sinkflow.nn.attention`: boolean masks ``True = admissible``, float
+masks an additive ``bias`` on the scores.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from sinkflow.attention._variants import _sinkhorn as _builtin_sinkhorn
+from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
+from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+from sinkflow.attention._scores import dot_scores, gaussian_scores
+
+__all__ = ["attention_weights", "available_normalizations", "register_normalization", "scaled_attention"]
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "softmax", *,
+                      n_iter: int = 3, mask: torch.Tensor | None = None,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Attention matrix of queries ``q`` and keys ``k`` for a weight-producing normalization.
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (..., n, p)
+    k : torch.Tensor, shape (..., m, p)
+    normalization : str or AttentionVariant
+        A variant that forms the matrix: ``"softmax"``, ``"sinkhorn"``, ``"gaussian"``,
+        ``"unnormalized"`` or one registered with a ``normalize``.
+    n_iter : int
+        Sinkhorn half-iterations (ignored by the others).
+    mask : bool tensor broadcastable to (..., n, m), optional
+        ``True`` where query ``i`` may attend to key ``j``.
+    bias : float tensor broadcastable to (..., n, m), optional
+        Added to the scores (the log-kernel) before the normalization, as torch's float
+        ``attn_mask``; see :func:`scaled_attention` for ``-inf`` and underflowing entries.
+
+    Returns
+    -------
+    K : torch.Tensor, shape (..., n, m), float32 (float64 for float64 inputs)
+        Masked entries are exactly 0.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.nn import attention_weights
+    >>> q = k = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(0))
+    >>> K = attention_weights(q, k, "sinkhorn", n_iter=41)
+    >>> bool(torch.allclose(K.sum(-2), torch.ones(2, 5), atol=1e-4))
+    True
+    """
+    variant = get_attention(normalization)
+    if variant.normalize is None:
+        raise ValueError(f"attention_weights needs a variant that forms the matrix; {variant.name!r} is output-only")
+    mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
+    return _weights(q, k, variant, n_iter, mask, bias)
+
+
+def _weights(q, k, variant, n_iter, mask, bias):
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        scores = _scores(q, k, variant, bias)
+        if variant.normalize is _builtin_sinkhorn:  # the training hot path (not a user's override)
+            return sinkhorn_attention(scores, n_iter, mask)  # factored fast path, the solver otherwise
+        return variant.normalize(scores, n_iter=n_iter, mask=mask).attention
+
+
+def _scores(q, k, variant, bias=None):
+    """Scores of a variant in float32 (float64 for float64 inputs), plus ``bias``; call with autocast disabled."""
+    dtype = compute_dtype(q, k)
+    q32, k32 = q.to(dtype), k.to(dtype)
+    p = q.shape[-1]
+    if variant.scores == "gaussian":
+        scores = gaussian_scores(q32, k32, temperature=math.sqrt(p))
+    else:
+        # Scale the (n, p) queries rather than the (n, m) scores: one full-matrix pass less
+        # forward and backward; same scores as dot_scores(q, k, temperature=sqrt(p)) up to rounding.
+        scores = dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
+    return scores if bias is None else scores + bias
+
+
+def _split_bias(variant, mask, bias, dtype):
+    """An additive ``bias`` as (boolean mask, finite bias or None): its ``-inf`` entries become
+    masked entries and, except for SoftMax, so do those whose exponential underflows to 0 in
+    ``dtype``; output-only variants refuse what remains."""
+    if bias is None:
+        return mask, None
+    if not torch.is_tensor(bias) or not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating-point tensor (an additive mask), got {getattr(bias, 'dtype', type(bias))}")
+    bias = bias.to(dtype)
+    softmax_like = variant.normalize is not None and variant.normalization == "row"  # torch's result: only -inf masks
+    dead = torch.isneginf(bias) if softmax_like else bias.exp() == 0
+    flags = [(torch.isnan(bias) | torch.isposinf(bias)).any(), dead.any(), ((bias != 0) & ~dead).any()]
+    bad, any_dead, kept = torch.stack(flags).tolist()  # one synchronization
+    if bad:
+        raise ValueError("bias (a float mask) must not hold NaN or +inf")
+    if any_dead:
+        mask = ~dead if mask is None else mask & ~dead
+    if not kept:
+        return mask, None
+    bias = bias.masked_fill(dead, 0.0) if any_dead else bias
+    if variant.normalize is None:
+        raise ValueError(f"normalization {variant.name!r} computes its output without a score matrix: a float mask "
+                         "may only hold 0 and -inf (or values whose exponential underflows, e.g. -1e9); "
+                         "pass a boolean mask")
+    return mask, bias
+
+
+def available_normalizations() -> tuple[str, ...]:
+    """Names accepted by :class:`MultiheadAttention`: the variants of :mod:`sinkflow.attention`.
+
+    Examples
+    --------
+    >>> from sinkflow.nn import available_normalizations
+    >>> available_normalizations()[:6]
+    ('softmax', 'sinkhorn', 'unnormalized', 'gaussian', 'skyformer', 'nystromformer')
+    """
+    return available_attentions()
+
+
+def register_normalization(name: str, fn: Callable, *, overwrite: bool = False) -> None:
+    """Add an attention normalization that computes the output directly (e.g. Nyström).
+
+    ``fn(q, k, v, mask, n_iter) -> output`` on per-head tensors ``q (..., n, p)``,
+    ``k (..., m, p)``, ``v (..., m, p_v)`` with ``mask`` (``True = admissible``, broadcastable
+    to ``(..., n, m)``) or None; it returns ``(..., n, p_v)``. Such normalizations return no
+    attention matrix (``need_weights`` gives None and trackers skip them).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.nn import register_normalization, MultiheadAttention
+    >>> register_normalization("mean", lambda q, k, v, mask, n_iter: v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]))
+    >>> out, w = MultiheadAttention(8, 2, batch_first=True, normalization="mean")(torch.ones(1, 3, 8), torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    >>> out.shape, w is None
+    (torch.Size([1, 3, 8]), True)
+    """
+    if not callable(fn):
+        raise TypeError("fn must be callable: fn(q, k, v, mask, n_iter) -> output")
+
+    def heads(q, k, v, mask, n_iter, landmarks):
+        return fn(q, k, v, mask, n_iter)
+
+    register_attention(name, heads=heads, overwrite=overwrite)
+
+
+def _model_variant(name):
+    try:
+        return get_attention(name)
+    except ValueError:
+        raise ValueError(f"unknown normalization {name!r}; known: {', '.join(available_attentions())}") from None
+
+
+def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3, mask=None,
+                     dropout: float = 0.0, training: bool = False, landmarks: int = 64, need_weights: bool = True,
+                     bias=None):
+    r"""Per-head attention ``(output, weights)`` for ``q (..., n, p)``, ``k (..., m, p)``, ``v (..., m, p_v)``.
+
+    ``weights`` is the normalized matrix before dropout (None for output-only
+    normalizations, and for Sinkhorn when ``need_weights=False``); ``output =
+    dropout(weights) @ v`` in the dtype of ``v``. ``landmarks`` is the number of Nyström
+    landmarks (``"skyformer"``, ``"nystromformer"``). ``mask`` is boolean (``True`` =
+    admissible), broadcastable to ``(..., n, m)``.
+
+    ``bias`` (a float tensor broadcastable to ``(..., n, m)``, torch's additive ``attn_mask``)
+    is added to the scores, i.e. to the log-kernel, before every normalization: SoftMax of
+    :math:`C + B` (torch's result), Sinkhorn iterations from :math:`e^{C + B}`, the
+    kernels :math:`e^{C + B}`. Its ``-inf`` entries are masked entries, exactly as
+    ``False`` in ``mask``. A Sinkhorn column step gives every column its mass :math:`n/m`
+    whatever a finite bias along it (and the doubly stochastic limit does not see such a
+    bias at all), so a finite key-padding bias such as ``-1e9`` would bring a padded key
+    back with full weight; hence, for every normalization but SoftMax, an entry whose
+    exponential underflows to 0 in the compute dtype (below about -104 in float32, -745 in
+    float64: ``-1e9``, ``finfo.min``) is a masked entry too, and a key column masked that
+    way is an empty line (scaling 0, marginals as with a boolean mask). Output-only
+    normalizations accept no other finite bias (ValueError).
+
+    With ``need_weights=False`` and no dropout, Sinkhorn attention (masked or not) never forms the
+    matrix: after ``n_iter`` half-steps it is :math:`\mathrm{diag}(\alpha) S
+    \mathrm{diag}(\beta)` with :math:`S` the SoftMax, so the output is
+    :math:`\alpha \odot S(\beta \odot v)`, the same numbers to rounding at about the cost
+    of SoftMax attention.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.nn import scaled_attention
+    >>> q = k = v = torch.eye(3)[None]
+    >>> out, K = scaled_attention(q, k, v, "softmax")
+    >>> bool(torch.allclose(out, K))
+    True
+    >>> fast, none = scaled_attention(q, k, v, "sinkhorn", need_weights=False)
+    >>> bool(torch.allclose(fast, scaled_attention(q, k, v, "sinkhorn")[0])), none
+    (True, None)
+    >>> K = scaled_attention(q, k, v, "sinkhorn", bias=torch.tensor([0.0, -1e9, 0.0]))[1]   # -1e9: key 1 masked
+    >>> float(K[..., 1].max()), torch.equal(K, scaled_attention(q, k, v, "sinkhorn", mask=torch.tensor([True, False, True]))[1])
+    (0.0, True)
+    """
+    variant = _model_variant(normalization)
+    mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
+    if variant.normalize is None:
+        return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
+    from sinkflow.nn._fused import fused_attention, fused_preferred
+
+    fusable = not need_weights and not (dropout > 0 and training) and (bias is None or not bias.requires_grad)
+    if fusable and fused_preferred(variant, n_iter, q, k):  # a learned float mask takes the eager path (its gradient)
+        return fused_attention(q, k, v, variant, n_iter=n_iter, allowed=mask, bias=bias), None  # no n x m matrix
+    if not need_weights and variant.normalize is _builtin_sinkhorn and not (dropout > 0 and training):
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            scores = _scores(q, k, variant, bias)
+            out = sinkhorn_attention(scores, n_iter, mask, values=v.to(scores.dtype))
+        return out.to(v.dtype), None
+    K = _weights(q, k, variant, n_iter, mask, bias)
+    Kd = F.dropout(K, dropout, training) if dropout > 0 and training else K
+    # The product with V may run in autocast precision; the weights were float32.
+    out = torch.matmul(Kd.to(v.dtype), v) if v.dtype in (torch.float16, torch.bfloat16) else torch.matmul(Kd, v.to(Kd.dtype)).to(v.dtype)
+    return out, K
