@@ -202,6 +202,81 @@ def write_paper_report(report: dict, stem) -> list:
     return [md]
 
 
+def _machine_line(m: dict) -> str:
+    load = ", ".join(f"{v:.1f}" for v in m["loadavg"])
+    return f"{m['threads']} thread(s), {m['cpu']} ({m['cores']} cores), load {load}"
+
+
+def _cost_table(report: dict) -> list[str]:
+    """Time and memory per training step at the paper's setting, medians over seeds, ratios to SoftMax."""
+    cost = report["cost"]
+    p_time = {"skyformer": 1 / PAPER["skyformer_speedup"][0], "sinkhorn": PAPER["sinkhorn_time_ratio"]}
+    lines = ["| attention | ms per step (median [min, max] over seeds) | time x SoftMax (ours / paper) | memory MiB | "
+             "memory x SoftMax (ours / paper) | load during the rows |", "|---|---|---|---|---|---|"]
+    for r in cost["summary"]:
+        rows = [c for c in cost["rows"] if c["attention"] == r["attention"]]
+        times = [1e3 * c["step_time"] for c in rows]
+        loads = [c["loadavg"][0] for c in rows]
+        p_mem = 1 / PAPER["skyformer_memory_saving"] if r["attention"] == "skyformer" else None
+        lines.append(f"| {variant_name(r['attention'])} | {r['step_time'] * 1e3:.0f} [{min(times):.0f}, {max(times):.0f}] | "
+                     f"{_f(r['step_time_ratio'])} / {_f(p_time.get(r['attention']))} | {r['memory'] / 2**20:.1f} | "
+                     f"{_f(r['memory_ratio'])} / {_f(p_mem)} | {min(loads):.1f}-{max(loads):.1f} |")
+    return lines
+
+
+def variant_name(attention: str) -> str:
+    """``"sinkhorn(3)"`` for the paper setting's Sinkhorn (3 half-iterations), the name otherwise."""
+    return "sinkhorn(3)" if attention == "sinkhorn" else attention
+
+
+def _instability_table(report: dict, key: str = "instability", label: str = "attention") -> list[str]:
+    block = report[key]
+    paper = PAPER[report["task"]]["instability_ratio"]
+    lines = [f"| {label} | instability x SoftMax (median [min, max] over seeds) | per seed | paper |", "|---|---|---|---|"]
+    for r in block["rows"]:
+        ratio, name = r["ratio"], r.get("label", r["attention"])
+        seeds = ", ".join(f"{v:.2f}" for v in r["ratios"])
+        claim = paper.get(r["attention"]) if r.get("label", "paper setting") == "paper setting" else None
+        lines.append(f"| {name} | {ratio['median']:.2f} [{ratio['min']:.2f}, {ratio['max']:.2f}] | {seeds} | "
+                     f"{_f(claim)} |")
+    return lines
+
+
+def paper_setting_markdown(report: dict) -> str:
+    """A ``--paper`` report (:func:`sinkflow.nn.paper.run_paper_setting`) as markdown: cost, instability,
+    decomposition, with the machine and every reduction of the paper's setting stated.
+
+    Examples
+    --------
+    >>> from sinkflow.nn.lra import paper_setting_markdown
+    >>> from sinkflow.nn.paper import run_paper_setting
+    >>> r = run_paper_setting("listops", ["softmax", "gaussian"], [0], cost_batch=1, cost_steps=1,
+    ...                       instability_attentions=["softmax", "gaussian"], instability_batch=1, steps=1,
+    ...                       max_length=16)
+    >>> paper_setting_markdown(r).splitlines()[0]
+    '## listops: paper setting, CPU'
+    """
+    s, cost, inst = report["setting"], report["cost"], report["instability"]
+    first = cost["rows"][0]
+    lines = [f"## {report['task']}: paper setting, CPU", "",
+             f"The official model and optimizer (`sinkflow.nn.paper`, {s['seq_len']} tokens, official batch "
+             f"{s['batch_size']}, AdamW lr {s['lr']:g} under OneCycleLR with {s['warmup']} warm-up steps of "
+             f"{s['total_steps']}); torch {report['torch']}; {report['total_time']:.0f} s in all.", "",
+             f"**Cost** of a training step (forward, backward, AdamW), batch {cost['batch_size']}, length "
+             f"{first['seq_len']}, median of {cost['steps']} steps after one warm-up step, seeds {cost['seeds']}; "
+             f"memory: {first['memory_method']}; {_machine_line(first)}.", ""]
+    lines += _cost_table(report) + ["", f"**Instability** (Appendix F): first {inst['steps']} optimizer steps, "
+                                        f"batch {inst['batch_size']}, seeds {inst['seeds']}.", ""]
+    lines += _instability_table(report)
+    if "decomposition" in report:
+        d = report["decomposition"]
+        lines += ["", f"**Decomposition** of the Gaussian kernel's ratio (ListOps of at most {d['max_length']} "
+                      f"tokens, batch {d['batch_size']}, {d['steps']} steps, seeds {d['seeds']}; one change per row "
+                      "from the paper setting, SoftMax changed alike):", ""]
+        lines += _instability_table(report, "decomposition", "setting")
+    return "\n".join(lines) + "\n"
+
+
 def reproducing_page(reports: list[dict]) -> str:
     """The docs page "Reproducing the papers", its tables generated from validation reports.
 
@@ -211,29 +286,41 @@ def reproducing_page(reports: list[dict]) -> str:
     >>> reproducing_page([]).splitlines()[0]
     '# Reproducing the papers'
     """
+    paper = [r for r in reports if r.get("mode") == "paper"]
+    runs = [r for r in reports if r.get("mode") != "paper"]
     lines = ["# Reproducing the papers", "",
              "<!-- generated by `python -m sinkflow.nn.lra docs/data/*.json > docs/reproducing.md`; do not edit -->", "",
              "The Skyformer paper's comparisons on two Long Range Arena tasks, ListOps and Pathfinder, regenerated "
              "offline by `sinkflow.datasets` and run by `sinkflow validate listops pathfinder`. Every table "
-             "below is generated from the JSON report of a run (in `docs/data/`), and every row states its "
-             "setting: **quick** (reduced data and model, CPU) or **full** (the paper's model: 2 layers, "
-             "embedding 64, FFN 128, 2 heads of dimension 32, mean pooling, 128 landmarks), CPU or GPU. "
-             "Quick-mode numbers check that the comparison runs end to end; they are not estimates of the paper's "
-             "numbers, which need the full model, 50,000 steps and a GPU. Quick runs are short: compare the accuracy "
-             "with chance (10% on ListOps, 50% on Pathfinder) before reading anything into it; a model at chance "
-             "says nothing about the paper's accuracy claims, and its instability ratios describe barely trained "
-             "weights.", "",
+             "below is generated from the JSON report of a run (in `docs/data/`) and states its setting.", "",
+             "**Paper setting, CPU** (`--paper`, first): the paper's model, lengths (ListOps up to 2,000 tokens, "
+             "Pathfinder 1,024), padding masks, optimizer, learning rate and warm-up (`sinkflow.nn.paper`), for "
+             "what needs no GPU: the cost of a training step and the instability score of the first 20 "
+             "optimizer steps (the paper's Appendix F). Where a batch or a number of seeds is reduced, the row "
+             "says so. [Instability](instability.md) explains the instability numbers.", "",
+             "**Quick** (after): reduced data and model, CPU, at lengths 39 and 100. These check that the "
+             "comparison runs end to end; they are not estimates of the paper's numbers, which need the full model, "
+             "50,000 steps and a GPU (`--full --device cuda`). Compare their accuracy with chance (10% on ListOps, "
+             "50% on Pathfinder) before reading anything into it.", "",
              "```bash",
+             "sinkflow validate listops --paper --attention softmax sinkhorn gaussian skyformer nystromformer \\",
+             "    --batch-size 1 --cost-steps 2 --instability-seeds 0 --decomposition-length 128",
+             "sinkflow validate pathfinder --paper --attention softmax sinkhorn gaussian skyformer nystromformer \\",
+             "    --batch-size 1 --cost-steps 2",
              "sinkflow validate listops pathfinder --quick --attention softmax sinkhorn gaussian skyformer nystromformer \\",
              "    --n-iter 3 --no-kl",
              "sinkflow validate listops pathfinder --full --device cuda --attention softmax sinkhorn gaussian skyformer \\",
              "    nystromformer --n-iter 3 --no-kl        # or: bash benchmarks/gpu_validation.sh",
-             "```", "",
-             "Columns: test accuracy (median over seeds), instability score relative to SoftMax, time per "
-             "training step and its ratio to SoftMax, memory of one training step (CUDA: peak allocated; CPU: bytes "
-             "saved for backward) and its ratio; the paper's number after each slash; the verdict says whether our "
-             "run agrees with the direction the paper claims (see `sinkflow.nn.lra.paper_comparison`).", ""]
-    for report in reports:
+             "```", ""]
+    for report in paper:
+        lines += [paper_setting_markdown(report)]
+    if runs:
+        lines += ["Columns of the quick tables: test accuracy (median over seeds), instability score relative to "
+                  "SoftMax, time per training step and its ratio to SoftMax, memory of one training step (CUDA: peak "
+                  "allocated; CPU: bytes saved for backward) and its ratio; the paper's number after each slash; the "
+                  "verdict says whether our run agrees with the direction the paper claims (see "
+                  "`sinkflow.nn.lra.paper_comparison`).", ""]
+    for report in runs:
         size, cfg, rows = report["config"]["size"], report["config"], paper_comparison(report)
         lines += [f"## {report['task']}: {_setting(report)}", "",
                   f"{report['description']}. Sequence length {size['seq_len']}, embedding {size['dim']}, "
@@ -244,7 +331,9 @@ def reproducing_page(reports: list[dict]) -> str:
         contradicted = _contradicted(rows)
         lines += [("Contradicts the paper here: " + ", ".join(contradicted) + ".") if contradicted
                   else "Nothing here contradicts the paper's claims.", ""]
-    lines += ["Setting differences from the paper in every run: " + "; ".join(SETTING_DIFFERENCES) + ".", ""]
+    if runs:
+        lines += ["Setting differences from the paper in every quick or full run: " + "; ".join(SETTING_DIFFERENCES)
+                  + ".", ""]
     return "\n".join(lines)
 
 
