@@ -296,6 +296,8 @@ DECOMPOSITION = (
     ("embedding init N(0, 1) (torch default)", "gaussian", {"embed_std": None}),
     ("no dropout", "gaussian", {"dropout": 0.0}),
     ("constant lr, no warm-up", "gaussian", {"schedule": "constant"}),
+    ("batch 1 (as the paper-length rows)", "gaussian", {"batch_size": 1}),
+    ("official batch (ListOps: 32)", "gaussian", {"batch_size": None}),
     ("package quick setting (N(0,1) init, no mask, no dropout, linear head, constant lr 3e-3)", "gaussian",
      {"embed_std": None, "mask": False, "dropout": 0.0, "head": "linear", "schedule": "constant", "lr": 3e-3}),
 )
