@@ -17,11 +17,13 @@ multiplied by the padding mask, mean pooling over all positions (padding include
 zeros), a two-layer ReLU classifier (hidden 128); AdamW (betas 0.9, 0.999, eps 1e-6,
 weight decay 0) under torch's ``OneCycleLR`` (linear, ``pct_start = warmup / 50,000``,
 torch's defaults otherwise: start at ``lr / 25``, beta1 cycled 0.95 -> 0.85); ListOps batch
-32, lr 1e-4, warm-up 1,000; Pathfinder batch 128, lr 2e-4, warm-up 312. Padded keys are
-removed from attention and padded queries and keys zeroed, as the official code does with
-its mask (ListOps pads with token 0; Pathfinder has no padding). Nyströmformer's segment
-means cannot exclude padded keys here, so on ListOps it attends to padding (stated in the
-report). Dropout (0.1) acts on the embeddings, the attention weights and the FFN's hidden
+32, lr 1e-4, warm-up 1,000; Pathfinder batch 128, lr 2e-4, warm-up 312. The official mask
+is ``token != 0`` on every task (``models/dataset_LRA.py``): ListOps padding, and on
+Pathfinder every black pixel (about 94% of the 1,024 tokens of sinkflow's images), so the
+official models attend among the drawn pixels only. Masked keys are removed from
+attention and masked positions zeroed after the final LayerNorm, as there. Nyströmformer's
+segment means cannot exclude masked keys here, so it attends to every token (stated in
+the report). Dropout (0.1) acts on the embeddings, the attention weights and the FFN's hidden
 layer; the official model also drops the attention branch's and the FFN's outputs, which
 sinkflow's attention blocks do not.
 """
@@ -45,6 +47,7 @@ from sinkflow.nn.tracking import update_instability
 
 __all__ = ["OFFICIAL", "PaperSetting", "PaperLRAClassifier", "paper_batches", "paper_model", "paper_optimizer",
            "machine", "cost_rows", "instability_rows", "instability_decomposition", "DECOMPOSITION",
+           "residual_share", "residual_shares",
            "run_paper_setting"]
 
 #: The official code's training settings per task (``src/config.py`` of pkuzengqi/Skyformer).
@@ -67,7 +70,8 @@ class PaperSetting:
         Standard deviation of the token embedding at initialization (official: 0.02; None:
         torch's default N(0, 1), the package's quick setting).
     mask : bool
-        Remove padding from attention, features and pooling as the official code does.
+        Mask token 0 (ListOps padding, Pathfinder's black pixels) in attention and features
+        as the official code does.
     dropout : float
     schedule : {"onecycle", "constant"}
         The official warm-up (OneCycleLR) or a constant learning rate.
@@ -154,7 +158,7 @@ def paper_model(setting: PaperSetting, normalization: str, n_iter: int = 3, seq_
     seq_len = seq_len or (setting.max_length or OFFICIAL["listops"]["seq_len"] if listops_task else 1024)
     model = PaperLRAClassifier(vocab, seq_len, classes, dim=64, heads=2, depth=2, normalization=normalization,
                                n_iter=n_iter, mlp_ratio=2, dropout=setting.dropout, pooling="mean", landmarks=128,
-                               pad_id=0 if listops_task and setting.mask else None,
+                               pad_id=0 if setting.mask else None,
                                attend_mask=normalization != "nystromformer", embed_dropout=setting.dropout)
     if setting.embed_std is not None:
         with torch.no_grad():
@@ -200,7 +204,8 @@ def cost_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 3
 
     One row per (attention, seed): forward, backward and the AdamW step on the setting's
     batch, memory by :func:`sinkflow.nn._cost.step_bytes` (CPU: bytes saved for backward),
-    and :func:`machine` read before the row.
+    and :func:`machine` read before the row. The attentions of a seed take their steps in
+    turns (round robin), so a change of the machine's load falls on all of them alike.
 
     Examples
     --------
@@ -210,20 +215,21 @@ def cost_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 3
     True
     """
     rows = []
-    for attention in attentions:
-        for seed in seeds:
-            env = machine()
+    for seed in seeds:
+        x, y = paper_batches(setting, 1, seed)[0]
+        runs = {}
+        for attention in attentions:
             torch.manual_seed(seed)
             model = paper_model(setting, attention, n_iter)
-            opt, _ = paper_optimizer(model, setting)
-            x, y = paper_batches(setting, 1, seed)[0]
-            times = []
-            for _ in range(steps + 1):
+            runs[attention] = (model, paper_optimizer(model, setting)[0], [], machine())
+        for _ in range(steps + 1):
+            for model, opt, times, _ in runs.values():
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
                 _loss(model, x, y).backward()
                 opt.step()
                 times.append(time.perf_counter() - t0)
+        for attention, (model, _, times, env) in runs.items():
             memory, method = step_bytes(lambda: _loss(model, x, y).backward(), x.device)
             model.zero_grad(set_to_none=True)
             rows.append({"attention": attention, "seed": int(seed), "step_time": float(np.median(times[1:])),
@@ -270,6 +276,48 @@ def instability_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: 
                                "max": float(max(per_seed))},
                      "tau_first": {str(s): taus[a][s][0] for s in seeds}})
     return rows
+
+
+def residual_share(setting: PaperSetting, attention: str, seed: int = 0) -> float:
+    """At initialization, ``||attention branch|| / ||residual stream||`` entering the first block's sum
+    (Frobenius norms over the real tokens of the setting's first batch, eval mode).
+
+    Examples
+    --------
+    >>> from sinkflow.nn.paper import PaperSetting, residual_share
+    >>> residual_share(PaperSetting("listops", batch_size=2, max_length=24), "softmax") > 0
+    True
+    """
+    torch.manual_seed(seed)
+    model = paper_model(setting, attention).eval()
+    x, _ = paper_batches(setting, 1, seed)[0]
+    seen = {}
+    block = model.blocks[0]
+
+    def stream(module, args):  # hooks return None: the forward runs unchanged
+        seen.setdefault("stream", args[0])
+
+    def branch(module, args, out):
+        seen.setdefault("branch", out[0])
+
+    hooks = [block.register_forward_pre_hook(stream), block.attn.register_forward_hook(branch)]
+    try:
+        with torch.no_grad():
+            model.features(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    keep = torch.ones(x.shape, dtype=torch.bool) if model.padding(x) is None else ~model.padding(x)
+    return float(seen["branch"][keep].norm() / seen["stream"][keep].norm())
+
+
+def residual_shares(setting: PaperSetting, seeds=(0, 1, 2)) -> dict:
+    """:func:`residual_share` of SoftMax and the Gaussian kernel, official and N(0, 1) embeddings (median over seeds)."""
+    out = {}
+    for label, std in (("official", setting.embed_std), ("N(0, 1)", None)):
+        s = replace(setting, embed_std=std)
+        out[label] = {a: float(np.median([residual_share(s, a, seed) for seed in seeds])) for a in ("softmax", "gaussian")}
+    return out
 
 
 def _register_decomposition_variants() -> None:
@@ -376,7 +424,8 @@ def run_paper_setting(task: str, attentions=("softmax", "sinkhorn", "gaussian", 
         dec = replace(base, batch_size=decomposition_batch, max_length=min(decomposition_length, max_length or 2000))
         report["decomposition"] = {"batch_size": decomposition_batch, "max_length": decomposition_length,
                                    "steps": steps, "seeds": list(seeds),
-                                   "rows": instability_decomposition(dec, seeds, steps)}
+                                   "rows": instability_decomposition(dec, seeds, steps),
+                                   "residual_share": residual_shares(dec, seeds)}
         say(f"{task}: decomposition done ({time.perf_counter() - t0:.0f} s)")
     report["total_time"] = time.perf_counter() - t0
     return report

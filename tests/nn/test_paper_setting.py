@@ -41,7 +41,7 @@ def test_official_initialization_and_head():
     torch.manual_seed(0)
     model = paper_model(PaperSetting("pathfinder"), "softmax")
     assert abs(float(model.tokens.weight.detach().std()) - 0.02) < 0.002
-    assert model.pad_id is None  # Pathfinder: no padding (pixel 0 is a token)
+    assert model.pad_id == 0  # the official mask is token != 0 on every task (Pathfinder: black pixels)
     assert model.pos.shape[1] == 1024
     assert isinstance(model.head[1][1], torch.nn.ReLU)
 
@@ -140,3 +140,36 @@ def test_cli_paper_refuses_other_tasks_and_cuda(tmp_path, capsys):
 
     assert main(["validate", "digits", "--paper", "--out", str(tmp_path)]) == 2
     assert main(["validate", "listops", "--paper", "--device", "cuda", "--out", str(tmp_path)]) in (2,)
+
+
+def test_residual_share_matches_direct_computation():
+    from sinkflow.nn.paper import residual_share
+
+    setting = replace_len(24)
+    torch.manual_seed(3)
+    model = paper_model(setting, "gaussian").eval()
+    x, _ = paper_batches(setting, 1, 3)[0]
+    pad = x == 0
+    with torch.no_grad():
+        stream = model.tokens(x) + model.pos[:, : x.shape[1]]
+        h = model.blocks[0].norm(stream)
+        branch = model.blocks[0].attn(h, h, h, key_padding_mask=pad, need_weights=False, query_padding_mask=pad)[0]
+    ref = float(branch[~pad].norm() / stream[~pad].norm())
+    assert math.isclose(residual_share(setting, "gaussian", seed=3), ref, rel_tol=1e-5)
+
+
+def test_instability_page_from_reports():
+    from sinkflow.nn.lra import _inside, instability_page
+
+    quick = json.loads(open("docs/data/listops_quick.json").read())
+    report = run_paper_setting("listops", ["softmax", "gaussian"], [0], cost_batch=1, cost_steps=1,
+                               instability_attentions=["softmax", "gaussian"], instability_batch=1, steps=1,
+                               max_length=12, decomposition_length=12, decomposition_batch=2)
+    page = instability_page([report, quick])
+    ratio = report["instability"]["rows"][1]["ratio"]
+    expected = ("below every seed" if 0.77 < ratio["min"] else
+                "above every seed" if 0.77 > ratio["max"] else "inside the seeds' range")
+    assert expected in page and _inside(ratio, 0.77) == expected
+    q = next(r for r in quick["summary"] if r["attention"] == "gaussian")["update_instability_ratio_to_softmax"]
+    assert f"| {q:.2f} | 0.77 |" in page  # the quick setting's ratio beside ours
+    assert "The initialization decides it" in page and "residual_shares" in page
