@@ -155,7 +155,7 @@ def run(args) -> int:
 
 def _run_paper(args, out: Path) -> int:
     """``--paper``: the cost and instability report of each LRA task (``OUT/TASK_paper.json`` and ``.md``)."""
-    from sinkflow.nn.lra import paper_setting_markdown
+    from sinkflow.nn.paper_report import paper_setting_markdown
     from sinkflow.nn.paper import OFFICIAL, run_paper_setting
 
     bad = [t for t in args.tasks if t not in OFFICIAL]

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sinkflow.nn.lra import paper_setting_markdown, reproducing_page
+from sinkflow.nn.lra import reproducing_page
+from sinkflow.nn.paper_report import paper_setting_markdown
 from sinkflow.nn.paper import (OFFICIAL, PaperSetting, _register_decomposition_variants, cost_rows,
                                instability_rows, paper_batches, paper_model, paper_optimizer, run_paper_setting)
 
@@ -159,7 +160,7 @@ def test_residual_share_matches_direct_computation():
 
 
 def test_instability_page_from_reports():
-    from sinkflow.nn.lra import _inside, instability_page
+    from sinkflow.nn.paper_report import _inside, instability_page
 
     quick = json.loads(open("docs/data/listops_quick.json").read())
     report = run_paper_setting("listops", ["softmax", "gaussian"], [0], cost_batch=1, cost_steps=1,
