@@ -9,6 +9,8 @@ Examples::
 
     sinkflow validate digits --quick                       # CPU, < 2 min
     sinkflow validate digits-mean pointclouds retrieval --quick --out validation/
+    sinkflow validate listops --paper --attention softmax sinkhorn gaussian skyformer nystromformer \\
+        --batch-size 1 --cost-steps 2 --decomposition-length 128    # CPU, the paper's setting
     sinkflow validate digits --attention softmax sinkhorn gaussian --n-iter 1 3 5 9 \\
         --device cuda --full --seeds 0 1 2 3 4              # GPU, full sizes
 
@@ -46,7 +48,8 @@ def add_arguments(p) -> None:
                            "instability over the first 20 steps (sinkflow.nn.paper); accuracy needs --full --device cuda")
     p.set_defaults(quick=True)
     p.add_argument("--batch-size", type=int, default=None,
-                   help="--paper: batch of the cost and instability runs (default: the official batch)")
+                   help="--paper: batch of the cost and instability runs (default: the official 32 / 128, hours "
+                        "on a CPU at 2,000 tokens; docs/reproducing.md ran --batch-size 1)")
     p.add_argument("--cost-steps", type=int, default=3, help="--paper: timed training steps per cost row (default: 3)")
     p.add_argument("--instability-seeds", nargs="+", type=int, default=None,
                    help="--paper: seeds of the instability runs (default: --seeds)")

@@ -93,7 +93,8 @@ class PaperSetting:
     head: str = "mlp"
     max_length: int | None = None
 
-    def official(self, key):
+    def official(self, key: str):
+        """The official code's value of ``key`` for this task (:data:`OFFICIAL`)."""
         return OFFICIAL[self.task][key]
 
 
@@ -414,7 +415,7 @@ def run_paper_setting(task: str, attentions=("softmax", "sinkhorn", "gaussian", 
     inst_seeds = list(seeds if instability_seeds is None else instability_seeds)
     inst = instability_rows(replace(base, batch_size=instability_batch), instability_attentions, inst_seeds, steps)
     say(f"{task}: instability done ({time.perf_counter() - t0:.0f} s)")
-    report = {"task": task, "mode": "paper", "setting": OFFICIAL[task],
+    report = {"task": task, "mode": "paper", "complete": True, "setting": OFFICIAL[task],
               "cost": {"batch_size": cost_batch or base.official("batch_size"), "steps": cost_steps,
                        "seeds": list(seeds), "rows": cost, "summary": _summary(cost, list(attentions))},
               "instability": {"batch_size": instability_batch or base.official("batch_size"), "steps": steps,

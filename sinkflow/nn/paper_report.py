@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from sinkflow.nn.lra import PAPER, _f
 
-__all__ = ["paper_setting_markdown", "instability_page", "variant_name"]
+__all__ = ["paper_setting_markdown", "instability_page"]
 
 
 def _machine_line(m: dict) -> str:
@@ -26,13 +26,13 @@ def _cost_table(report: dict) -> list[str]:
         times = [1e3 * c["step_time"] for c in rows]
         loads = [c["loadavg"][0] for c in rows]
         p_mem = 1 / PAPER["skyformer_memory_saving"] if r["attention"] == "skyformer" else None
-        lines.append(f"| {variant_name(r['attention'])} | {r['step_time'] * 1e3:.0f} [{min(times):.0f}, {max(times):.0f}] | "
+        lines.append(f"| {_variant_name(r['attention'])} | {r['step_time'] * 1e3:.0f} [{min(times):.0f}, {max(times):.0f}] | "
                      f"{_f(r['step_time_ratio'])} / {_f(p_time.get(r['attention']))} | {r['memory'] / 2**20:.1f} | "
                      f"{_f(r['memory_ratio'])} / {_f(p_mem)} | {min(loads):.1f}-{max(loads):.1f} |")
     return lines
 
 
-def variant_name(attention: str) -> str:
+def _variant_name(attention: str) -> str:
     """``"sinkhorn(3)"`` for the paper setting's Sinkhorn (3 half-iterations), the name otherwise."""
     return "sinkhorn(3)" if attention == "sinkhorn" else attention
 

@@ -89,9 +89,14 @@ def patch_size_study(patch_sizes=(1, 2, 4), seeds=(0, 1, 2), *, quick: bool = Tr
     return rows
 
 
-if __name__ == "__main__":  # python -m sinkflow.nn.patch_study [--full] > report.json
+if __name__ == "__main__":  # python -m sinkflow.nn.patch_study [--full] > docs/data/patch_size_quick.json
     import json
     import sys
 
     torch.set_num_threads(1)
-    print(json.dumps(patch_size_study(quick="--full" not in sys.argv[1:]), indent=1))
+    quick = "--full" not in sys.argv[1:]
+    seeds = (0, 1, 2, 3, 4)
+    print(json.dumps({"study": "patch_size", "task": "patch_size", "mode": "study", "complete": True,
+                      "size": "quick" if quick else "full",
+                      "command": f"patch_size_study((1, 2, 4), seeds={seeds}, quick={quick})",
+                      "rows": patch_size_study((1, 2, 4), seeds, quick=quick)}, indent=1))
