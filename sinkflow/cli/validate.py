@@ -9,6 +9,8 @@ Examples::
 
     sinkflow validate digits --quick                       # CPU, < 2 min
     sinkflow validate digits-mean pointclouds retrieval --quick --out validation/
+    sinkflow validate listops --paper --attention softmax sinkhorn gaussian skyformer nystromformer \\
+        --batch-size 1 --cost-steps 2 --decomposition-length 128    # CPU, the paper's setting
     sinkflow validate digits --attention softmax sinkhorn gaussian --n-iter 1 3 5 9 \\
         --device cuda --full --seeds 0 1 2 3 4              # GPU, full sizes
 
@@ -41,7 +43,19 @@ def add_arguments(p) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="quick", action="store_true", help="small CPU sizes (default)")
     mode.add_argument("--full", dest="quick", action="store_false", help="full (GPU) sizes")
+    mode.add_argument("--paper", action="store_true",
+                      help="listops/pathfinder at the Skyformer paper's setting on CPU: cost per training step and "
+                           "instability over the first 20 steps (sinkflow.nn.paper); accuracy needs --full --device cuda")
     p.set_defaults(quick=True)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="--paper: batch of the cost and instability runs (default: the official 32 / 128, hours "
+                        "on a CPU at 2,000 tokens; docs/reproducing.md ran --batch-size 1)")
+    p.add_argument("--cost-steps", type=int, default=3, help="--paper: timed training steps per cost row (default: 3)")
+    p.add_argument("--instability-seeds", nargs="+", type=int, default=None,
+                   help="--paper: seeds of the instability runs (default: --seeds)")
+    p.add_argument("--decomposition-length", type=int, default=None,
+                   help="--paper, listops: also take the Gaussian/SoftMax instability ratio apart on expressions "
+                        "of at most this many tokens (sinkflow.nn.paper.instability_decomposition)")
     p.add_argument("--epochs", type=int, default=None, help="override the task's number of epochs")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast on CUDA (normalizations stay float32)")
     p.add_argument("--no-kl", action="store_true", help="skip KL to the Sinkhorn projection (faster)")
@@ -93,6 +107,8 @@ def run(args) -> int:
         torch.set_num_threads(threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.paper:
+        return _run_paper(args, out)
     mode = "quick" if args.quick else "full"
     for task in args.tasks:
         t0 = time.perf_counter()
@@ -137,4 +153,31 @@ def run(args) -> int:
         print(f"\n## {task} ({mode}, {args.device}): {time.perf_counter() - t0:.1f} s\n")
         print(summary_table(report))
         print("\nwritten: " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _run_paper(args, out: Path) -> int:
+    """``--paper``: the cost and instability report of each LRA task (``OUT/TASK_paper.json`` and ``.md``)."""
+    from sinkflow.nn.paper_report import paper_setting_markdown
+    from sinkflow.nn.paper import OFFICIAL, run_paper_setting
+
+    bad = [t for t in args.tasks if t not in OFFICIAL]
+    if bad:
+        print(f"--paper runs the Skyformer paper's LRA tasks only ({', '.join(OFFICIAL)}), not {bad}", file=sys.stderr)
+        return 2
+    if args.device != "cpu":
+        print("--paper is the CPU path; accuracy at the paper's 50,000 steps: --full --device cuda", file=sys.stderr)
+        return 2
+    for task in args.tasks:
+        report = run_paper_setting(task, args.attention, args.seeds, cost_batch=args.batch_size,
+                                   cost_steps=args.cost_steps, instability_batch=args.batch_size,
+                                   instability_seeds=args.instability_seeds,
+                                   decomposition_length=args.decomposition_length,
+                                   log=lambda line: print(line, file=sys.stderr))
+        path = out / f"{task}_paper.json"
+        path.write_text(json.dumps(report, indent=1))
+        md = paper_setting_markdown(report)
+        path.with_suffix(".md").write_text(md)
+        print(md)
+        print(f"written: {path}, {path.with_suffix('.md')}")
     return 0

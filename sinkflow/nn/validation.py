@@ -41,6 +41,10 @@ Tasks
     the first 20 optimizer steps of every run, ratio to SoftMax) and a comparison with the
     paper (``"paper_comparison"``).
 
+``sinkflow validate listops pathfinder --paper`` runs, on a CPU, what needs the paper's
+setting but no GPU: cost per training step and the instability score of the first 20 steps
+(:mod:`sinkflow.nn.paper`, docs/instability.md).
+
 Full-size settings are meant for a GPU: ``sinkflow validate TASK --full --device cuda``
 (optionally ``--amp`` for bfloat16 autocast; the normalizations stay float32).
 """
