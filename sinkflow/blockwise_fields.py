@@ -170,6 +170,10 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
         log_b_in_scores = torch.log(a)
     if normalization == "none" and log_b_in_scores is None:
         log_b_in_scores = torch.log(a)
+    if normalization == "sinkhorn" and not bool((a > 0).all()):
+        return _without_empty(X, Vt, a, init_g, numpy_out, lambda keep, g0: lazy_attention_field(
+            X[keep], Vt[keep], Wt, normalization=normalization, scores=scores, temperature=temperature,
+            n_iter=n_iter, weights=a[keep], init_g=g0, tol=tol, max_iter=max_iter, block_bytes=block_bytes))
     log_a = torch.log(a)
     rows = max(1, int(block_bytes) // (3 * n * X.element_size()))
     S = _BlockScores(X, Wt, float(temperature), scores, log_b_in_scores)
@@ -244,6 +248,20 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
     converged = True if tol_check is None else col_err <= tol_check
     return LazyField(from_torch(vel, numpy_out), from_torch(f, numpy_out), from_torch(g, numpy_out),
                      done, row_err, col_err, bool(converged))
+
+
+def _without_empty(X, V, a, init_g, numpy_out, solve):
+    """Sinkhorn with particles of weight 0 as empty lines: solved without them, their rows (velocity,
+    ``f``, ``g``) 0. Their columns carry no mass and their rows would not change the others."""
+    keep = a > 0
+    g0 = None if init_g is None else to_torch(init_g, "init_g", like=X).reshape(-1)[keep]
+    sub = solve(keep, g0)
+    vel = V.new_zeros(V.shape)
+    vel[keep] = sub.velocity
+    f, g = X.new_zeros(a.shape), X.new_zeros(a.shape)
+    f[keep], g[keep] = sub.f, sub.g
+    return LazyField(from_torch(vel, numpy_out), from_torch(f, numpy_out), from_torch(g, numpy_out), sub.n_iter,
+                     sub.row_error, sub.column_error, sub.converged)
 
 
 def _row_sums(S, f, g, rows):

@@ -470,14 +470,24 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
     def columns_in(i0, i1, _):
         return torch.cat([pw[i0:i1, None], pw[i0:i1, None] * V[i0:i1]], 1)
 
+    # Particles of weight 0 are empty lines (row and column): their masses are never divided by
+    # (they may be non-positive), their row scaling is 0 (no velocity) and their column stays 0.
+    empty = a <= 0 if bool((a <= 0).any()) else None
+
+    def masses(i0, i1, out, what):
+        s = out[:, 0]
+        if empty is not None:
+            s = torch.where(empty[i0:i1], torch.ones_like(s), s)
+        return _positive(s, what, m)
+
     def row_step(i0, i1, out):
-        s = _positive(out[:, 0], "rows", m)
-        u[i0:i1] = 1.0 / s
-        vel[i0:i1] = out[:, 1:] / s[:, None]
+        s = masses(i0, i1, out, "rows")
+        u[i0:i1] = 1.0 / s if empty is None else torch.where(empty[i0:i1], torch.zeros_like(s), 1.0 / s)
+        vel[i0:i1] = out[:, 1:] * u[i0:i1, None]
         return (a[i0:i1] * u[i0:i1])[:, None]
 
     def column_step(i0, i1, out):
-        s = _positive(out[:, 0], "columns", m)
+        s = masses(i0, i1, out, "columns")
         stats["col"] += float((pw[i0:i1] * s - a[i0:i1]).abs().sum())
         pw[i0:i1] = a[i0:i1] / s
         return columns_in(i0, i1, None)

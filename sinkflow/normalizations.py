@@ -190,6 +190,23 @@ def _effective_weights(a, b, mask, shape):
     return a, b
 
 
+def _exclude_empty_lines(mask, a, b):
+    """The mask with every line of weight 0 (``a_i = 0`` or ``b_j = 0``) excluded, or ``mask`` itself.
+
+    A line of weight 0 must be exactly empty and leave the other lines as if it were not
+    there, from the first half-step on: the first row step (SoftMax) would otherwise spread
+    mass onto a column of weight 0 and shift every row potential, and the multiplicative
+    column step cannot take that mass back (its factor ``b_j / c_j`` is kept at 1 where
+    ``b_j = 0``). Excluded like a masked line, it is absent from every step (log-domain,
+    multiplicative, Newton, epsilon-scaling schedule) and from the gradients. One sync when
+    no weight is zero.
+    """
+    if bool(torch.minimum(a.amin(), b.amin()) > 0):
+        return mask
+    keep = (a > 0)[..., :, None] & (b > 0)[..., None, :]
+    return keep if mask is None else mask & keep
+
+
 # ----------------------------------------------------------------------------------------
 # numerical kernels
 
@@ -926,7 +943,9 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
         ``n_iter``).
     a, b : arrays of shape (..., n) and (..., m), optional
         Query and key weights (non-negative, summing to 1 in their own precision);
-        uniform by default.
+        uniform by default. A query (key) of weight 0 gets an exactly zero row (column),
+        potential 0 and no gradient, and the rest is the solution without it, at every
+        ``n_iter`` and at the same cost to tolerance (it is excluded as by the mask).
     init_g : array (..., m), optional
         Warm start for the column potential ``g`` (e.g. the previous step of a particle
         flow). The first half-iteration is a row step from it; with ``n_iter=None`` a warm
@@ -975,6 +994,7 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     _check_counts(n_iter, max_iter)
     tol = _resolve_tolerance(tol, out_dtype, C.shape, warn and n_iter is None)
     a, b = _effective_weights(a, b, mask, C.shape)
+    mask = _exclude_empty_lines(mask, a, b)
     inplace = not (torch.is_grad_enabled() and C.requires_grad)
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = _initial_g(init_g, C)
