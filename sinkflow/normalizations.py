@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, exp_floor, from_torch, to_torch
+from sinkflow._kernel_sinkhorn import _Monitor, _max_over_batch, _predicted_steps, _relaxation, iterate_kernel  # noqa: F401
 
 __all__ = ["softmax", "sinkhorn", "solve_sinkhorn", "SinkhornResult", "SinkhornWarning", "default_tolerance",
            "attainable_error"]
@@ -275,8 +276,8 @@ def _colsum(a, P):
     return (a.unsqueeze(-2) @ P).squeeze(-2)
 
 
-def _max_over_batch(e: torch.Tensor) -> torch.Tensor:
-    return e.reshape(-1).amax() if e.ndim else e
+#: Whether no-autograd solves iterate in the kernel domain (the tests switch it off to compare).
+_KERNEL_DOMAIN = True
 
 
 def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0=None, trace=None, patience=None):
@@ -286,9 +287,11 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
     ``state["accelerate"]`` the steps are over-relaxed (``omega`` in [1, 2)), with ``omega``
     set from the observed plain rate (see :func:`_relaxation`).
 
-    Each half-step costs one reduction and one scaling pass over ``P``: the line sums that
-    measure the error after a step are exactly those the next step divides by, so they are
-    kept (``sums``) rather than recomputed.
+    Without autograd (``inplace``) the half-steps run in the kernel domain, one matrix-vector
+    product each (:func:`sinkflow._kernel_sinkhorn.iterate_kernel`). Under autograd every
+    half-step's matrix is kept for the backward: then each costs one reduction and one scaling
+    pass over ``P``, and the line sums that measure the error after a step are exactly those
+    the next step divides by, so they are kept (``sums``) rather than recomputed.
 
     ``P0`` starts from a matrix consistent with ``(f, g)``; ``trace`` (a list) collects
     ``(P, line_factor, row_step)`` after each half-step for :class:`_UnrolledSinkhorn`.
@@ -297,6 +300,8 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
     budget left (see :func:`_predicted_steps`), so that the caller can switch to Newton steps
     or stop instead of spinning.
     """
+    if inplace and P0 is None and trace is None and _KERNEL_DOMAIN:
+        return iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patience)
     dtype = C.dtype
     finfo = torch.finfo(dtype)
     n, m = C.shape[-2], C.shape[-1]
@@ -312,12 +317,10 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
     sums = None  # line sums of the current P along the next step's direction, if known
     f_ref, g_ref = f, g  # potentials at the last exponentiation
     done = 0
-    omega = 1.0
-    stage_errors = []
-    limits = {"ceiling": _OMEGA_MAX}
-    history = []
+    mon = _Monitor(a, b, scale, tol, state, record, patience)
     err = torch.full((), math.inf, dtype=dtype, device=C.device)
     while done < n_half:
+        omega = mon.omega
         row_step = state["next"] == "row"
         active = active_rows if row_step else active_cols
         need_log = P is None
@@ -364,7 +367,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
         done += 1
         state["count"] += 1
         state["next"] = "col" if row_step else "row"
-        if not (record or (tol is not None and state["check"])):
+        if not mon.wanted:
             sums = None  # no diagnostics wanted: the next step sums for itself
             continue
         # Error of the marginal not just normalized, from the sums the next step needs anyway.
@@ -374,85 +377,17 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
         else:
             sums = P.sum(-1)
             e = (a * (sums - ones_r).abs()).sum(-1)
-        other = e
-        if omega != 1.0:
-            # Over-relaxed steps leave the marginal just treated off by exp((omega-1) delta) - 1.
-            miss = torch.expm1((omega - 1.0) * delta).abs()
-            e = torch.maximum(e, (a * miss).sum(-1) if row_step else (b * miss).sum(-1))
-        err = _max_over_batch(e.detach())
-        if record:
-            state["errors"].append(err)
-            state["scales"].append(scale)
-        if tol is not None and state["check"]:
-            value = float(err)
-            if value <= tol:
-                break
-            history.append(value)
-            ahead = _predicted_steps(history, tol) if patience is not None else None
-            if ahead is not None and ahead > min(patience, n_half - done):
-                state["slow"] = True  # too slow for the patience, or for the budget left
-                break
-            if state.get("accelerate"):
-                # The rate is read off the other marginal's error alone: the residual of an
-                # over-relaxed step scales with omega and would fake an increase.
-                stage_errors.append(float(_max_over_batch(other.detach())))
-                omega = _relaxation(stage_errors, omega, limits)
+        err, stop = mon.after(e, delta, row_step, n_half - done)
+        if stop:
+            break
     return P, f, g, err
 
 
-_OMEGA_MAX = 1.9
 _STAGE_TOL = 1e-3  # loosest tolerance of an intermediate epsilon-scaling stage
-
-
-def _relaxation(errors, omega, limits, window=20):
-    """Over-relaxation parameter for the next half-steps (Thibault et al. 2017; Lehmann et al. 2021).
-
-    Every ``window`` half-steps the current rate per full iteration ``rho`` is read off the
-    error history. With relaxation ``omega`` the slowest plain mode ``theta`` contracts at about
-    ``1 - omega (1 - theta)``, so ``theta ~ 1 - (1 - rho) / omega``; the locally optimal choice
-    is ``omega = 2 / (1 + sqrt(1 - theta))``. If the error did not decrease over the window,
-    ``omega`` falls back halfway to 1 and the value that failed becomes a ceiling (lowered a
-    little each time), so ``omega`` settles below the largest stable value instead of
-    oscillating around it.
-    """
-    k = len(errors)
-    if k < window or k % window:
-        return omega
-    now, before = errors[-1], errors[-window]
-    if omega > 1.0 and now >= before:
-        limits["ceiling"] = 1.0 + 0.9 * (omega - 1.0)
-        omega = 1.0 + 0.5 * (omega - 1.0)
-        return 1.0 if omega < 1.02 else omega
-    rho = (now / before) ** (2.0 / (window - 1)) if before > 0 else 0.0
-    theta = 1.0 - (1.0 - rho) / omega
-    if theta <= 0.5:  # fast enough: keep the current steps
-        return omega
-    target = 2.0 / (1.0 + math.sqrt(max(1.0 - theta, 1e-8)))
-    return max(omega, min(_OMEGA_MAX, limits["ceiling"], target))
-
-
-_RATE_WINDOW = 25  # half-steps over which the convergence rate is read
 _PATIENCE = 400  # predicted half-steps to the tolerance beyond which a stage switches to Newton
 _MAX_SPLITS = 8  # epsilon-scaling stages inserted at most after stalls
 _NEWTON_ROUNDS = 4  # Newton rounds at most per stage (each ends when it stops improving)
 _DENSE_NEWTON = 512  # n + m up to which the Newton system is solved densely (else sparse or CG)
-
-
-def _predicted_steps(history, tol, window=None):
-    """Half-steps still needed to reach ``tol`` at the rate read off the error history.
-
-    Read every ``window`` half-steps from the best error of the last two windows (over-relaxed
-    errors oscillate): ``inf`` when there was no progress at all, ``None`` between readings.
-    """
-    window = window or _RATE_WINDOW
-    k = len(history)
-    if k < 2 * window or k % window:
-        return None
-    now, before = min(history[-window:]), min(history[-2 * window:-window])
-    if now >= before:
-        return math.inf
-    rate = (now / before) ** (1.0 / window)
-    return math.log(tol / now) / math.log(rate)
 
 
 def _dual_state(C, f, g, a, b, mask, high):
