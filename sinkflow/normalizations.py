@@ -693,6 +693,40 @@ def _resolve_tolerance(tol, dtype, shape, warn):
     return float(tol)
 
 
+def _symmetric_start(C, mask, a, b, rtol=1e-6):
+    r"""The natural start of a symmetric problem, or None when the problem is not symmetric.
+
+    Square scores equal to their transpose (to ``rtol`` of their range; the start is only a
+    guess), a symmetric mask (or none) and ``a = b``: the solution's plan is symmetric,
+    :math:`a_i K_{ij} = e^{h_i + C_{ij} + h_j}` with :math:`e^{h_i} \sum_j e^{C_{ij} + h_j} = a_i`,
+    and for a kernel concentrated near the diagonal :math:`h_j \approx h_i` gives
+    :math:`g_j = h_j \approx \frac12 (\log b_j - \operatorname{logsumexp}_i C_{ji})`. From it no
+    epsilon-scaling schedule is needed: measured on Gaussian scores of 300-2,000 normal points
+    (1D and 2D, temperatures 0.005-0.02) 51-376 half-iterations and 0-3 Newton steps instead of
+    269-512 and 0-13, 1.3-30x less time (docs/performance.md).
+    """
+    n, m = C.shape[-2:]
+    if n != m or not torch.equal(a, b) or (mask is not None and not torch.equal(mask, mask.mT)):
+        return None
+    Cd = C.detach()
+    T = Cd if mask is None else Cd.masked_fill(~mask, 0.0)
+    scale = rtol * max(float(T.abs().amax()), 1.0)
+    if float((T - T.mT).abs().amax()) > scale:
+        return None
+    # The guess is for kernels concentrated near the diagonal: C_ii + C_jj - 2 C_ij >= 0 (a squared
+    # distance, whatever diagonal scaling). Random symmetric scores fail it; there the start saved
+    # half-iterations but cost more Newton steps (x1000: 101 + 44 instead of 382 + 17, 2.4x the time).
+    d = torch.diagonal(T, dim1=-2, dim2=-1)
+    if float((d.unsqueeze(-1) + d.unsqueeze(-2) - 2.0 * T).amin()) < -scale:
+        return None
+    if mask is not None:
+        T = Cd.masked_fill(~mask, -math.inf)
+    lse = torch.logsumexp(T, dim=-1)
+    ok = (b > 0) & torch.isfinite(lse)
+    return torch.where(ok, 0.5 * (torch.log(torch.where(ok, b, torch.ones_like(b))) - torch.where(ok, lse, 0.0)),
+                       torch.zeros_like(b))
+
+
 def _check_counts(n_iter, max_iter):
     if n_iter is not None:
         if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1:
@@ -938,10 +972,12 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     if n_iter is not None:
         P, f, g, state = _fixed_iterations(C, f, g, a, b, mask, int(n_iter), state, inplace, _diagnostics)
     else:
+        start = _symmetric_start(C, mask, a, b) if init_g is None and epsilon_scaling else None
+        g = g if start is None else start
         # A warm start is already near the solution: no annealing, but the same acceleration.
         # Newton steps bridge larger jumps in the multiplier than half-iterations alone.
         schedule = (_scaling_schedule(C, mask, factor=4.0 if inplace else 2.0)
-                    if epsilon_scaling and init_g is None else [1.0])
+                    if epsilon_scaling and init_g is None and start is None else [1.0])
         # Rounding a half-precision result back costs up to eps / 2 of marginal error.
         inner_tol = tol - 0.5 * torch.finfo(out_dtype).eps if out_dtype != C.dtype else tol
         P, f, g = _solve_to_tolerance(C, f, g, a, b, mask, inner_tol, max_iter, state, inplace, schedule)
