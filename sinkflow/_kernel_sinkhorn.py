@@ -156,8 +156,6 @@ def iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patie
     Same contract as the materialized loop of :mod:`sinkflow.normalizations` (``_iterate``) for
     no-autograd solves: returns ``(P, f, g, err)``, ``P`` a fresh buffer.
     """
-    from sinkflow.normalizations import _col_step_log, _row_step_log
-
     finfo = torch.finfo(C.dtype)
     bound = math.exp(0.5 * (math.log(finfo.eps / (3.0 * finfo.tiny)) - math.log(max(C.shape[-2:]))))
     rows_on, cols_on = a > 0, b > 0
@@ -182,23 +180,9 @@ def iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patie
                 new = None  # absorb: re-exponentiate from the log potentials
             state["fallbacks"] = state.get("fallbacks", 0) + int(new is None)
         if new is None:
-            f, g = _absorbed(f0, g0, u, v, rows_on, cols_on)
             K = None  # release before the log step allocates
-            if row_step:
-                K, full = _row_step_log(C, scale, g, mask)
-                delta = full - f
-                f0, g0 = full, g
-            else:
-                K, full = _col_step_log(C, scale, f, a, b, mask)
-                delta = full - g
-                f0, g0 = f, full
-            # Subnormal entries (SoftMax leaves them, the column factor makes them) slow every
-            # product with K several times and are below what a line sum resolves: zero them.
-            K = torch.nn.functional.threshold_(K, finfo.tiny, 0.0)
-            new = torch.exp((mon.omega - 1.0) * delta) if mon.omega != 1.0 else torch.ones_like(delta)
-            if not every:
-                new = new.masked_fill_(~(rows_on if row_step else cols_on), 0.0)
-            u, v = (new, torch.ones_like(g)) if row_step else (torch.ones_like(f), new)
+            K, u, v, f0, g0, delta = _exponentiate(C, scale, f0, g0, u, v, a, b, mask, row_step, mon.omega,
+                                                   None if every else (rows_on, cols_on))
             top = {"row": float(u.amax()), "col": 1.0} if row_step else {"row": 1.0, "col": float(v.amax())}
         elif row_step:
             u, top["row"] = new, largest
@@ -223,6 +207,31 @@ def iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patie
     f, g = _absorbed(f0, g0, u, v, rows_on, cols_on)
     P = K.mul_(u.unsqueeze(-1)).mul_(v.unsqueeze(-2))
     return P, f, g, err
+
+
+def _exponentiate(C, scale, f0, g0, u, v, a, b, mask, row_step, omega, lines):
+    """Absorb the scalings into the potentials and take a log-domain step: ``(K, u, v, f0, g0, delta)``.
+
+    ``lines`` is ``(rows_on, cols_on)`` when some line has weight 0, else None.
+    """
+    from sinkflow.normalizations import _col_step_log, _row_step_log
+
+    rows_on, cols_on = lines if lines is not None else (a > 0, b > 0)
+    f, g = _absorbed(f0, g0, u, v, rows_on, cols_on)
+    if row_step:
+        K, full = _row_step_log(C, scale, g, mask)
+        delta, f0, g0 = full - f, full, g
+    else:
+        K, full = _col_step_log(C, scale, f, a, b, mask)
+        delta, f0, g0 = full - g, f, full
+    # Subnormal entries (SoftMax leaves them, the column factor makes them) slow every product with
+    # K several times and are below what a line sum resolves: zero them.
+    K = torch.nn.functional.threshold_(K, torch.finfo(K.dtype).tiny, 0.0)
+    new = torch.exp((omega - 1.0) * delta) if omega != 1.0 else torch.ones_like(delta)
+    if lines is not None:
+        new = new.masked_fill_(~(rows_on if row_step else cols_on), 0.0)
+    u, v = (new, torch.ones_like(g)) if row_step else (torch.ones_like(f), new)
+    return K, u, v, f0, g0, delta
 
 
 def _absorbed(f0, g0, u, v, rows_on, cols_on):

@@ -20,7 +20,12 @@ which is exact to rounding as long as (i) the marginal about to be divided is fa
 the underflow threshold and (ii) entries that underflowed at the last exponentiation
 cannot have grown back into relevance. Both are checked at every half-iteration; when
 either fails the solver re-exponentiates from ``C + f + g`` (the absorption trick of
-Schmitzer 2019). The result never contains NaN or inf, at any temperature.
+Schmitzer 2019). The result never contains NaN or inf, at any temperature. Without autograd
+the rescaling is not even applied: the matrix is kept as ``diag(u) K diag(v)`` and each
+half-step is one matrix-vector product with ``K`` (:mod:`sinkflow._kernel_sinkhorn`, within
+1.3x of that kernel-domain floor, docs/performance.md); under autograd each half-step's matrix
+is kept for the backward. A symmetric problem (square symmetric scores, ``a = b``) starts from
+the symmetric fixed point's guess instead of the epsilon-scaling schedule.
 
 Exponent arguments (after subtracting the line maximum) are clamped one unit above the
 logarithm of the smallest normal number: float32 ``exp`` is ~9x slower on arguments below
@@ -57,7 +62,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, exp_floor, from_torch, to_torch
-from sinkflow._kernel_sinkhorn import _Monitor, _max_over_batch, _predicted_steps, _relaxation, iterate_kernel  # noqa: F401
+from sinkflow._kernel_sinkhorn import _max_over_batch, _Monitor, iterate_kernel
 
 __all__ = ["softmax", "sinkhorn", "solve_sinkhorn", "SinkhornResult", "SinkhornWarning", "default_tolerance",
            "attainable_error"]
@@ -285,7 +290,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
 
     ``state`` holds the half-step parity and counters across epsilon-scaling stages. With
     ``state["accelerate"]`` the steps are over-relaxed (``omega`` in [1, 2)), with ``omega``
-    set from the observed plain rate (see :func:`_relaxation`).
+    set from the observed plain rate (see ``sinkflow._kernel_sinkhorn._relaxation``).
 
     Without autograd (``inplace``) the half-steps run in the kernel domain, one matrix-vector
     product each (:func:`sinkflow._kernel_sinkhorn.iterate_kernel`). Under autograd every
@@ -297,8 +302,8 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
     ``(P, line_factor, row_step)`` after each half-step for :class:`_UnrolledSinkhorn`.
     With ``patience``, the loop gives up early (``state["slow"] = True``) when the observed
     rate predicts more than ``patience`` further half-steps to reach ``tol``, or more than the
-    budget left (see :func:`_predicted_steps`), so that the caller can switch to Newton steps
-    or stop instead of spinning.
+    budget left (see ``sinkflow._kernel_sinkhorn._predicted_steps``), so that the caller can
+    switch to Newton steps or stop instead of spinning.
     """
     if inplace and P0 is None and trace is None and _KERNEL_DOMAIN:
         return iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patience)

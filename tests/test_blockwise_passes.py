@@ -5,7 +5,6 @@ Oracle: :func:`sinkflow.solve_sinkhorn` on the full score matrix (kernel ``a_j e
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
