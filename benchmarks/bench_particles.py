@@ -43,7 +43,9 @@ At n = 10^5 the exact block-wise step took 1680 s against 8.0 s for the Nyström
 field error 5.2e-4 (an earlier run).
 
 One torch / BLAS thread (reported). Medians over ``--repeats`` runs after one warm-up step.
-Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks] [--baseline REV] [--skip-exact]``.
+``--floor`` times the exact block-wise step (n = 20,000) and the landmark step (n = 10^6) against
+the floor of their exponentials, interleaved.
+Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks] [--baseline REV] [--skip-exact] [--floor]``.
 """
 
 from __future__ import annotations
@@ -222,6 +224,63 @@ def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact:
           f"{error:.2e} |")
 
 
+def exp_seconds(count, width=256):
+    """Seconds for ``count`` float32 exponentials of in-range arguments, in cache-sized blocks."""
+    import torch
+
+    buf = torch.empty(4096, width)
+    rounds = max(1, int(count // buf.numel()))
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        buf.fill_(-3.0).exp_()
+    t1 = time.perf_counter()
+    for _ in range(rounds):
+        buf.fill_(-3.0)
+    return ((t1 - t0) - (time.perf_counter() - t1)) * count / (rounds * buf.numel())
+
+
+def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000):
+    """The exact block-wise step and the landmark step against the floor of their exponentials, interleaved.
+
+    Exact step (``n_iter = 10`` from a warm ``g``, ends on a column step): 11 n^2 exponentials
+    (10 half-iterations and the application); landmark step: the n m exponentials of the factor.
+    ``64 MiB blocks`` is the block budget used before the default followed the cache.
+    """
+    import torch
+
+    from sinkflow import blockwise_fields, lowrank_fields
+
+    torch.set_num_threads(1)
+    x = torch.from_numpy(_particles(exact_n))
+    Wt = torch.tensor(W, dtype=torch.float32)
+    g = blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=4).g
+    z = torch.from_numpy(_particles(landmark_n))
+    idx = lowrank_fields.farthest_point_indices(lowrank_fields.gaussian_coordinates(z, Wt, 1.0), LANDMARKS, 0)
+    runs = {
+        "exact floor": lambda: exp_seconds(11 * exact_n ** 2),
+        "exact, default blocks": lambda: blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=N_ITER, init_g=g),
+        "exact, 64 MiB blocks": lambda: blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=N_ITER, init_g=g,
+                                                                              block_bytes=64 * 2**20),
+        "landmark floor": lambda: exp_seconds(landmark_n * LANDMARKS),
+        "landmark step": lambda: lowrank_fields.lowrank_attention_field(z, z, idx, W=Wt, n_iter=N_ITER),
+    }
+    times = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            t0 = time.perf_counter()
+            out = fn()
+            times[k].append(out if "floor" in k else time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\nFloors (float32, d={D}, 1 thread, medians of {repeats} interleaved; load {os.getloadavg()[0]:.1f}; "
+          f"default block budget {blockwise_fields.DEFAULT_BLOCK_BYTES / 2**20:.1f} MiB)\n")
+    print("| step | n | floor of its exponentials (s) | time (s) | ratio |")
+    print("|---|---|---|---|---|")
+    for k in ("exact, default blocks", "exact, 64 MiB blocks"):
+        print(f"| {k} | {exact_n} | {med['exact floor']:.2f} | {med[k]:.2f} | x{med[k] / med['exact floor']:.2f} |")
+    print(f"| landmark m={LANDMARKS} | {landmark_n} | {med['landmark floor']:.3f} | {med['landmark step']:.3f} | "
+          f"x{med['landmark step'] / med['landmark floor']:.2f} |")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="n in {1000, 4000}, big case n = 20000")
@@ -229,8 +288,13 @@ def main(argv=None):
     p.add_argument("--landmarks", action="store_true", help="only the Nyström-landmark rows")
     p.add_argument("--baseline", metavar="REV", help="also time the landmark step with the package of git revision REV")
     p.add_argument("--skip-exact", action="store_true", help="leave out the exact block-wise step of the landmark rows")
+    p.add_argument("--floor", action="store_true", help="only the exact (n = 20000) and landmark (n = 10^6) steps "
+                   "against the floor of their exponentials")
     p.add_argument("--single", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.floor:
+        floor_rows(args.repeats, exact_n=6000 if args.quick else 20_000, landmark_n=100_000 if args.quick else 10**6)
+        return 0
     if args.landmarks:
         landmark_rows(args.quick, args.repeats, args.baseline, not args.skip_exact)
         return 0

@@ -14,7 +14,10 @@ Prints markdown tables:
    ``reg = 1e-3``): time to marginal error 1e-6 for sinkflow against POT's
    ``sinkhorn_epsilon_scaling`` and ``sinkhorn_log`` (numpy float64, capped), with iteration
    counts and the error each reached (measured here, from the returned plans);
-5. peak extra memory of one float32 solve at n = 4096, in units of n x n buffers.
+5. peak extra memory of one float32 solve at n = 4096, in units of n x n buffers;
+6. (``floor``) 100 iterations at n = 1,024 and 4,096, float32 and float64, scores x1 and x10,
+   against the kernel-domain floor (one exponential, then matrix-vector products), the
+   materialized loop used before, and POT's log-stable ``sinkhorn_stabilized``, interleaved.
 
 Cost C_ij = |x_i - y_j|^2, scores -C / eps with eps = T x median(C); T = 1 (moderate) and
 T = 0.01 (cold, as in docs/performance.md). One torch thread; medians of ``--repeats`` runs
@@ -24,6 +27,7 @@ after a warm-up. Usage: ``python benchmarks/bench_sinkhorn.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -88,6 +92,68 @@ def print_speed(rows, half_iterations):
             ratio = "" if c == cols[0] else f", x{t / base:.2f}"
             cells.append(f"{t:.1f} ({t / half_iterations:.2f}{ratio})")
         print(f"| {n} | {d} | {label} | " + " | ".join(cells) + " |")
+
+
+def kernel_floor(C, iterations):
+    """The kernel-domain floor: one exponential (clamped, no subnormals), then 2 products per iteration."""
+    n, m = C.shape
+    K = (C - C.amax()).clamp_min_(math.log(torch.finfo(C.dtype).tiny) + 1.0).exp_()
+    a = torch.full((n,), 1.0 / n, dtype=C.dtype)
+    b = torch.full((m,), 1.0 / m, dtype=C.dtype)
+    v = torch.ones(m, dtype=C.dtype)
+    for _ in range(iterations):
+        u = 1.0 / torch.mv(K, v)
+        v = b / torch.mv(K.T, a * u)
+    return u, v
+
+
+def floor_table(sizes, repeats, iterations=100):
+    """Fixed-count Sinkhorn against the kernel-domain floor and POT's sinkhorn_stabilized, interleaved."""
+    import sinkflow.attention._normalizations as normalizations
+
+    print(f"\n### {iterations} iterations ({2 * iterations} half-iterations), scores -|x_i - y_j|^2 / 2 (x factor) "
+          "of standard normal points in 2D: median ms, ratio to the kernel-domain floor\n")
+    print("Rounds interleave the four; 'materialized' is the loop used before (now the autograd path).\n")
+    print("| n | dtype | factor | floor | sinkflow | materialized | POT sinkhorn_stabilized (numpy) |")
+    print("|---|---|---|---|---|---|---|")
+    for n in sizes:
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(n, 2)), rng.normal(size=(n, 2))
+        for dtype in (torch.float32, torch.float64):
+            for factor in (1.0, 10.0):
+                S = -factor * 0.5 * ot.dist(x, y)
+                C = torch.tensor(S, dtype=dtype)
+                M, w = (-S).astype(C.numpy().dtype), np.full(n, 1.0 / n, dtype=C.numpy().dtype)
+
+                def materialized():
+                    normalizations._KERNEL_DOMAIN = False
+                    try:
+                        sinkflow.sinkhorn(C, n_iter=2 * iterations)
+                    finally:
+                        normalizations._KERNEL_DOMAIN = True
+
+                runs = {"floor": lambda: kernel_floor(C, iterations),
+                        "sinkflow": lambda: sinkflow.sinkhorn(C, n_iter=2 * iterations),
+                        "materialized": materialized,
+                        "POT": lambda: ot.bregman.sinkhorn_stabilized(w, w, M, 1.0, numItermax=iterations, stopThr=0.0)}
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    t = interleaved(runs, repeats)
+                cells = [f"{t['floor']:.1f}"] + [f"{t[k]:.1f} (x{t[k] / t['floor']:.2f})" for k in list(runs)[1:]]
+                print(f"| {n} | {str(dtype)[6:]} | x{factor:g} | " + " | ".join(cells) + " |", flush=True)
+
+
+def interleaved(runs, repeats):
+    """Median ms of each callable, timed in rounds (one of each per round) after one warm-up each."""
+    times = {k: [] for k in runs}
+    for fn in runs.values():
+        fn()
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(1e3 * (time.perf_counter() - t0))
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def iteration_table(n=40, tol=1e-9, budget=100_000):
@@ -218,7 +284,7 @@ def memory_row(n=4096):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="n in {256, 1024}, 3 repeats, cold problem n <= 1000")
-    p.add_argument("--only", choices=["speed", "iterations", "precision", "cold", "memory"], nargs="*",
+    p.add_argument("--only", choices=["speed", "floor", "iterations", "precision", "cold", "memory"], nargs="*",
                    help="run only these tables")
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
@@ -229,6 +295,7 @@ def main(argv=None):
           f"numpy {np.__version__}; torch threads = {torch.get_num_threads()}; medians of {repeats}")
     tables = {
         "speed": lambda: print_speed(speed_table(sizes, (2, 64), repeats), 20),
+        "floor": lambda: floor_table((1024,) if args.quick else (1024, 4096), repeats),
         "iterations": lambda: iteration_table(budget=20_000 if args.quick else 100_000),
         "precision": lambda: precision_table(repeats),
         "cold": lambda: cold_table((100, 1000) if args.quick else (100, 1000, 4000),

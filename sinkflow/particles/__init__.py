@@ -12,6 +12,7 @@ from sinkflow.particles._blockwise_fields import (
     LazyField,
     lazy_attention_field,
     DEFAULT_BLOCK_BYTES,
+    cache_block_bytes,
 )
 from sinkflow.particles._lowrank_fields import (
     NystromPositivityError,
@@ -58,6 +59,7 @@ __all__ = [
     "LazyField",
     "lazy_attention_field",
     "DEFAULT_BLOCK_BYTES",
+    "cache_block_bytes",
     "NystromPositivityError",
     "LowRankField",
     "landmark_indices",

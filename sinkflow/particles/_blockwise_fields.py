@@ -18,6 +18,7 @@ tests compare both on small problems.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +26,52 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 
-__all__ = ["LazyField", "lazy_attention_field", "DEFAULT_BLOCK_BYTES"]
+__all__ = ["LazyField", "lazy_attention_field", "DEFAULT_BLOCK_BYTES", "cache_block_bytes"]
 
-#: Memory per block of rows (scores plus their exponential), in bytes.
-DEFAULT_BLOCK_BYTES = 64 * 2**20
+def cache_block_bytes(fallback: int = 2**20) -> int:
+    """Default memory budget of a block of rows: three times the per-core L2 cache.
+
+    A block's score buffer then fits in L2 (the budget is counted as three buffers), so the
+    few passes over it after its product run in cache: the step is memory-bound otherwise
+    (n = 6,000, float32, one thread: 64 MiB blocks 6.3x the floor of the exponentials, 1-4 MiB
+    blocks 2.1-2.2x, see docs/performance.md). Read from
+    ``/sys/devices/system/cpu/cpu0/cache``, else ``os.sysconf("SC_LEVEL2_CACHE_SIZE")``, else
+    ``fallback`` bytes of L2.
+
+    Examples
+    --------
+    >>> from sinkflow.particles._blockwise_fields import cache_block_bytes
+    >>> cache_block_bytes() >= 3 * 2**15
+    True
+    """
+    return 3 * (_l2_bytes() or int(fallback))
+
+
+def _l2_bytes() -> int | None:
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(root)):
+            path = os.path.join(root, entry)
+            with open(os.path.join(path, "level")) as fh:
+                level = fh.read().strip()
+            with open(os.path.join(path, "type")) as fh:
+                kind = fh.read().strip()
+            if level == "2" and kind in ("Unified", "Data"):
+                with open(os.path.join(path, "size")) as fh:
+                    text = fh.read().strip().upper()
+                unit = {"K": 2**10, "M": 2**20}.get(text[-1:], 1)
+                return int(text.rstrip("KM")) * unit
+    except (OSError, ValueError):
+        pass
+    try:
+        size = os.sysconf("SC_LEVEL2_CACHE_SIZE")
+        return size if size > 0 else None
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+#: Memory per block of rows (counted as three score buffers), in bytes: :func:`cache_block_bytes`.
+DEFAULT_BLOCK_BYTES = cache_block_bytes()
 
 _NORMALIZATIONS = ("none", "row", "sinkhorn")
 _SCORES = ("dot", "gaussian")
@@ -61,35 +104,138 @@ class LazyField:
     converged: bool
 
 
-def _log_tiny(dtype) -> float:
-    return math.log(torch.finfo(dtype).tiny)
-
-
 class _BlockScores:
-    """Rows ``i0:i1`` of the score matrix, recomputed on demand."""
+    """Rows ``i0:i1`` of the score matrix plus line biases, recomputed on demand as one product.
+
+    ``C_ij = <l_i, r_j>`` with ``l_i = [x_i W / tau]``, ``r_j = [x_j]`` (dot scores) or, for Gaussian
+    scores ``-||x_i - x_j||_W^2 / (2 tau)``, ``l_i = [x_i W / tau, -|x_i|_W^2 / (2 tau), 1]`` and
+    ``r_j = [x_j, 1, -|x_j|_W^2 / (2 tau)]``; one more coordinate carries a row bias. A block of
+    ``bias_i + C_ij + col_j`` is then a single ``addmm`` pass instead of four to seven.
+    """
 
     def __init__(self, x, W, temperature, kind, log_b):
-        self.x = x
-        self.xw = x @ W if W is not None else x  # rows of x W, so C = (x W) x^T / tau
-        self.tau = temperature
-        self.kind = kind
-        self.log_b = log_b  # added to every row (column weights in the kernel), or None
-        if kind == "gaussian":
-            self.sq = (self.xw * x).sum(-1)
+        xw = (x @ W if W is not None else x) / temperature  # rows of x W / tau, so C = (x W / tau) x^T
+        one = torch.ones_like(x[:, :1])
+        left, right = [xw], [x]
+        if kind == "gaussian":  # -||x_i - x_j||_W^2 / 2 = <x_i, W x_j> - |x_i|^2/2 - |x_j|^2/2
+            half_sq = 0.5 * (xw * x).sum(-1, keepdim=True)
+            left, right = [xw, -half_sq, one], [x, one, -half_sq]
+        self.left = torch.cat(left + [one], 1)  # last column: the row bias, see factors
+        self.right = torch.cat(right + [one], 1).T.contiguous()
+        zero = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+        self.log_b = zero if log_b is None else log_b  # added to every row (column weights in the kernel)
 
-    def block(self, i0, i1):
-        C = self.xw[i0:i1] @ self.x.T
-        if self.kind == "gaussian":  # -||x_i - x_j||_W^2 / 2 = <x_i, W x_j> - |x_i|^2/2 - |x_j|^2/2
-            C = C.mul_(2).sub_(self.sq[i0:i1, None]).sub_(self.sq[None, :]).clamp_max_(0).mul_(0.5)
-        C = C.div_(self.tau)
-        if self.log_b is not None:
-            C = C.add_(self.log_b[None, :])
-        return C
+    def factors(self, row_bias=None):
+        """Left factor with ``row_bias`` (n,) in its last column (0 when None)."""
+        left = self.left.clone()
+        left[:, -1] = 0.0 if row_bias is None else row_bias
+        return left
+
+    def column_bias(self, g=None):
+        """``log_b + g``: the column bias of :meth:`block`."""
+        return self.log_b if g is None else self.log_b + g
+
+    def block(self, left, i0, i1, bias):
+        """``row_bias_i + C_ij + bias_j`` for rows ``i0:i1`` (a fresh buffer)."""
+        return torch.addmm(bias, left[i0:i1], self.right)
 
 
-def _blocks(n, rows):
-    for i0 in range(0, n, rows):
-        yield i0, min(n, i0 + rows)
+class _Passes:
+    """One pass over the row blocks per half-iteration, each block a few in-cache passes.
+
+    A row step after a column step shifts the block by the previous ``f`` (whose column step
+    bounded every entry ``exp(f_i + C_ij + g_j) <= b_j / a_i``) and a column step by the
+    ``g`` of the row step before it (entries ``<= 1``): no maximum pass, no online rescaling.
+    A line sum below ``safe`` (where flushed entries could matter) or not finite, or weights
+    too uneven for the row bound, takes the max-subtracted form instead.
+    """
+
+    def __init__(self, S, V, a, rows):
+        self.S, self.a, self.rows = S, a, rows
+        self.log_a = torch.log(a)
+        # Values and a column of ones (the row sums come with the velocity), stored column by column:
+        # E @ V with V row-major and few columns is a slow skinny product (measured 5x a pass of exp)
+        self.V1 = torch.cat([V, torch.ones_like(V[:, :1])], 1).T.contiguous()
+        finfo = torch.finfo(V.dtype)
+        self.lt = math.log(finfo.tiny)
+        n = a.shape[0]
+        self.safe = 3.0 * finfo.tiny / finfo.eps * n
+        spread = float(self.log_a.max() - self.log_a.min()) if n else 0.0
+        self.row_shift_ok = spread < 0.5 * math.log(finfo.max)
+
+    def _times_values(self, E):
+        """``E @ [V, 1]``: one matrix-vector product per column for few columns (2-5x faster), else one product."""
+        if self.V1.shape[0] <= 4:
+            return torch.stack([torch.mv(E, v) for v in self.V1], 1)
+        return (self.V1 @ E.T).T
+
+    def _blocks(self):
+        n = self.a.shape[0]
+        return ((i0, min(n, i0 + self.rows)) for i0 in range(0, n, self.rows))
+
+    def row(self, g, f_prev=None):
+        """Row normalization: new ``f``, velocity, weighted column sums."""
+        S, n, p = self.S, self.a.shape[0], self.V1.shape[0] - 1
+        shifted = f_prev is not None and self.row_shift_ok
+        left, left0 = (S.factors(f_prev) if shifted else None), S.factors()
+        bias = S.column_bias(g)
+        f_new, vel = torch.empty_like(self.a), torch.empty((n, p), dtype=self.a.dtype, device=self.a.device)
+        col = torch.zeros_like(self.a)
+        for i0, i1 in self._blocks():
+            R = E = None
+            if shifted:
+                E = S.block(left, i0, i1, bias).clamp_min_(self.lt).exp_()
+                R = self._times_values(E)
+                lo = float(R[:, p].amin())
+                if lo >= self.safe and math.isfinite(float(R[:, p].amax())):
+                    f_new[i0:i1] = f_prev[i0:i1] - torch.log(R[:, p])
+                else:
+                    R = None
+            if R is None:
+                T = S.block(left0, i0, i1, bias)
+                m = T.amax(1, keepdim=True)
+                E = T.sub_(m).clamp_min_(self.lt).exp_()
+                R = self._times_values(E)
+                f_new[i0:i1] = -(m.squeeze(1) + torch.log(R[:, p]))
+            s = R[:, p]
+            vel[i0:i1] = R[:, :p] / s[:, None]
+            col.addmv_(E.T, self.a[i0:i1] / s)
+        return f_new, vel, col
+
+    def column(self, f, g_prev):
+        """Column step ``g_j = log b_j - logsumexp_i(log a_i + f_i + C_ij)``, shifted by the previous ``g``."""
+        left = self.S.factors(self.log_a + f)
+        bias = self.S.column_bias(g_prev)
+        s = torch.zeros_like(self.a)
+        for i0, i1 in self._blocks():
+            s += self.S.block(left, i0, i1, bias).clamp_min_(self.lt).exp_().sum(0)
+        if float(s.amin()) >= self.safe and math.isfinite(float(s.amax())):
+            return self.log_a - torch.log(s) + g_prev
+        return self._column_exact(left)
+
+    def _column_exact(self, left):
+        """The column step with an online maximum (log-sum-exp across blocks): any line sum."""
+        m = torch.full_like(self.a, -math.inf)
+        s = torch.zeros_like(self.a)
+        bias = self.S.column_bias()
+        for i0, i1 in self._blocks():
+            T = self.S.block(left, i0, i1, bias)
+            m_new = torch.maximum(m, T.amax(0))
+            s = s * torch.exp(m - m_new) + T.sub_(m_new[None, :]).clamp_min_(self.lt).exp_().sum(0)
+            m = m_new
+        return self.log_a - (m + torch.log(s))
+
+    def apply(self, f, g):
+        """``K = exp(f_i + C_ij + g_j)`` applied without renormalizing: velocity, row sums, weighted column sums."""
+        left, bias = self.S.factors(f), self.S.column_bias(g)
+        n, p = self.a.shape[0], self.V1.shape[0] - 1
+        R = torch.empty((n, p + 1), dtype=self.a.dtype, device=self.a.device)
+        col = torch.zeros_like(self.a)
+        for i0, i1 in self._blocks():
+            E = self.S.block(left, i0, i1, bias).clamp_min_(self.lt).exp_()
+            R[i0:i1] = self._times_values(E)
+            col.addmv_(E.T, self.a[i0:i1])
+        return R[:, :p], R[:, p], col
 
 
 def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores="dot", temperature=1.0,
@@ -121,7 +267,8 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
     tol, max_iter : float, int
         Stopping rule for ``n_iter=None`` (checked after each row step).
     block_bytes : int
-        Memory budget of one block of score rows.
+        Memory budget of one block of score rows (counted as three buffers of the block);
+        by default three times the L2 cache (:func:`cache_block_bytes`).
 
     Returns
     -------
@@ -168,75 +315,42 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
         log_b_in_scores = torch.log(a)
     if normalization == "none" and log_b_in_scores is None:
         log_b_in_scores = torch.log(a)
-    log_a = torch.log(a)
+    if normalization == "sinkhorn" and not bool((a > 0).all()):
+        return _without_empty(X, Vt, a, init_g, numpy_out, lambda keep, g0: lazy_attention_field(
+            X[keep], Vt[keep], Wt, normalization=normalization, scores=scores, temperature=temperature,
+            n_iter=n_iter, weights=a[keep], init_g=g0, tol=tol, max_iter=max_iter, block_bytes=block_bytes))
     rows = max(1, int(block_bytes) // (3 * n * X.element_size()))
-    S = _BlockScores(X, Wt, float(temperature), scores, log_b_in_scores)
-    lt = _log_tiny(dtype)
-    p = Vt.shape[1]
+    passes = _Passes(_BlockScores(X, Wt, float(temperature), scores, log_b_in_scores), Vt, a, rows)
     zeros = torch.zeros(n, dtype=dtype, device=dev)
-
-    def row_pass(g, normalize=True, f=None):
-        """Row normalization (or plain application): new f, velocity, weighted column sums."""
-        f_new = torch.empty(n, dtype=dtype, device=dev)
-        vel = torch.empty((n, p), dtype=dtype, device=dev)
-        col = torch.zeros(n, dtype=dtype, device=dev)
-        for i0, i1 in _blocks(n, rows):
-            T = S.block(i0, i1).add_(g[None, :])
-            if normalize:  # K = E / s row-wise; the division is folded into the two products below
-                m = T.amax(1, keepdim=True)
-                E = T.sub_(m).clamp_min_(lt).exp_()
-                s = E.sum(1)
-                f_new[i0:i1] = -(m.squeeze(1) + torch.log(s))
-                vel[i0:i1] = (E @ Vt) / s[:, None]
-                col += (a[i0:i1] / s) @ E
-            else:
-                E = T.add_(f[i0:i1, None]).exp_()
-                vel[i0:i1] = E @ Vt
-                col += a[i0:i1] @ E
-        return (f_new if normalize else f), vel, col
-
-    def col_pass(f):
-        """Column step g_j = log b_j - logsumexp_i(log a_i + f_i + C_ij), online over row blocks."""
-        m = torch.full((n,), -math.inf, dtype=dtype, device=dev)
-        s = torch.zeros(n, dtype=dtype, device=dev)
-        shift = log_a + f
-        for i0, i1 in _blocks(n, rows):
-            T = S.block(i0, i1).add_(shift[i0:i1, None])
-            m_new = torch.maximum(m, T.amax(0))
-            s = s * torch.exp(m - m_new) + T.sub_(m_new[None, :]).clamp_min_(lt).exp_().sum(0)
-            m = m_new
-        return log_a - (m + torch.log(s))
-
     if normalization == "none":
-        _, vel, col = row_pass(zeros, normalize=False, f=zeros)
+        vel, row_sums, col = passes.apply(zeros, zeros)
         # no normalization: report how far the kernel is from stochastic, for the monitors
-        row = float((a * (_row_sums(S, zeros, zeros, rows) - 1).abs()).sum())
         return LazyField(from_torch(vel, numpy_out), from_torch(zeros, numpy_out), from_torch(zeros, numpy_out),
-                         0, row, float((col - a).abs().sum()), True)
+                         0, float((a * (row_sums - 1).abs()).sum()), float((col - a).abs().sum()), True)
     g = zeros.clone() if init_g is None else to_torch(init_g, "init_g", like=X).reshape(n).clone()
     if normalization == "row":
         budget, tol_check = 1, None
     else:
         budget, tol_check = (int(n_iter), None) if n_iter is not None else (int(max_iter), float(tol))
-    f = zeros.clone()
+    f = None
     done = 0
     vel = None
     col_err = math.inf
     while done < budget:
         if done % 2 == 0:  # row step: fused with the velocity of this K
-            f, vel, col = row_pass(g)
+            f, vel, col = passes.row(g, f)
             col_err = float((col - a).abs().sum())
             done += 1
             if tol_check is not None and col_err <= tol_check:
                 break
         else:
-            g = col_pass(f)
+            g = passes.column(f, g)
             vel = None
             done += 1
     if vel is None:  # ended on a column step: apply K = exp(f + C + g) without renormalizing
-        _, vel, col = row_pass(g, normalize=False, f=f)
+        vel, row_sums, col = passes.apply(f, g)
         col_err = float((col - a).abs().sum())
-        row_err = float((a * (_row_sums(S, f, g, rows) - 1).abs()).sum())
+        row_err = float((a * (row_sums - 1).abs()).sum())
     else:
         row_err = 0.0  # the last step normalized rows exactly (up to rounding)
     converged = True if tol_check is None else col_err <= tol_check
@@ -244,9 +358,15 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
                      done, row_err, col_err, bool(converged))
 
 
-def _row_sums(S, f, g, rows):
-    n = f.shape[0]
-    out = torch.empty_like(f)
-    for i0, i1 in _blocks(n, rows):
-        out[i0:i1] = S.block(i0, i1).add_(g[None, :]).add_(f[i0:i1, None]).exp_().sum(1)
-    return out
+def _without_empty(X, V, a, init_g, numpy_out, solve):
+    """Sinkhorn with particles of weight 0 as empty lines: solved without them, their rows (velocity,
+    ``f``, ``g``) 0. Their columns carry no mass and their rows would not change the others."""
+    keep = a > 0
+    g0 = None if init_g is None else to_torch(init_g, "init_g", like=X).reshape(-1)[keep]
+    sub = solve(keep, g0)
+    vel = V.new_zeros(V.shape)
+    vel[keep] = sub.velocity
+    f, g = X.new_zeros(a.shape), X.new_zeros(a.shape)
+    f[keep], g[keep] = sub.f, sub.g
+    return LazyField(from_torch(vel, numpy_out), from_torch(f, numpy_out), from_torch(g, numpy_out), sub.n_iter,
+                     sub.row_error, sub.column_error, sub.converged)

