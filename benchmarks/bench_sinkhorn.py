@@ -109,7 +109,7 @@ def kernel_floor(C, iterations):
 
 def floor_table(sizes, repeats, iterations=100):
     """Fixed-count Sinkhorn against the kernel-domain floor and POT's sinkhorn_stabilized, interleaved."""
-    import sinkflow.attention._normalizations as normalizations
+    import sinkflow.attention._sinkhorn_steps as steps
 
     print(f"\n### {iterations} iterations ({2 * iterations} half-iterations), scores -|x_i - y_j|^2 / 2 (x factor) "
           "of standard normal points in 2D: median ms, ratio to the kernel-domain floor\n")
@@ -126,11 +126,11 @@ def floor_table(sizes, repeats, iterations=100):
                 M, w = (-S).astype(C.numpy().dtype), np.full(n, 1.0 / n, dtype=C.numpy().dtype)
 
                 def materialized():
-                    normalizations._KERNEL_DOMAIN = False
+                    steps._KERNEL_DOMAIN = False
                     try:
                         sinkflow.sinkhorn(C, n_iter=2 * iterations)
                     finally:
-                        normalizations._KERNEL_DOMAIN = True
+                        steps._KERNEL_DOMAIN = True
 
                 runs = {"floor": lambda: kernel_floor(C, iterations),
                         "sinkflow": lambda: sinkflow.sinkhorn(C, n_iter=2 * iterations),

@@ -9,21 +9,28 @@ or to tolerance; ``_kernelized.py`` has the exact Gaussian-kernel attention of S
 particles, the heat layer and :mod:`sinkflow.nn` use every variant, defined once.
 
 Start reading at ``_variants.py`` (what an attention variant is), then
-``_normalizations.py`` (the solver and its result).
+``_normalizations.py`` (SoftMax and the Sinkhorn solver's entry points). The solver's parts:
+``_sinkhorn_steps.py`` (the iteration, ``_kernel_sinkhorn.py`` its kernel-domain loop),
+``_schedule.py`` (to tolerance: epsilon scaling), ``_newton.py`` (Newton steps),
+``_tolerances.py`` and ``_result.py``.
 """
 
 from sinkflow.attention._scores import (
     dot_scores,
     gaussian_scores,
 )
+from sinkflow.attention._result import (
+    SinkhornWarning,
+    SinkhornResult,
+)
+from sinkflow.attention._tolerances import (
+    attainable_error,
+    default_tolerance,
+)
 from sinkflow.attention._normalizations import (
     softmax,
     sinkhorn,
     solve_sinkhorn,
-    SinkhornResult,
-    SinkhornWarning,
-    default_tolerance,
-    attainable_error,
 )
 from sinkflow.attention._kernelized import (
     gaussian_kernel,
@@ -58,13 +65,13 @@ from sinkflow.attention._variants import (
 __all__ = [
     "dot_scores",
     "gaussian_scores",
+    "SinkhornWarning",
+    "SinkhornResult",
+    "attainable_error",
+    "default_tolerance",
     "softmax",
     "sinkhorn",
     "solve_sinkhorn",
-    "SinkhornResult",
-    "SinkhornWarning",
-    "default_tolerance",
-    "attainable_error",
     "gaussian_kernel",
     "kernelized_attention_matrix",
     "kernelized_attention",

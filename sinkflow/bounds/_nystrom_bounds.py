@@ -42,16 +42,9 @@ import torch
 
 from sinkflow._checks import check_number, check_seed
 from sinkflow.attention._inverses import _iterative_inverse
-from sinkflow.attention._nystrom import (
-    _check_gamma,
-    _check_inverse,
-    _check_iter,
-    _check_pair,
-    _kernel,
-    _pinv_rtol,
-    _stack,
-    sample_landmarks,
-)
+from sinkflow.attention._inverses import _check_gamma, _check_inverse, _check_iter, _pinv_rtol
+from sinkflow.attention._kernelized import _check_pair, _kernel, _stack
+from sinkflow.attention._nystrom import sample_landmarks
 from sinkflow.bounds._spectral import (
     _check_fraction,
     _check_trials,

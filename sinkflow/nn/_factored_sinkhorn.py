@@ -40,7 +40,9 @@ from dataclasses import dataclass
 
 from torch.autograd.function import once_differentiable
 
-from sinkflow.attention._normalizations import _masked_softmax, sinkhorn, softmax
+from sinkflow.attention._sinkhorn_steps import _masked_softmax
+
+from sinkflow.attention._normalizations import sinkhorn, softmax
 
 
 class _OutOfRange(Exception):

@@ -64,7 +64,9 @@ from dataclasses import dataclass
 import torch
 
 from sinkflow._backend import exp_floor, lift_half
-from sinkflow.attention._nystrom import _kernel, _pinv_rtol, nystromformer_attention, sample_landmarks
+from sinkflow.attention._kernelized import _kernel
+from sinkflow.attention._inverses import _pinv_rtol
+from sinkflow.attention._nystrom import nystromformer_attention, sample_landmarks
 
 __all__ = ["NystromPositivityError", "LowRankField", "landmark_indices", "farthest_point_indices", "gaussian_coordinates",
            "lowrank_attention_field"]

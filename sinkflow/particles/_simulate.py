@@ -226,7 +226,7 @@ def default_tol(dtype: torch.dtype) -> float:
     >>> default_tol(torch.float32) == default_tolerance(torch.float32) > default_tol(torch.float64)
     True
     """
-    from sinkflow.attention._normalizations import default_tolerance
+    from sinkflow.attention._tolerances import default_tolerance
 
     return 1e-10 if dtype == torch.float64 else default_tolerance(dtype)
 

@@ -12,7 +12,7 @@ import torch
 from oracles import sinkhorn_log
 
 import sinkflow.attention._kernel_sinkhorn as _kernel_sinkhorn
-import sinkflow.attention._normalizations as N
+import sinkflow.attention._sinkhorn_steps as steps
 from sinkflow import solve_sinkhorn
 
 # float rounding of the two summation orders at a fixed n_iter, measured over these cases: float32
@@ -22,9 +22,9 @@ ROUNDING = {torch.float32: 2e-5, torch.float64: 5e-13}
 
 def both_paths(monkeypatch, C, **kw):
     kernel = solve_sinkhorn(C, warn=False, **kw)
-    monkeypatch.setattr(N, "_KERNEL_DOMAIN", False)
+    monkeypatch.setattr(steps, "_KERNEL_DOMAIN", False)
     materialized = solve_sinkhorn(C, warn=False, **kw)
-    monkeypatch.setattr(N, "_KERNEL_DOMAIN", True)
+    monkeypatch.setattr(steps, "_KERNEL_DOMAIN", True)
     return kernel, materialized
 
 

@@ -19,8 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sinkflow
-import sinkflow.attention._normalizations as N
-from sinkflow.attention._normalizations import SinkhornWarning, attainable_error, default_tolerance, solve_sinkhorn
+import sinkflow.attention._newton as newton
+from sinkflow.attention._result import SinkhornWarning
+from sinkflow.attention._tolerances import attainable_error, default_tolerance
+from sinkflow.attention._normalizations import solve_sinkhorn
 
 
 def marginal_error(K, a, b):
@@ -153,14 +155,14 @@ def _newton_system(seed, n=9, m=7, band=2):
 def test_newton_direction_solves_the_dual_hessian_system(path, monkeypatch):
     # Oracle: the negative Hessian J written from its definition; the step must satisfy J s = grad.
     if path != "dense":
-        monkeypatch.setattr(N, "_DENSE_NEWTON", 0)
+        monkeypatch.setattr(newton, "_DENSE_NEWTON", 0)
     if path == "cg":
-        monkeypatch.setattr(N, "_sparse_solve", lambda *args, **kwargs: None)
+        monkeypatch.setattr(newton, "_sparse_solve", lambda *args, **kwargs: None)
     if path == "sparse":  # the factorization itself, no silent fallback to CG
-        monkeypatch.setattr(N, "_conjugate_gradient", lambda *args, **kwargs: pytest.fail("CG ran"))
+        monkeypatch.setattr(newton, "_conjugate_gradient", lambda *args, **kwargs: pytest.fail("CG ran"))
     for seed in range(3):
         K, a, r, c, grad, J = _newton_system(seed)
-        step = N._newton_direction(K, a, r, c, grad)
+        step = newton._newton_direction(K, a, r, c, grad)
         assert float((J @ step - grad).norm() / grad.norm()) < 1e-6
 
 

@@ -7,6 +7,7 @@ import torch
 
 from sinkflow import gaussian_scores, dot_scores, solve_sinkhorn
 import sinkflow.attention._normalizations as N
+import sinkflow.attention._schedule as schedule
 
 
 def heat_scores(n=300, eps=0.005, d=1, seed=0, kind="gaussian"):
@@ -41,7 +42,7 @@ def test_the_guess_is_the_symmetric_approximation():
     C = heat_scores(n=50)
     w = np.random.default_rng(1).random(50)
     w /= w.sum()
-    g = N._symmetric_start(torch.tensor(C), None, torch.tensor(w), torch.tensor(w))
+    g = schedule._symmetric_start(torch.tensor(C), None, torch.tensor(w), torch.tensor(w))
     lse = np.logaddexp.reduce(C, axis=1)
     np.testing.assert_allclose(g.numpy(), 0.5 * (np.log(w) - lse), rtol=0, atol=1e-12)
 
@@ -53,12 +54,12 @@ def test_not_symmetric_problems_keep_epsilon_scaling():
     A = torch.randn(40, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     mask = torch.ones(40, 40, dtype=torch.bool)
     mask[0, 1] = False  # not symmetric
-    assert N._symmetric_start(C, None, torch.full((40,), 1 / 40, dtype=torch.float64), w) is None  # a != b
-    assert N._symmetric_start(C + 0.1 * A, None, w, w) is None  # scores not symmetric
-    assert N._symmetric_start(C, mask, w, w) is None
-    assert N._symmetric_start(C[:, :30], None, w, w[:30]) is None
-    assert N._symmetric_start(100 * (A + A.T), None, w, w) is None  # symmetric, not a distance: Newton-heavy
-    assert N._symmetric_start(C, mask & mask.T, w, w) is not None
+    assert schedule._symmetric_start(C, None, torch.full((40,), 1 / 40, dtype=torch.float64), w) is None  # a != b
+    assert schedule._symmetric_start(C + 0.1 * A, None, w, w) is None  # scores not symmetric
+    assert schedule._symmetric_start(C, mask, w, w) is None
+    assert schedule._symmetric_start(C[:, :30], None, w, w[:30]) is None
+    assert schedule._symmetric_start(100 * (A + A.T), None, w, w) is None  # symmetric, not a distance: Newton-heavy
+    assert schedule._symmetric_start(C, mask & mask.T, w, w) is not None
 
 
 def test_masked_and_batched_symmetric_problems_converge_to_the_same_plan(monkeypatch):

@@ -1,0 +1,67 @@
+"""What a Sinkhorn solve returns and how it warns: :class:`SinkhornResult` (the attention, its
+potentials, whether it converged and how far off it is) and :class:`SinkhornWarning`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+import numpy as np
+
+__all__ = ["SinkhornWarning", "SinkhornResult"]
+
+
+class SinkhornWarning(UserWarning):
+    """Issued when a run-to-tolerance solve cannot deliver ``tol``.
+
+    Either up front (``tol`` below what the dtype can reach) or at the end (the error
+    stalled, or ``max_iter`` ran out); the result then has ``converged=False``.
+    """
+
+
+@dataclass(frozen=True)
+class SinkhornResult:
+    """Everything a Sinkhorn solve knows, returned instead of printed.
+
+    Attributes
+    ----------
+    attention : array, shape (..., n, m)
+        The normalized matrix :math:`K` (rows sum to 1, :math:`a^T K = b`).
+    f, g : arrays, shapes (..., n) and (..., m)
+        Log potentials, :math:`K = \\exp(f_i + C_{ij} + g_j)`. Entries of queries (keys)
+        excluded by the mask are 0.
+    n_iter : int
+        Half-iterations performed (all epsilon-scaling stages counted).
+    converged : bool
+        Whether ``marginal_error <= tol``.
+    marginal_error : float
+        Final :math:`\\max(\\sum_i a_i |\\sum_j K_{ij} - 1|, \\sum_j |\\sum_i a_i K_{ij} - b_j|)`,
+        the largest over batch entries.
+    errors : numpy.ndarray
+        Marginal error after each half-iteration (the L1 error of the plan's column marginal
+        after a row step, and vice versa; with over-relaxation the larger of both). Newton
+        polishing steps, when they run, append one entry each.
+    scales : numpy.ndarray
+        Score multiplier of each half-iteration (all ones without epsilon scaling).
+    tol : float
+        The tolerance the convergence flag refers to.
+    a, b : arrays
+        The query and key weights used (after masking and renormalization).
+    """
+
+    attention: Any
+    f: Any
+    g: Any
+    n_iter: int
+    converged: bool
+    marginal_error: float
+    errors: np.ndarray
+    scales: np.ndarray
+    tol: float
+    a: Any
+    b: Any
+
+    @property
+    def plan(self):
+        """The transport plan ``a_i K_ij`` (computed on demand)."""
+        return self.a[..., :, None] * self.attention

@@ -1,0 +1,250 @@
+"""The Sinkhorn iteration: log-domain half-steps (rows, then columns), the loop that runs them
+(in the kernel domain with absorption when no gradient is needed, see
+:mod:`sinkflow.attention._kernel_sinkhorn`), and its differentiable unrolled form for a fixed
+number of half-iterations.
+"""
+
+from __future__ import annotations
+
+import math
+import torch
+
+from sinkflow._backend import exp_floor
+from sinkflow.attention._kernel_sinkhorn import _max_over_batch, _Monitor, iterate_kernel
+
+__all__ = []
+
+
+def _masked_softmax(T, mask):
+    """Row SoftMax of ``T`` (torch's fused kernel) and ``T`` with inadmissible entries at -inf.
+
+    A row with no admissible entry is zero (not NaN).
+    """
+    if mask is None:
+        return torch.softmax(T, -1), T
+    T = T.masked_fill(~mask, -math.inf)
+    return torch.softmax(T, -1).masked_fill(~mask.any(-1, keepdim=True), 0.0), T
+
+
+def _row_softmax(T, mask):
+    """Row SoftMax of ``T`` and the log scaling ``f = -logsumexp``.
+
+    ``f`` is read off the result, ``f_i = log max_j P_ij - max_j T_ij``, which costs two
+    cheap reductions instead of a second pass of exponentials. Rows with no admissible
+    entry are zero with ``f = 0``.
+    """
+    P, T = _masked_softmax(T, mask)
+    mx = T.amax(-1)
+    if mask is not None:
+        mx = mx.masked_fill(~mask.any(-1), 0.0)
+    pmax = P.amax(-1)
+    f = torch.where(pmax > 0, torch.log(torch.where(pmax > 0, pmax, torch.ones_like(pmax))) - mx, torch.zeros_like(mx))
+    return P, f
+
+
+def _row_step_log(C, scale, g, mask):
+    if scale == 1.0 and not bool(g.detach().any()):
+        return _row_softmax(C, mask)  # cold start: SoftMax of the scores, no shifted copy
+    T = torch.add(g[..., None, :], C, alpha=scale) if scale != 1.0 else C + g[..., None, :]
+    return _row_softmax(T, mask)
+
+
+def _col_step_log(C, scale, f, a, b, mask):
+    """Column step in the log domain: ``g_j = log b_j - logsumexp_i(log a_i + s C_ij + f_i)``.
+
+    Returns ``(P, g)``; columns with no admissible entry (or ``b_j = 0``) are zero, ``g_j = 0``.
+    """
+    T = torch.add(f[..., :, None], C, alpha=scale) if scale != 1.0 else C + f[..., :, None]
+    if mask is not None:
+        T = T.masked_fill_(~mask, -math.inf)  # T is a fresh buffer
+    inplace = not T.requires_grad  # amax's backward needs T unmodified
+    mx = T.amax(dim=-2, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    E = T.sub_(mx) if inplace else T - mx
+    E = E.clamp_min_(exp_floor(T.dtype)).exp_() if inplace else E.clamp_min(exp_floor(T.dtype)).exp()
+    if mask is not None:
+        E = E.masked_fill_(~mask, 0.0) if inplace else E.masked_fill(~mask, 0.0)
+    c = a.unsqueeze(-2) @ E  # weighted column sums as a matrix product: no n x m temporary
+    target = b[..., None, :]
+    ok = (c > 0) & (target > 0)
+    c_safe = torch.where(ok, c, torch.ones_like(c))
+    factor = torch.where(ok, target / c_safe, torch.zeros_like(c))
+    P = E.mul_(factor) if inplace else E * factor
+    g = torch.where(ok, torch.log(torch.where(ok, target, torch.ones_like(target))) - torch.log(c_safe) - mx, torch.zeros_like(c))
+    return P, g.squeeze(-2)
+
+
+def _colsum(a, P):
+    """Weighted column sums ``a^T P`` over the last two dims, as a batched matrix product."""
+    return (a.unsqueeze(-2) @ P).squeeze(-2)
+
+
+#: Whether no-autograd solves iterate in the kernel domain (the tests switch it off to compare).
+_KERNEL_DOMAIN = True
+
+
+def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0=None, trace=None, patience=None):
+    """Run ``n_half`` half-iterations (or until ``tol``) on the problem with scores ``scale * C``.
+
+    ``state`` holds the half-step parity and counters across epsilon-scaling stages. With
+    ``state["accelerate"]`` the steps are over-relaxed (``omega`` in [1, 2)), with ``omega``
+    set from the observed plain rate (see ``sinkflow.attention._relaxation``).
+
+    Without autograd (``inplace``) the half-steps run in the kernel domain, one matrix-vector
+    product each (:func:`sinkflow.attention.iterate_kernel`). Under autograd every
+    half-step's matrix is kept for the backward: then each costs one reduction and one scaling
+    pass over ``P``, and the line sums that measure the error after a step are exactly those
+    the next step divides by, so they are kept (``sums``) rather than recomputed.
+
+    ``P0`` starts from a matrix consistent with ``(f, g)``; ``trace`` (a list) collects
+    ``(P, line_factor, row_step)`` after each half-step for :class:`_UnrolledSinkhorn`.
+    With ``patience``, the loop gives up early (``state["slow"] = True``) when the observed
+    rate predicts more than ``patience`` further half-steps to reach ``tol``, or more than the
+    budget left (see ``sinkflow.attention._predicted_steps``), so that the caller can
+    switch to Newton steps or stop instead of spinning.
+    """
+    if inplace and P0 is None and trace is None and _KERNEL_DOMAIN:
+        return iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patience)
+    dtype = C.dtype
+    finfo = torch.finfo(dtype)
+    n, m = C.shape[-2], C.shape[-1]
+    # Flushed entries are at most e * tiny (see exp_floor). A line sum below `safe` may be
+    # polluted by them beyond rounding: take a log step instead.
+    safe = 3.0 * finfo.tiny / finfo.eps * max(n, m)
+    # Flushed entries may since have grown by exp(growth); re-exponentiate before they matter.
+    growth_limit = math.log(finfo.eps / (3.0 * finfo.tiny)) - math.log(max(n, m))
+    active_rows = a > 0
+    active_cols = b > 0
+    ones_r = active_rows.to(dtype)
+    P = P0
+    sums = None  # line sums of the current P along the next step's direction, if known
+    f_ref, g_ref = f, g  # potentials at the last exponentiation
+    done = 0
+    mon = _Monitor(a, b, scale, tol, state, record, patience)
+    err = torch.full((), math.inf, dtype=dtype, device=C.device)
+    while done < n_half:
+        omega = mon.omega
+        row_step = state["next"] == "row"
+        active = active_rows if row_step else active_cols
+        need_log = P is None
+        if not need_log:
+            if sums is None:
+                sums = P.sum(-1) if row_step else _colsum(a, P)
+            # One sync: smallest active line sum and how far flushed entries may have grown.
+            checks = torch.stack([
+                torch.where(active, sums, torch.full_like(sums, math.inf)).amin().detach(),
+                ((f - f_ref).amax() + (g - g_ref).amax()).detach(),
+            ]).tolist()
+            need_log = checks[0] < safe or checks[1] > growth_limit
+            state["fallbacks"] = state.get("fallbacks", 0) + int(need_log)
+        if row_step:
+            if need_log:
+                P = None  # release before the log step allocates
+                P, f_full = _row_step_log(C, scale, g, mask)
+                delta = f_full - f
+                f_ref, g_ref = f_full, g
+                factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
+            else:
+                r = torch.where(active, sums, torch.ones_like(sums))
+                delta = -torch.log(r)
+                factor = torch.exp(omega * delta) if omega != 1.0 else 1.0 / r
+            if factor is not None:
+                P = P.mul_(factor[..., None]) if inplace else P * factor[..., None]
+            f = f + omega * delta
+        else:
+            if need_log:
+                P = None
+                P, g_full = _col_step_log(C, scale, f, a, b, mask)
+                delta = g_full - g
+                f_ref, g_ref = f, g_full
+                factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
+            else:
+                c = torch.where(active, sums, torch.ones_like(sums))
+                delta = torch.where(active, torch.log(b) - torch.log(c), torch.zeros_like(c))
+                factor = torch.exp(omega * delta)
+            if factor is not None:
+                P = P.mul_(factor[..., None, :]) if inplace else P * factor[..., None, :]
+            g = g + omega * delta
+        if trace is not None:
+            trace.append((P, torch.exp(delta), row_step))
+        done += 1
+        state["count"] += 1
+        state["next"] = "col" if row_step else "row"
+        if not mon.wanted:
+            sums = None  # no diagnostics wanted: the next step sums for itself
+            continue
+        # Error of the marginal not just normalized, from the sums the next step needs anyway.
+        if row_step:
+            sums = _colsum(a, P)
+            e = (sums - b).abs().sum(-1)
+        else:
+            sums = P.sum(-1)
+            e = (a * (sums - ones_r).abs()).sum(-1)
+        err, stop = mon.after(e, delta, row_step, n_half - done)
+        if stop:
+            break
+    return P, f, g, err
+
+
+class _UnrolledSinkhorn(torch.autograd.Function):
+    """Half-iterations 2..n_iter of a fixed-``n_iter`` solve, with a hand-written backward.
+
+    Forward runs the same stable loop as :func:`_iterate`. Backward applies, from the last
+    half-step to the first, the adjoint of a line normalization: for a row step
+    ``P' = diag(1/r) P``, ``dP = (G - rowsum(G * P')) / r``; for a column step
+    ``P' = P diag(b / c)``, ``dP = (G - a (colsum(G * P') / b)) * (b / c)``. Two passes per
+    half-step instead of autograd's four to five (multiply, reduce, expand, add).
+    """
+
+    @staticmethod
+    def forward(ctx, P1, C, f, g, a, b, mask, n_more, state, record):
+        trace = []
+        P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, n_more, None, state, False, record, P0=P1, trace=trace)
+        ctx.trace = trace
+        ctx.save_for_backward(a, b)
+        ctx.mark_non_differentiable(f, g)
+        return P, f, g
+
+    @staticmethod
+    def backward(ctx, grad, _gf, _gg):
+        a, b = ctx.saved_tensors
+        b_inv = torch.where(b > 0, 1.0 / torch.where(b > 0, b, torch.ones_like(b)), torch.zeros_like(b))
+        # The first half-step writes a fresh contiguous buffer (never the incoming gradient,
+        # which autograd may share); later ones update it in place.
+        fresh = True
+        for P, factor, row_step in reversed(ctx.trace):
+            if row_step:
+                s = torch.linalg.vecdot(grad, P, dim=-1)[..., :, None]
+                grad = torch.sub(grad.contiguous(), s) if fresh else grad.sub_(s)
+                grad.mul_(factor[..., :, None])
+            else:
+                s = (torch.linalg.vecdot(grad, P, dim=-2) * b_inv)[..., None, :]
+                grad = (torch.addcmul(grad.contiguous(), a[..., :, None], s, value=-1.0) if fresh
+                        else grad.addcmul_(a[..., :, None], s, value=-1.0))
+                grad.mul_(factor[..., None, :])
+            fresh = False
+        return grad, None, None, None, None, None, None, None, None, None
+
+
+def _final_error(P, a, b):
+    active_rows = (a > 0).to(P.dtype)
+    row = (a * (P.sum(-1) - active_rows).abs()).sum(-1)
+    col = (_colsum(a, P) - b).abs().sum(-1)
+    return float(torch.maximum(_max_over_batch(row.detach()), _max_over_batch(col.detach())))
+
+
+def _fixed_iterations(C, f, g, a, b, mask, n_iter, state, inplace, record):
+    """Exactly ``n_iter`` half-iterations; under autograd with a hand-written backward."""
+    if inplace or n_iter == 1:
+        P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, n_iter, None, state, inplace, record)
+        return P, f, g, state
+    # Differentiable: the first (SoftMax) step by autograd, the rest hand-differentiated.
+    P1, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, 1, None, state, False, record)
+    P, f, g = _UnrolledSinkhorn.apply(P1, C.detach(), f.detach(), g.detach(), a, b, mask, n_iter - 1, state, record)
+    if state.get("fallbacks"):
+        # A log-domain step re-exponentiated C: differentiating through P alone would divide
+        # by underflowed line sums. Redo the solve under plain autograd.
+        state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": False, "accelerate": False}
+        f, g = torch.zeros_like(f), torch.zeros_like(g)
+        P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, n_iter, None, state, False, record)
+    return P, f, g, state
