@@ -105,23 +105,15 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
     """
     if inplace and P0 is None and trace is None and _KERNEL_DOMAIN:
         return iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patience)
-    dtype = C.dtype
-    finfo = torch.finfo(dtype)
-    n, m = C.shape[-2], C.shape[-1]
-    # Flushed entries are at most e * tiny (see exp_floor). A line sum below `safe` may be
-    # polluted by them beyond rounding: take a log step instead.
-    safe = 3.0 * finfo.tiny / finfo.eps * max(n, m)
-    # Flushed entries may since have grown by exp(growth); re-exponentiate before they matter.
-    growth_limit = math.log(finfo.eps / (3.0 * finfo.tiny)) - math.log(max(n, m))
-    active_rows = a > 0
-    active_cols = b > 0
-    ones_r = active_rows.to(dtype)
+    limits = _flush_limits(C)
+    active_rows, active_cols = a > 0, b > 0
+    ones_r = active_rows.to(C.dtype)
     P = P0
     sums = None  # line sums of the current P along the next step's direction, if known
     f_ref, g_ref = f, g  # potentials at the last exponentiation
     done = 0
     mon = _Monitor(a, b, scale, tol, state, record, patience)
-    err = torch.full((), math.inf, dtype=dtype, device=C.device)
+    err = torch.full((), math.inf, dtype=C.dtype, device=C.device)
     while done < n_half:
         omega = mon.omega
         row_step = state["next"] == "row"
@@ -130,41 +122,16 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
         if not need_log:
             if sums is None:
                 sums = P.sum(-1) if row_step else _colsum(a, P)
-            # One sync: smallest active line sum and how far flushed entries may have grown.
-            checks = torch.stack([
-                torch.where(active, sums, torch.full_like(sums, math.inf)).amin().detach(),
-                ((f - f_ref).amax() + (g - g_ref).amax()).detach(),
-            ]).tolist()
-            need_log = checks[0] < safe or checks[1] > growth_limit
+            need_log = _needs_log(sums, active, f - f_ref, g - g_ref, limits)
             state["fallbacks"] = state.get("fallbacks", 0) + int(need_log)
+        if need_log:
+            P = None  # release before the log step allocates
         if row_step:
-            if need_log:
-                P = None  # release before the log step allocates
-                P, f_full = _row_step_log(C, scale, g, mask)
-                delta = f_full - f
-                f_ref, g_ref = f_full, g
-                factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
-            else:
-                r = torch.where(active, sums, torch.ones_like(sums))
-                delta = -torch.log(r)
-                factor = torch.exp(omega * delta) if omega != 1.0 else 1.0 / r
-            if factor is not None:
-                P = P.mul_(factor[..., None]) if inplace else P * factor[..., None]
-            f = f + omega * delta
+            P, f, delta, ref = _row_half_step(C, scale, P, f, g, sums, active, mask, omega, inplace)
+            f_ref, g_ref = (ref, g) if ref is not None else (f_ref, g_ref)
         else:
-            if need_log:
-                P = None
-                P, g_full = _col_step_log(C, scale, f, a, b, mask)
-                delta = g_full - g
-                f_ref, g_ref = f, g_full
-                factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
-            else:
-                c = torch.where(active, sums, torch.ones_like(sums))
-                delta = torch.where(active, torch.log(b) - torch.log(c), torch.zeros_like(c))
-                factor = torch.exp(omega * delta)
-            if factor is not None:
-                P = P.mul_(factor[..., None, :]) if inplace else P * factor[..., None, :]
-            g = g + omega * delta
+            P, g, delta, ref = _col_half_step(C, scale, P, f, g, a, b, sums, active, mask, omega, inplace)
+            f_ref, g_ref = (f, ref) if ref is not None else (f_ref, g_ref)
         if trace is not None:
             trace.append((P, torch.exp(delta), row_step))
         done += 1
@@ -173,17 +140,74 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
         if not mon.wanted:
             sums = None  # no diagnostics wanted: the next step sums for itself
             continue
-        # Error of the marginal not just normalized, from the sums the next step needs anyway.
-        if row_step:
-            sums = _colsum(a, P)
-            e = (sums - b).abs().sum(-1)
-        else:
-            sums = P.sum(-1)
-            e = (a * (sums - ones_r).abs()).sum(-1)
+        sums, e = _marginal_error(P, a, b, ones_r, row_step)
         err, stop = mon.after(e, delta, row_step, n_half - done)
         if stop:
             break
     return P, f, g, err
+
+
+def _flush_limits(C) -> tuple[float, float]:
+    """``(safe, growth_limit)`` for the multiplicative steps on ``C``'s dtype and shape.
+
+    Flushed entries are at most e * tiny (see ``exp_floor``): a line sum below ``safe`` may
+    be polluted by them beyond rounding, so take a log step instead. Flushed entries may since
+    have grown by ``exp(growth)``: past ``growth_limit``, re-exponentiate before they matter.
+    """
+    finfo = torch.finfo(C.dtype)
+    size = max(C.shape[-2], C.shape[-1])
+    return 3.0 * finfo.tiny / finfo.eps * size, math.log(finfo.eps / (3.0 * finfo.tiny)) - math.log(size)
+
+
+def _needs_log(sums, active, df, dg, limits) -> bool:
+    """One sync: is the smallest active line sum unsafe, or have flushed entries grown too much?"""
+    checks = torch.stack([
+        torch.where(active, sums, torch.full_like(sums, math.inf)).amin().detach(),
+        (df.amax() + dg.amax()).detach(),
+    ]).tolist()
+    return checks[0] < limits[0] or checks[1] > limits[1]
+
+
+def _row_half_step(C, scale, P, f, g, sums, active, mask, omega, inplace):
+    """Rows to their marginals: ``(P, f, delta, f_full)``; ``f_full`` is the exponentiated
+    potential when ``P`` was None (a log step), else None (a multiplicative step on ``sums``)."""
+    f_full = None
+    if P is None:
+        P, f_full = _row_step_log(C, scale, g, mask)
+        delta = f_full - f
+        factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
+    else:
+        r = torch.where(active, sums, torch.ones_like(sums))
+        delta = -torch.log(r)
+        factor = torch.exp(omega * delta) if omega != 1.0 else 1.0 / r
+    if factor is not None:
+        P = P.mul_(factor[..., None]) if inplace else P * factor[..., None]
+    return P, f + omega * delta, delta, f_full
+
+
+def _col_half_step(C, scale, P, f, g, a, b, sums, active, mask, omega, inplace):
+    """Columns to ``b``: ``(P, g, delta, g_full)``, as :func:`_row_half_step`."""
+    g_full = None
+    if P is None:
+        P, g_full = _col_step_log(C, scale, f, a, b, mask)
+        delta = g_full - g
+        factor = torch.exp((omega - 1.0) * delta) if omega != 1.0 else None
+    else:
+        c = torch.where(active, sums, torch.ones_like(sums))
+        delta = torch.where(active, torch.log(b) - torch.log(c), torch.zeros_like(c))
+        factor = torch.exp(omega * delta)
+    if factor is not None:
+        P = P.mul_(factor[..., None, :]) if inplace else P * factor[..., None, :]
+    return P, g + omega * delta, delta, g_full
+
+
+def _marginal_error(P, a, b, ones_r, row_step):
+    """Error of the marginal not just normalized, from the sums the next step needs anyway: ``(sums, error)``."""
+    if row_step:
+        sums = _colsum(a, P)
+        return sums, (sums - b).abs().sum(-1)
+    sums = P.sum(-1)
+    return sums, (a * (sums - ones_r).abs()).sum(-1)
 
 
 class _UnrolledSinkhorn(torch.autograd.Function):
