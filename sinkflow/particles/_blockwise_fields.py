@@ -284,6 +284,38 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
     >>> bool(np.allclose(res.velocity, K @ x, atol=1e-8))
     True
     """
+    X, Vt, Wt, a, log_b, numpy_out = _field_inputs(x, V, W, weights, init_g, normalization, scores)
+    temperature = check_number(temperature, "temperature", positive=True)
+    check_number(n_iter, "n_iter (half-iterations)", integer=True, positive=True, allow_none=True)
+    check_number(tol, "tol", positive=True)
+    check_number(max_iter, "max_iter", integer=True, positive=True)
+    n = X.shape[0]
+    if normalization == "sinkhorn" and not bool((a > 0).all()):
+        return _without_empty(X, Vt, a, init_g, numpy_out, lambda keep, g0: lazy_attention_field(
+            X[keep], Vt[keep], Wt, normalization=normalization, scores=scores, temperature=temperature,
+            n_iter=n_iter, weights=a[keep], init_g=g0, tol=tol, max_iter=max_iter, block_bytes=block_bytes))
+    rows = max(1, int(block_bytes) // (3 * n * X.element_size()))
+    passes = _Passes(_BlockScores(X, Wt, float(temperature), scores, log_b), Vt, a, rows)
+    zeros = torch.zeros(n, dtype=X.dtype, device=X.device)
+    if normalization == "none":
+        vel, row_sums, col = passes.apply(zeros, zeros)
+        # no normalization: report how far the kernel is from stochastic, for the monitors
+        return LazyField(from_torch(vel, numpy_out), from_torch(zeros, numpy_out), from_torch(zeros, numpy_out),
+                         0, float((a * (row_sums - 1).abs()).sum()), float((col - a).abs().sum()), True)
+    g = zeros.clone() if init_g is None else to_torch(init_g, "init_g", like=X).reshape(n).clone()
+    if normalization == "row":
+        budget, tol_check = 1, None
+    else:
+        budget, tol_check = (int(n_iter), None) if n_iter is not None else (int(max_iter), float(tol))
+    vel, f, g, done, row_err, col_err = _alternate(passes, g, a, budget, tol_check)
+    converged = True if tol_check is None else col_err <= tol_check
+    return LazyField(from_torch(vel, numpy_out), from_torch(f, numpy_out), from_torch(g, numpy_out),
+                     done, row_err, col_err, bool(converged))
+
+
+def _field_inputs(x, V, W, weights, init_g, normalization, scores):
+    """Checked tensors ``(X, V, W, a, log_b, numpy_out)``: positions, values, the query-key matrix, the
+    weights, the log column weights the scores carry (None when uniform weights cancel) and the output type."""
     X, numpy_out = leading(x, "x", V, W, weights, init_g)  # torch out if any input is torch
     check_float(X, "x")
     if X.ndim != 2:
@@ -300,62 +332,35 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
         raise ValueError(f"normalization must be one of {_NORMALIZATIONS}, got {normalization!r}")
     if scores not in _SCORES:
         raise ValueError(f"scores must be one of {_SCORES}, got {scores!r}")
-    temperature = check_number(temperature, "temperature", positive=True)
-    check_number(n_iter, "n_iter (half-iterations)", integer=True, positive=True, allow_none=True)
-    check_number(tol, "tol", positive=True)
-    check_number(max_iter, "max_iter", integer=True, positive=True)
-    dtype, dev = X.dtype, X.device
     if weights is None:
-        a = torch.full((n,), 1.0 / n, dtype=dtype, device=dev)
-        log_b_in_scores = None  # a uniform column weight cancels in every normalization but "none"
-    else:
-        a = to_torch(weights, "weights", like=X)
-        if a.shape != (n,):
-            raise ValueError(f"weights must have shape ({n},), got {tuple(a.shape)}")
-        log_b_in_scores = torch.log(a)
-    if normalization == "none" and log_b_in_scores is None:
-        log_b_in_scores = torch.log(a)
-    if normalization == "sinkhorn" and not bool((a > 0).all()):
-        return _without_empty(X, Vt, a, init_g, numpy_out, lambda keep, g0: lazy_attention_field(
-            X[keep], Vt[keep], Wt, normalization=normalization, scores=scores, temperature=temperature,
-            n_iter=n_iter, weights=a[keep], init_g=g0, tol=tol, max_iter=max_iter, block_bytes=block_bytes))
-    rows = max(1, int(block_bytes) // (3 * n * X.element_size()))
-    passes = _Passes(_BlockScores(X, Wt, float(temperature), scores, log_b_in_scores), Vt, a, rows)
-    zeros = torch.zeros(n, dtype=dtype, device=dev)
-    if normalization == "none":
-        vel, row_sums, col = passes.apply(zeros, zeros)
-        # no normalization: report how far the kernel is from stochastic, for the monitors
-        return LazyField(from_torch(vel, numpy_out), from_torch(zeros, numpy_out), from_torch(zeros, numpy_out),
-                         0, float((a * (row_sums - 1).abs()).sum()), float((col - a).abs().sum()), True)
-    g = zeros.clone() if init_g is None else to_torch(init_g, "init_g", like=X).reshape(n).clone()
-    if normalization == "row":
-        budget, tol_check = 1, None
-    else:
-        budget, tol_check = (int(n_iter), None) if n_iter is not None else (int(max_iter), float(tol))
-    f = None
-    done = 0
-    vel = None
-    col_err = math.inf
+        a = torch.full((n,), 1.0 / n, dtype=X.dtype, device=X.device)
+        # a uniform column weight cancels in every normalization but "none"
+        return X, Vt, Wt, a, (torch.log(a) if normalization == "none" else None), numpy_out
+    a = to_torch(weights, "weights", like=X)
+    if a.shape != (n,):
+        raise ValueError(f"weights must have shape ({n},), got {tuple(a.shape)}")
+    return X, Vt, Wt, a, torch.log(a), numpy_out
+
+
+def _alternate(passes, g, a, budget, tol_check):
+    """Up to ``budget`` half-steps, rows first (each fused with the velocity of its kernel), stopping
+    after a row step whose column error is within ``tol_check``; returns ``(velocity, f, g, half-steps,
+    row error, column error)``."""
+    f, vel, col_err, done = None, None, math.inf, 0
     while done < budget:
-        if done % 2 == 0:  # row step: fused with the velocity of this K
+        done += 1
+        if done % 2 == 1:  # row step: fused with the velocity of this K
             f, vel, col = passes.row(g, f)
             col_err = float((col - a).abs().sum())
-            done += 1
             if tol_check is not None and col_err <= tol_check:
                 break
         else:
             g = passes.column(f, g)
             vel = None
-            done += 1
-    if vel is None:  # ended on a column step: apply K = exp(f + C + g) without renormalizing
-        vel, row_sums, col = passes.apply(f, g)
-        col_err = float((col - a).abs().sum())
-        row_err = float((a * (row_sums - 1).abs()).sum())
-    else:
-        row_err = 0.0  # the last step normalized rows exactly (up to rounding)
-    converged = True if tol_check is None else col_err <= tol_check
-    return LazyField(from_torch(vel, numpy_out), from_torch(f, numpy_out), from_torch(g, numpy_out),
-                     done, row_err, col_err, bool(converged))
+    if vel is not None:
+        return vel, f, g, done, 0.0, col_err  # the last step normalized rows exactly (up to rounding)
+    vel, row_sums, col = passes.apply(f, g)  # ended on a column step: apply K = exp(f + C + g) as it is
+    return vel, f, g, done, float((a * (row_sums - 1).abs()).sum()), float((col - a).abs().sum())
 
 
 def _without_empty(X, V, a, init_g, numpy_out, solve):

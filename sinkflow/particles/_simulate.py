@@ -219,7 +219,7 @@ def default_tol(dtype: torch.dtype) -> float:
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.attention._normalizations import default_tolerance
+    >>> from sinkflow.attention import default_tolerance
     >>> from sinkflow.particles._simulate import default_tol
     >>> default_tol(torch.float64)
     1e-10
