@@ -3,6 +3,7 @@ and gets a manifest row that a rerun of its experiment reproduces (config hash, 
 the committed figures/ reproduce under 1 and 2 threads (`sinkflow figures --check`)."""
 
 import hashlib
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -10,23 +11,46 @@ import numpy as np
 import pytest
 
 from sinkflow.cli import main
+from sinkflow.normalizations import SinkhornWarning
 from sinkflow.plots.registry import config_hash, data_checksum, flatten_data, get, read_manifest, registry, render
 
 NAMES = sorted(registry())
 
 
+def compute_strictly(spec, cfg):
+    """``spec.compute(cfg)`` with sinkflow's warnings (RuntimeWarning, SinkhornWarning) as errors:
+    the library must not warn about its own defaults (issue 19: particles_sphere's step did)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        warnings.simplefilter("error", SinkhornWarning)
+        return spec.compute(cfg)
+
+
 @pytest.fixture(scope="session")
 def quick_data():
-    """Each figure's quick-mode data, computed at most once per test run (on first use)."""
+    """Each figure's quick-mode data, computed at most once per test run (on first use), warnings as errors."""
     cache = {}
 
     def data(name):
         if name not in cache:
             spec = get(name)
-            cache[name] = spec.compute(spec.quick)
+            cache[name] = compute_strictly(spec, spec.quick)
         return cache[name]
 
     return data
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_quick_config_computes_without_warnings(name, quick_data):
+    assert quick_data(name)  # raises if the computation warned
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("name", NAMES)
+def test_full_config_computes_without_warnings(name):
+    spec = get(name)
+    assert compute_strictly(spec, spec.full)
 
 
 @pytest.mark.parametrize("name", NAMES)
