@@ -172,10 +172,15 @@ print("Jacobian asymmetry: Sinkhorn", sinkflow.jacobian_asymmetry(x0, "sinkhorn"
 Rescale attention (kernel $e^{-|x-y|^2/(2\\varepsilon)}$, velocity
 $-\\tfrac{2}{\\varepsilon}\\sum_j K_{ij}(x_j - x_i)$): Sinkhorn particles then follow the heat
 equation, so a standard Gaussian spreads to variance $1 + 2t$. SoftMax with dot-product
-scores has no such limit."""),
-    code("""x0 = np.random.default_rng(1).normal(size=(300 if QUICK else 1000, 1))
+scores has no such limit. An explicit Euler step must stay below the layer's stiffest rate:
+`largest_safe_dt` gives it ($\\varepsilon/2$ for the kernel layers, $\\varepsilon^2/(4\\,\\mathrm{var})$
+for SoftMax-dot, which moves much faster)."""),
+    code("""from sinkflow.heat._rescaled_flow import largest_safe_dt
+
+x0 = np.random.default_rng(1).normal(size=(300 if QUICK else 1000, 1))
 for normalization in ("sinkhorn", "softmax_dot"):
-    xt = sinkflow.heat_flow(x0, t=0.2, eps=0.1, dt=0.02, normalization=normalization)
+    dt = min(0.02, largest_safe_dt(x0, eps=0.1, normalization=normalization))
+    xt = sinkflow.heat_flow(x0, t=0.2, eps=0.1, dt=dt, normalization=normalization)
     # The heat equation adds 2t to the variance of whatever sample it starts from.
     print(f"{normalization:12s} variance at t = 0.2: {xt.var():.3f} (start {x0.var():.3f}, heat {x0.var() + 2 * 0.2:.3f})")"""),
     md("""## 9. Nyström attention and its error bound (Skyformer)

@@ -275,7 +275,7 @@ as $\tilde G = G_{:,J}\, G_{J,J}^{+}\, G_{J,:}$ ($m$ landmark particles $J$) and
 Below, Sinkhorn particles at a size the exact flow handles and their Nyström approximation at a size
 it does not (quick mode: smaller), both against the heat solution $\rho_0 * G_{2t}$.
 The figure `landmark_flow_errors` puts the spectral error, the field error, the trajectory deviation
-with its Grönwall bound and $F^\infty$ along the approximate flow side by side.
+with its Grönwall estimate and $F^\infty$ along the approximate flow side by side.
 """)
 
 code(r"""

@@ -1,4 +1,5 @@
-"""Every notebook executes top to bottom in quick mode (SINKFLOW_QUICK=1) and shows its figures.
+"""Every notebook executes top to bottom in quick mode (SINKFLOW_QUICK=1), with sinkflow's
+warnings as errors, and shows its figures.
 
 Each notebook is executed once per test session, two kernels at a time (with IPython's inline
 backend, as a reader sees it); all assertions reuse that run. A kernel-side hook, injected as an extra first cell of
@@ -101,9 +102,18 @@ def _widget_images(model_id, widgets, seen):
 NOTEBOOK_ENV = {"SINKFLOW_QUICK": "1", "MPLBACKEND": None}
 
 
+# The library must not warn about its own defaults (issue 19: the tour's heat-flow step did):
+# every notebook runs with sinkflow's warnings as errors, so a warning fails its cell.
+WARNINGS_AS_ERRORS = """import warnings as _warnings
+from sinkflow.attention._normalizations import SinkhornWarning as _SinkhornWarning
+_warnings.simplefilter("error", RuntimeWarning)
+_warnings.simplefilter("error", _SinkhornWarning)
+"""
+
+
 def execute_notebook(path, cwd, prelude=""):
     code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-    return execute_with_probe(code, cwd, NOTEBOOK_ENV, prelude)
+    return execute_with_probe(code, cwd, NOTEBOOK_ENV, WARNINGS_AS_ERRORS + prelude)
 
 
 @pytest.fixture(scope="session")

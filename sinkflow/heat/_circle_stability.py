@@ -131,7 +131,7 @@ def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
 
     Examples
     --------
-    >>> from sinkflow.heat._circle_stability import circle_growth_rate
+    >>> from sinkflow.heat import circle_growth_rate
     >>> rates = circle_growth_rate([1, 2, 3, 4, 5], 5.0)
     >>> int(rates.argmax()) + 1   # beta = 5: the 3-periodic mode grows fastest under SoftMax
     3
@@ -155,7 +155,7 @@ def fastest_mode(beta: float, normalization: str = "softmax", k_max: int | None 
 
     Examples
     --------
-    >>> from sinkflow.heat._circle_stability import fastest_mode
+    >>> from sinkflow.heat import fastest_mode
     >>> [fastest_mode(b) for b in (1.0, 5.0, 20.0)], fastest_mode(5.0, "sinkhorn")
     ([1, 3, 6], 4)
     """
@@ -197,7 +197,7 @@ def count_clusters(density, *, threshold: float = 3.0, bandwidth: float = 0.05) 
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat._circle_stability import angular_density, count_clusters
+    >>> from sinkflow.heat import angular_density, count_clusters
     >>> theta = np.concatenate([np.full(50, 0.5), np.full(50, 2.5), np.full(50, 4.5)])
     >>> count_clusters(angular_density(theta))
     3
@@ -238,7 +238,7 @@ def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: 
 
     Examples
     --------
-    >>> from sinkflow.heat._circle_stability import particle_cluster_count, fastest_mode
+    >>> from sinkflow.heat import particle_cluster_count, fastest_mode
     >>> particle_cluster_count(8.0, seed=1), fastest_mode(8.0)
     (4, 4)
     """
@@ -269,7 +269,7 @@ def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat._circle_stability import sphere_growth_rate
+    >>> from sinkflow.heat import sphere_growth_rate
     >>> int(np.argmax(sphere_growth_rate(np.arange(1, 8), 5.0))) + 1   # fastest harmonic at beta = 5
     3
     """

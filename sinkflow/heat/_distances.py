@@ -322,7 +322,7 @@ def grid_quantiles(density, grid, u) -> np.ndarray:
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat._distances import grid_quantiles
+    >>> from sinkflow.heat import grid_quantiles
     >>> y = np.linspace(0.05, 0.95, 10)            # ten cells of [0, 1]
     >>> grid_quantiles(np.ones(10), y, [0.0, 0.25, 1.0]).round(12).tolist()
     [0.0, 0.25, 1.0]
@@ -345,7 +345,7 @@ def wasserstein2_to_grid(particles, density, grid) -> float:
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat._distances import wasserstein2_to_grid
+    >>> from sinkflow.heat import wasserstein2_to_grid
     >>> y = np.linspace(0.005, 0.995, 100)
     >>> round(wasserstein2_to_grid([0.5], np.ones(100), y) ** 2, 12)   # variance of U(0, 1)
     0.083333333333

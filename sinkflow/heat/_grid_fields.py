@@ -46,7 +46,7 @@ def symmetric_sinkhorn_scaling(apply, w: torch.Tensor, s0=None, *, tol: float = 
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.heat._grid_fields import symmetric_sinkhorn_scaling
+    >>> from sinkflow.heat import symmetric_sinkhorn_scaling
     >>> y = torch.linspace(-3, 3, 61, dtype=torch.float64)
     >>> K = torch.exp(-(y[:, None] - y[None]) ** 2 / 0.2)
     >>> w = torch.exp(-y ** 2 / 2); w = w / w.sum()

@@ -130,7 +130,7 @@ def flux_divergence(rho: torch.Tensor, v: torch.Tensor, axis: int, spacing: floa
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.heat._mean_field import flux_divergence
+    >>> from sinkflow.heat import flux_divergence
     >>> rho = torch.tensor([0.0, 1.0, 2.0, 1.0, 0.0], dtype=torch.float64)
     >>> d = flux_divergence(rho, torch.ones(4, dtype=torch.float64), 0, 1.0, periodic=False)
     >>> float(d.sum())   # zero-flux boundaries: the mass is kept

@@ -62,7 +62,7 @@ class GaussianMixture:
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat._references import GaussianMixture
+    >>> from sinkflow.heat import GaussianMixture
     >>> g = GaussianMixture.gaussian([0.0], [[1.0]])
     >>> float(g.evolve(0.5).covs[0, 0, 0])
     2.0
@@ -191,7 +191,7 @@ class Barenblatt:
 
     Examples
     --------
-    >>> from sinkflow.heat._references import Barenblatt
+    >>> from sinkflow.heat import Barenblatt
     >>> b = Barenblatt(dim=1, time=1.0)
     >>> round(b.radius, 6), round(b.evolve(7.0).radius / b.radius, 6)  # radius ~ t^(1/(d+2))
     (1.650964, 2.0)
@@ -347,7 +347,7 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat._references import GaussianMixture, solve_heat_grid
+    >>> from sinkflow.heat import GaussianMixture, solve_heat_grid
     >>> g = GaussianMixture.gaussian([0.0], [[0.5]])
     >>> x = np.linspace(-8, 8, 401)
     >>> sol = solve_heat_grid(g.pdf, [x], [1.0])

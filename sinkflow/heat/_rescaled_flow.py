@@ -289,7 +289,7 @@ def largest_safe_dt(x, eps: float, normalization: str = "sinkhorn") -> float:
     Examples
     --------
     >>> import numpy as np, sinkflow
-    >>> from sinkflow.heat._rescaled_flow import largest_safe_dt
+    >>> from sinkflow.heat import largest_safe_dt
     >>> largest_safe_dt(np.zeros((3, 1)), 0.1)
     0.05
     """
@@ -301,15 +301,25 @@ def largest_safe_dt(x, eps: float, normalization: str = "sinkhorn") -> float:
     return eps / 2
 
 
+def _unsafe_step_message(dt: float, safe: float, eps: float, normalization) -> str:
+    """What the error and the warning about a large Euler step both say: the step, the limit, why."""
+    if _heat_layer(normalization).scores == "gaussian":
+        why = "eps/2: particles closer than sqrt(eps) repel at the rate 2/eps"
+    else:
+        why = "eps^2/(4 var): SoftMax-dot moves at about var/eps^2"
+    return (f"dt={dt:g} exceeds the largest safe step dt = {safe:g} of normalization={normalization!r} at "
+            f"eps={eps:g} ({why}; sinkflow.heat.largest_safe_dt)")
+
+
 def _check_heat_step(x: torch.Tensor, eps: float, dt: float, normalization) -> None:
+    """Refuse ``dt`` above twice :func:`largest_safe_dt` (kernel layers), warn above it; both name that limit."""
     safe = largest_safe_dt(x, eps, normalization)
     if dt > 2 * safe and _heat_layer(normalization).scores == "gaussian":
-        raise ValueError(f"dt={dt:g} is too large for eps={eps:g}: particles closer than sqrt(eps) repel at the rate "
-                         f"2/eps and one Euler step overshoots them (the result would not be the heat flow); the "
-                         f"largest safe step is dt = eps/2 = {safe:g} (sinkflow.heat.largest_safe_dt)")
+        raise ValueError(_unsafe_step_message(dt, safe, eps, normalization) + " by more than 2x: one Euler step "
+                         "overshoots the closest particles, and the result would not be the heat flow")
     if dt > safe:
-        warnings.warn(f"dt={dt:g} exceeds the largest safe step {safe:g} for eps={eps:g} "
-                      "(sinkflow.heat.largest_safe_dt); the flow may be inaccurate", RuntimeWarning, stacklevel=3)
+        warnings.warn(_unsafe_step_message(dt, safe, eps, normalization) + "; the flow may be inaccurate",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _check_bandwidth_resolves_particles(x: torch.Tensor, eps: float, sample: int = 256) -> None:
@@ -514,7 +524,7 @@ def limit_time_factor(normalization: str) -> float | None:
     Examples
     --------
     >>> import numpy as np, sinkflow
-    >>> from sinkflow.heat._rescaled_flow import limit_time_factor
+    >>> from sinkflow.heat import limit_time_factor
     >>> limit_time_factor("sinkhorn"), limit_time_factor("softmax_gaussian"), limit_time_factor("softmax_dot")
     (1.0, 2.0, None)
     >>> g = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])

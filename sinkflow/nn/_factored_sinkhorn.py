@@ -218,13 +218,19 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
     The factored path runs for float32/float64 scores (any boolean mask) with ``n_iter >= 2``
     whose admissible line sums stay in range, and then never forms the matrix when
     ``values`` are given; ``n_iter = 1`` is SoftMax; otherwise (underflow, non-finite
-    scores) the solver runs. Unlike the solver, an isolated ``-inf`` score is taken as a
-    masked entry, not refused.
+    scores) the solver runs.
+
+    A ``-inf`` score means a masked entry, torch's convention (``torch.softmax``,
+    ``scaled_dot_product_attention``), for every ``n_iter`` and dtype: it is folded into
+    ``mask`` before any path runs, so its weight is 0 and a line of ``-inf`` scores is an
+    empty line (weight 0, as a masked line), not NaN. ``+inf`` and NaN scores are refused
+    (ValueError), as by the solver.
     """
     if isinstance(n_iter, bool) or int(n_iter) != n_iter or n_iter < 1:
         raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
+    scores, mask = _fold_neg_inf(scores, mask)
     if n_iter == 1:
         return _times(softmax(scores, mask), values)
     if scores.dtype in (torch.float32, torch.float64):
@@ -233,6 +239,15 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
         except _OutOfRange:
             pass
     return _times(sinkhorn(scores, n_iter=n_iter, mask=mask), values)
+
+
+def _fold_neg_inf(scores, mask):
+    """``-inf`` scores as masked entries: the scores with those set to 0 and the mask without them."""
+    neg = torch.isneginf(scores)
+    if not bool(neg.any()):
+        return scores, mask
+    keep = ~neg if mask is None else mask & ~neg
+    return scores.masked_fill(neg, 0.0), keep
 
 
 def _times(P, values):

@@ -52,6 +52,7 @@ from sinkflow.particles._simulate import (
     euler_step,
     rk4_step,
     lipschitz_scale,
+    largest_safe_step,
     default_tol,
 )
 
@@ -91,5 +92,6 @@ __all__ = [
     "euler_step",
     "rk4_step",
     "lipschitz_scale",
+    "largest_safe_step",
     "default_tol",
 ]

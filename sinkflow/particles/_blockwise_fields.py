@@ -40,7 +40,7 @@ def cache_block_bytes(fallback: int = 2**20) -> int:
 
     Examples
     --------
-    >>> from sinkflow.particles._blockwise_fields import cache_block_bytes
+    >>> from sinkflow.particles import cache_block_bytes
     >>> cache_block_bytes() >= 3 * 2**15
     True
     """
@@ -277,7 +277,7 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
     Examples
     --------
     >>> import numpy as np, sinkflow
-    >>> from sinkflow.particles._blockwise_fields import lazy_attention_field
+    >>> from sinkflow.particles import lazy_attention_field
     >>> x = np.random.default_rng(0).normal(size=(50, 2))
     >>> res = lazy_attention_field(x, block_bytes=800)   # blocks of 2 rows
     >>> K = sinkflow.sinkhorn(x @ x.T, tol=1e-12)

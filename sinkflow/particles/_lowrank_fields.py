@@ -105,7 +105,7 @@ class LowRankField:
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.particles._lowrank_fields import lowrank_attention_field
+    >>> from sinkflow.particles import lowrank_attention_field
     >>> x = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> field = lowrank_attention_field(x, x, 8)   # a LowRankField
     >>> field.velocity.shape, field.g.shape, field.converged
@@ -148,7 +148,7 @@ def landmark_indices(n: int, landmarks: int, method: str = "nystrom", generator=
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.particles._lowrank_fields import landmark_indices
+    >>> from sinkflow.particles import landmark_indices
     >>> landmark_indices(3, 10, "lifted").tolist()
     [0, 1, 2, 0, 1, 2]
     >>> x = torch.tensor([[0.0], [0.1], [0.2], [10.0]])
@@ -207,7 +207,7 @@ def farthest_point_indices(points: torch.Tensor, m: int, generator=0) -> torch.T
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.particles._lowrank_fields import farthest_point_indices
+    >>> from sinkflow.particles import farthest_point_indices
     >>> z = torch.tensor([[0.0, 0.0], [0.1, 0.0], [3.0, 0.0], [0.0, 2.0]])
     >>> sorted(farthest_point_indices(z, 3, generator=0).tolist())[1:]   # both far points, from any start
     [2, 3]
@@ -305,7 +305,7 @@ def gaussian_coordinates(x: torch.Tensor, W: torch.Tensor | None, temperature: f
     Examples
     --------
     >>> import torch, sinkflow
-    >>> from sinkflow.particles._lowrank_fields import gaussian_coordinates
+    >>> from sinkflow.particles import gaussian_coordinates
     >>> x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> W = torch.diag(torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64))
     >>> z = gaussian_coordinates(x, W, temperature=0.5)
@@ -583,7 +583,7 @@ def lowrank_attention_field(x: torch.Tensor, V: torch.Tensor, landmarks, *, norm
     Examples
     --------
     >>> import torch, sinkflow
-    >>> from sinkflow.particles._lowrank_fields import lowrank_attention_field
+    >>> from sinkflow.particles import lowrank_attention_field
     >>> x = torch.randn(40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> exact = sinkflow.sinkhorn(x @ x.T, tol=1e-12) @ x
     >>> approx = lowrank_attention_field(x, x, 40, tol=1e-12).velocity   # every point a landmark

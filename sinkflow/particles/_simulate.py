@@ -31,6 +31,7 @@ Monitors follow py-pde's trackers: quantities recorded along the run, every
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,7 @@ from sinkflow.particles._dense_fields import attention_field, check_matrix, chec
 from sinkflow.particles._lowrank_fields import LANDMARK_SAMPLINGS, _flow_landmarks
 
 __all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS", "INTEGRATORS",
-           "ParticleField", "euler_step", "rk4_step", "lipschitz_scale", "default_tol"]
+           "ParticleField", "euler_step", "rk4_step", "lipschitz_scale", "largest_safe_step", "default_tol"]
 
 MANIFOLDS = ("euclidean", "sphere")
 #: Energy and cluster monitors build n x n float64 matrices: allowed up to this n.
@@ -220,7 +221,7 @@ def default_tol(dtype: torch.dtype) -> float:
     --------
     >>> import torch
     >>> from sinkflow.attention import default_tolerance
-    >>> from sinkflow.particles._simulate import default_tol
+    >>> from sinkflow.particles import default_tol
     >>> default_tol(torch.float64)
     1e-10
     >>> default_tol(torch.float32) == default_tolerance(torch.float32) > default_tol(torch.float64)
@@ -256,7 +257,7 @@ def lipschitz_scale(x: torch.Tensor, W: torch.Tensor | None, W_V: torch.Tensor |
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.particles._simulate import lipschitz_scale
+    >>> from sinkflow.particles import lipschitz_scale
     >>> lipschitz_scale(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), None, None, 1.0)
     3.0
     """
@@ -284,7 +285,7 @@ class ParticleField:
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.particles._simulate import ParticleField, default_tol
+    >>> from sinkflow.particles import ParticleField, default_tol
     >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
     ...                       tol=default_tol(torch.float64), max_iter=1000, chunked=False, landmarks=None,
     ...                       warm_start=True, sphere=False, need_errors=True)
@@ -346,7 +347,7 @@ def euler_step(field: ParticleField, X: torch.Tensor, h: float):
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.particles._simulate import ParticleField, euler_step
+    >>> from sinkflow.particles import ParticleField, euler_step
     >>> field = ParticleField("softmax", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
     ...                       tol=1e-10, max_iter=1000, chunked=False, landmarks=None, warm_start=False,
     ...                       sphere=True, need_errors=False)
@@ -384,7 +385,7 @@ def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
     Examples
     --------
     >>> import torch, sinkflow
-    >>> from sinkflow.particles._simulate import ParticleField, default_tol, rk4_step
+    >>> from sinkflow.particles import ParticleField, default_tol, rk4_step
     >>> X = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
     ...                       tol=default_tol(X.dtype), max_iter=20_000, chunked=False, landmarks=None,
@@ -499,16 +500,48 @@ def _interaction_matrix(Wq, Wk, d, like):
     return (Wq if Wq is not None else eye).T @ (Wk if Wk is not None else eye)
 
 
+def largest_safe_step(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, *, temperature: float = 1.0,
+                      integrator: str = "euler") -> float:
+    r"""Largest step ``h`` that :func:`simulate` accepts without its overshoot warning.
+
+    ``2 / L`` for Euler and ``2.78 / L`` for RK4 (their stability limits on
+    :math:`\dot y = -L y`), with :math:`L` the estimate :func:`lipschitz_scale` at ``x0``;
+    ``inf`` for the unnormalized kernel, which has no useful global scale. The warning of
+    :func:`simulate` quotes this number.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.particles import largest_safe_step
+    >>> x0 = np.array([[1.0, 0.0], [0.0, 1.0]])      # R^2 = 1, W = I: L = 1 + 2 / tau
+    >>> largest_safe_step(x0, "softmax", temperature=0.5)
+    0.4
+    """
+    X = to_torch(x0, "x0")
+    check_float(X, "x0")
+    if X.ndim != 2:
+        raise ValueError(f"x0 must have shape (n, d), got {tuple(X.shape)}")
+    _check_choice(integrator, "integrator", INTEGRATORS)
+    Wq, Wk, Wv = (check_matrix(M, name, X.shape[1], X) for M, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
+    return _safe_step(X, _interaction_matrix(Wq, Wk, X.shape[1], X), Wv, float(temperature),
+                      get_attention(attention), integrator)
+
+
+def _safe_step(X, W, Wv, tau, variant, integrator) -> float:
+    if not variant.normalized and variant.approximates is None:
+        return math.inf  # unnormalized kernels grow like exp(R^2): no useful global scale
+    return (2.0 if integrator == "euler" else 2.78) / lipschitz_scale(X, W, Wv, tau)
+
+
 def _check_step_size(h, X, W, Wv, tau, variant, integrator):
     h = check_number(h, "h", positive=True)
-    if not variant.normalized and variant.approximates is None:
-        return  # unnormalized kernels grow like exp(R^2): no useful global scale
-    L = lipschitz_scale(X, W, Wv, tau)
-    limit = 2.0 / L if integrator == "euler" else 2.78 / L
+    limit = _safe_step(X, W, Wv, tau, variant, integrator)
     if h > limit:
-        warnings.warn(f"step h={float(h):g} exceeds the stability scale of this field (Lipschitz estimate "
-                      f"L ~ {L:.3g}, sinkflow.particles.lipschitz_scale): the steps may overshoot; the largest "
-                      f"safe h is about {limit:.3g}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"step h={float(h):g} exceeds the largest safe step h = {limit:.3g} of attention="
+                      f"{variant.name!r} ({integrator}) at temperature={tau:g} (2/L for Euler, 2.78/L for RK4, with "
+                      f"the Lipschitz estimate L ~ {2.0 / limit if integrator == 'euler' else 2.78 / limit:.3g} of "
+                      "sinkflow.particles.lipschitz_scale; sinkflow.particles.largest_safe_step): the steps may "
+                      "overshoot", RuntimeWarning, stacklevel=3)
 
 
 # ----------------------------------------------------------------------------------------

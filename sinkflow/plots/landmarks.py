@@ -1,7 +1,7 @@
 r"""Figures of landmark-approximated (Nyström) attention flows against the exact ones.
 
 - ``landmark_flow_errors`` (default): for one start and a range of ``m``, the Nyström spectral
-  error and the field error, the trajectory deviation with its discrete Grönwall bound, the
+  error and the field error, the trajectory deviation with its discrete Grönwall estimate, the
   energy :math:`F^\infty` along the approximate Sinkhorn flows, and the heat-limit variance
   error of the landmark heat layer as ``n`` grows (:mod:`sinkflow.heat`).
 - ``landmark_heat_2d``: Sinkhorn heat-layer particles in 2D (exact, a few thousand) and their
@@ -46,7 +46,7 @@ def compute_errors(cfg: LandmarkErrorsConfig) -> dict:
     r = landmark_flow_errors(x0, cfg.landmarks, h=cfg.h, steps=cfg.steps)
     heat = heat_variance_errors(cfg.heat_sizes, cfg.heat_landmarks, seed=cfg.seed)
     return dict(landmarks=r.landmarks, times=r.times, spectral=r.spectral_error, field=r.field_error,
-                deviation=r.deviation, bound=r.bound, lipschitz=r.lipschitz, energy=r.energy,
+                deviation=r.deviation, bound_estimate=r.bound_estimate, lipschitz_estimate=r.lipschitz_estimate, energy=r.energy,
                 energy_exact=r.energy_exact, heat_sizes=np.array(cfg.heat_sizes), heat_error=heat)
 
 
@@ -66,9 +66,9 @@ def plot_errors(data: dict, cfg: LandmarkErrorsConfig):
     for i, mi in enumerate(m[:-1]):
         c = PALETTE[i % len(PALETTE)]
         ax.semilogy(data["times"][1:], data["deviation"][i, 1:], "-", color=c, label=f"m = {mi}")
-        ax.semilogy(data["times"][1:], data["bound"][i, 1:], ":", color=c)
+        ax.semilogy(data["times"][1:], data["bound_estimate"][i, 1:], ":", color=c)
     ax.set_xlabel("t")
-    ax.set_title(rf"deviation (—) and Grönwall bound (···), $L \approx {data['lipschitz']:.1f}$")
+    ax.set_title(rf"deviation (—) and Grönwall estimate (···), $L_{{est}} = {data['lipschitz_estimate']:.1f}$")
     ax.legend(fontsize=7)
     ax = axes[0, 2]
     ax.plot(data["times"], data["energy_exact"], color=COLORS["reference"], label="exact")
@@ -88,7 +88,7 @@ register("landmark_flow_errors", compute=compute_errors, plot=plot_errors, quick
          full=LandmarkErrorsConfig(n=128, landmarks=(8, 16, 32, 64, 128), steps=40,
                                    heat_sizes=(1000, 10_000, 100_000), heat_landmarks=256),
          description="Nyström-approximated Sinkhorn flows: spectral and field error, deviation with Grönwall "
-                     "bound, F^inf, heat variance error vs n")
+                     "estimate, F^inf, heat variance error vs n")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ seeded config; plots only draw the returned arrays.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,13 +182,18 @@ class SphereConfig:
 
 def compute_sphere(cfg: SphereConfig) -> dict:
     """SA dynamics of Geshkovski et al. (Q = K = V = I, beta = 1/tau) on S^{d-1}."""
+    from sinkflow.particles._simulate import largest_safe_step
+
     x0 = sinkflow.random_particles(cfg.n, cfg.d, seed=cfg.seed, manifold="sphere")
-    steps = int(round(cfg.t_max / cfg.h))
     betas = sorted(set(cfg.betas) | set(cfg.phase_betas))
+    # one step for every beta (a common time axis), capped at the coldest run's safe step
+    safe = largest_safe_step(x0, cfg.attention, temperature=1.0 / max(betas))
+    steps = max(int(round(cfg.t_max / cfg.h)), math.ceil(cfg.t_max / safe))
+    h = cfg.t_max / steps
     out = {"betas": np.array(cfg.betas), "phase_betas": np.array(cfg.phase_betas)}
     runs = {}
     for beta in betas:
-        traj = sinkflow.simulate(x0, cfg.attention, h=cfg.h, steps=steps, manifold="sphere", temperature=1.0 / beta,
+        traj = sinkflow.simulate(x0, cfg.attention, h=h, steps=steps, manifold="sphere", temperature=1.0 / beta,
                         monitors=["clusters", "energy"], save_every=steps)
         runs[beta] = traj
     out["times"] = runs[betas[0]].monitor_times

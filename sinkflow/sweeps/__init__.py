@@ -9,6 +9,7 @@ from sinkflow.sweeps._sweep import (
     resolve_experiment,
     point_key,
     local_client,
+    close_client,
     SweepError,
 )
 
@@ -18,5 +19,6 @@ __all__ = [
     "resolve_experiment",
     "point_key",
     "local_client",
+    "close_client",
     "SweepError",
 ]

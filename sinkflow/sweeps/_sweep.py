@@ -33,7 +33,7 @@ import numpy as np
 
 from sinkflow._checks import check_number
 
-__all__ = ["sweep", "expand_grid", "resolve_experiment", "point_key", "local_client", "SweepError"]
+__all__ = ["sweep", "expand_grid", "resolve_experiment", "point_key", "local_client", "close_client", "SweepError"]
 
 #: Result arrays larger than this are refused: a sweep table holds summaries, not data sets.
 MAX_RESULT_SIZE = 100_000
@@ -92,7 +92,7 @@ def expand_grid(grid) -> list[dict]:
 
     Examples
     --------
-    >>> from sinkflow.sweeps._sweep import expand_grid
+    >>> from sinkflow.sweeps import expand_grid
     >>> expand_grid({"n": [8, 16], "scale": [1.0, 2.0], "seed": 0})
     [{'n': 8, 'scale': 1.0, 'seed': 0}, {'n': 8, 'scale': 2.0, 'seed': 0}, {'n': 16, 'scale': 1.0, 'seed': 0}, {'n': 16, 'scale': 2.0, 'seed': 0}]
     >>> expand_grid([{"n": 8}, {"n": 16, "scale": 4.0}])
@@ -181,7 +181,7 @@ def resolve_experiment(fn) -> tuple[Callable, str]:
 
     Examples
     --------
-    >>> from sinkflow.sweeps._sweep import resolve_experiment
+    >>> from sinkflow.sweeps import resolve_experiment
     >>> resolve_experiment("sinkflow.experiments:sinkhorn_convergence")[1]
     'sinkflow.experiments.sinkhorn:sinkhorn_convergence'
     """
@@ -201,7 +201,7 @@ def point_key(experiment: str, params: dict, version: str | None = None) -> str:
 
     Examples
     --------
-    >>> from sinkflow.sweeps._sweep import point_key
+    >>> from sinkflow.sweeps import point_key
     >>> point_key("m:f", {"n": 8, "seed": 0}) == point_key("m:f", {"seed": 0, "n": 8})
     True
     >>> point_key("m:f", {"n": 8}) == point_key("m:f", {"n": 16})
@@ -261,7 +261,7 @@ def _write_atomic(path: Path, record: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with open(tmp, "w") as fh:
-            json.dump(record, fh, sort_keys=True)
+            json.dump(record, fh)  # not sort_keys: the result's key order is the table's column order
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
@@ -366,7 +366,8 @@ def local_client(n_workers: int = 2, threads_per_worker: int = 1):
     cores. Its ``MALLOC_TRIM_THRESHOLD_`` setting is dropped: it pins glibc's mmap threshold,
     so every large array is mapped and zeroed afresh (a heat-flow point ran 1.45x slower).
     Keep one open across several sweeps in a notebook (``executor=client``) to pay the
-    start-up once; close it with ``client.close(); client.cluster.close()``.
+    start-up once; close it with :func:`close_client` (the client, then its workers and
+    the cluster, with a timeout: no "worker still alive, killing" on a busy machine).
 
     Returns
     -------
@@ -388,18 +389,54 @@ def local_client(n_workers: int = 2, threads_per_worker: int = 1):
     return Client(cluster)
 
 
+def close_client(client, timeout: float = 60.0) -> None:
+    """Close a client, then (for :func:`local_client`'s) its worker processes and cluster.
+
+    ``client.cluster.close()`` gives each worker process 4 s to exit before killing it (the
+    nanny's fixed default), and a process that has run torch can take longer to tear down on
+    a loaded machine: every sweep then ended with "Worker process still alive after 4.0
+    seconds, killing". Here the client goes first (its futures released), then every
+    worker is closed with ``timeout`` seconds to exit, then the scheduler.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    timeout : float
+        Seconds each step may take (the worker processes get 80% of it to exit).
+
+    Examples
+    --------
+    >>> from sinkflow.sweeps import close_client, local_client
+    >>> client = local_client(n_workers=1)  # doctest: +SKIP
+    >>> close_client(client)  # doctest: +SKIP
+    """
+    import asyncio
+
+    cluster = client.cluster
+    client.close(timeout=timeout)
+    if cluster is None:
+        return
+    workers = list(getattr(cluster, "workers", {}).values())
+
+    async def close_workers():
+        await asyncio.gather(*(w.close(timeout=timeout) for w in workers))
+
+    if workers:
+        cluster.sync(close_workers)
+    cluster.close(timeout=timeout)
+
+
 def _run_dask(executor, jobs, progress, on_error, cache_dir, n_workers, threads_per_worker):
     from distributed import Client, as_completed
 
-    owned = []
+    owned = None
     if isinstance(executor, Client):
         client = executor
     elif executor == "dask":
-        client = local_client(n_workers, threads_per_worker)
-        owned = [client, client.cluster]
+        client = owned = local_client(n_workers, threads_per_worker)
     else:
         client = Client(executor)
-        owned = [client]
+        owned = client
     try:
         _announce(client, progress)
         # A sliding window of submitted points (twice the cluster's threads, re-read as
@@ -439,8 +476,10 @@ def _run_dask(executor, jobs, progress, on_error, cache_dir, n_workers, threads_
             raise _failure(jobs[i][2], err, len(out), cache_dir) from err
         return out
     finally:
-        for obj in owned:
-            obj.close()
+        if owned is not None and owned.cluster is not None:  # our local cluster: client, workers, scheduler
+            close_client(owned)
+        elif owned is not None:
+            owned.close()
 
 
 def _check_executor(executor):

@@ -330,10 +330,32 @@ def test_all_normalizations_run_in_2d(normalization):
 def test_large_dt_against_eps_is_refused_with_the_safe_value():
     # the issue's case: n = 400, eps = 1e-4, dt = 0.01 gave variance growth 2.46 for 0.20
     x0 = np.random.default_rng(0).normal(size=(400, 1))
-    with pytest.raises(ValueError, match="largest safe step is dt = eps/2 = 5e-05"):
+    with pytest.raises(ValueError, match=r"largest safe step dt = 5e-05 of normalization='sinkhorn'"):
         heat_flow(x0, t=0.1, eps=1e-4, dt=0.01)
     with pytest.warns(RuntimeWarning, match="exceeds the largest safe step"):
         heat_flow(x0[:50], t=0.03, eps=0.04, dt=0.03)
+
+
+@pytest.mark.parametrize("normalization", ["sinkhorn", "softmax_gaussian", "unnormalized", "softmax_dot"])
+def test_step_warning_and_error_name_the_normalization_and_the_same_limit(normalization):
+    # issue 19: the tour's warning did not name the normalization; the error and the warning
+    # must quote one number, the limit of largest_safe_dt (closed forms here as the oracle)
+    import re
+
+    x0 = np.random.default_rng(2).normal(size=(60, 1))
+    eps = 0.1
+    dot = normalization == "softmax_dot"
+    safe = eps**2 / (4 * x0.var(ddof=1)) if dot else eps / 2  # the sample variance
+    assert sinkflow.heat.largest_safe_dt(x0, eps, normalization) == pytest.approx(safe, rel=1e-12)
+    quoted = rf"largest safe step dt = {re.escape(f'{safe:g}')} of normalization='{normalization}' at eps=0.1"
+    with pytest.warns(RuntimeWarning, match=quoted):
+        heat_flow(x0, t=3 * safe, eps=eps, dt=1.5 * safe, normalization=normalization)
+    if not dot:  # kernel layers: more than twice the limit is refused, with the same number
+        with pytest.raises(ValueError, match=quoted):
+            heat_flow(x0, t=3 * safe, eps=eps, dt=3 * safe, normalization=normalization)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # below the limit: silent
+        heat_flow(x0, t=2 * safe, eps=eps, dt=0.99 * safe, normalization=normalization)
 
 
 def test_frozen_bandwidth_is_warned_about():

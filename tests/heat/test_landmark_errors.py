@@ -1,4 +1,4 @@
-"""Error of landmark-approximated flows: spectral error, field error, Grönwall bound, energy, heat variance."""
+"""Error of landmark-approximated flows: spectral error, field error, Grönwall estimate, energy, heat variance."""
 
 import numpy as np
 import pytest
@@ -26,8 +26,8 @@ def study():
     return landmark_flow_errors(x0, (6, 12, 24), h=0.05, steps=8)
 
 
-def test_deviation_stays_under_the_gronwall_bound_and_vanishes_with_all_landmarks(study):
-    assert np.all(study.deviation <= study.bound + 1e-12)
+def test_deviation_stays_under_the_gronwall_estimate_and_vanishes_with_all_landmarks(study):
+    assert np.all(study.deviation <= study.bound_estimate + 1e-12)
     # All 24 particles as landmarks: rounding and the 1e-11 solves only. Measured on starts of seeds
     # 0-15: deviation up to 1.5e-10 and field error up to 1.13e-9 (seed 0: 3.3e-11, 2.0e-10).
     # Bounds: 2x the worst of those seeds.
@@ -36,7 +36,7 @@ def test_deviation_stays_under_the_gronwall_bound_and_vanishes_with_all_landmark
     assert np.all(np.diff(study.spectral_error) < 0) and np.all(np.diff(study.field_error) < 0)
     assert np.all(np.diff(study.deviation[:, -1]) < 0)
     # short times: e_1 = h delta_1 is the bound's first step; the bound is loose later (ratio grows)
-    ratio = study.bound[0, 1:] / study.deviation[0, 1:]
+    ratio = study.bound_estimate[0, 1:] / study.deviation[0, 1:]
     assert ratio[-1] > ratio[0]
 
 
@@ -71,3 +71,65 @@ def test_2d_heat_figure_data_follow_the_mean_field_of_the_sinkhorn_layers():
     # radial density at the last time: L1 distance to the heat's Rayleigh law (measured 0.07; the start's law: 0.50)
     width = np.diff(d["radius"])[0]
     assert np.abs(d["density_landmark"] - d["density_heat"]).sum() * width < 0.15
+
+
+def _jacobian_norms(x, W, tau, step=1e-6):
+    """Spectral norm and largest block row sum (max_i sum_k |J_ik|_2, the Lipschitz constant in the
+    max-over-particles norm is at most this) of the exact Sinkhorn field's Jacobian, by central differences."""
+    import torch
+
+    from sinkflow.particles._dense_fields import attention_field
+
+    Wt = torch.as_tensor(W)
+
+    def field(y):
+        return attention_field(torch.as_tensor(y), "sinkhorn", Wt, Wt, temperature=tau, tol=1e-13).velocity.numpy()
+
+    n, d = x.shape
+    J = np.empty((n, d, n, d))
+    for k in range(n):
+        for c in range(d):
+            e = np.zeros_like(x)
+            e[k, c] = step
+            J[:, :, k, c] = (field(x + e) - field(x - e)) / (2 * step)
+    spectral = np.linalg.norm(J.reshape(n * d, n * d), 2)
+    rows = np.linalg.norm(J.transpose(0, 2, 1, 3), 2, axis=(2, 3)).sum(1).max()
+    return spectral, rows
+
+
+def _configuration(rng, outlying):
+    n, d = 8, 2
+    x = rng.normal(size=(n, d)) * (rng.choice([0.1, 0.3, 1.0]) if outlying else 1.0)
+    if outlying:  # one or two particles 2 to 8 away from a small cloud
+        k = int(rng.integers(1, 3))
+        x[:k] = rng.normal(size=(k, d))
+        x[:k] *= rng.uniform(2, 8, size=(k, 1)) / np.linalg.norm(x[:k], axis=1, keepdims=True)
+    A = rng.normal(size=(d, d))
+    W = A @ A.T / d + 0.1 * np.eye(d) if rng.random() < 0.5 else np.eye(d)
+    return x, W, float(rng.choice([0.25, 1.0, 4.0]))
+
+
+def test_lipschitz_estimate_of_the_gronwall_estimate_is_measured_not_certified():
+    # issue 19: the Grönwall "bound" used lipschitz_scale as if it were a Lipschitz constant. It is an
+    # estimate; this measures how often it holds, against finite-difference Jacobians of the exact
+    # Sinkhorn field (W_V = W), on 16 random and 16 outlying configurations (n = 8, d = 2).
+    # Measured (seed 0): spectral norm / estimate at most 0.59 (random) and 0.56 (outlying), block row
+    # sum / estimate at most 0.82 and 0.71: the estimate held on 32 of 32. It is still no constant: an
+    # exploratory draw of 40 outlying configurations (temperatures 0.1 to 4) had 2 whose block row sum
+    # exceeded it (1.05x and 1.06x, both at temperature 4), and the issue measured up to 1.55x.
+    # Asserted: what held here, with the row sums allowed the issue's worst case on a few.
+    import torch
+
+    from sinkflow.particles import lipschitz_scale
+
+    rng = np.random.default_rng(0)
+    ratios = {False: [], True: []}
+    for outlying in (False, True):
+        for _ in range(16):
+            x, W, tau = _configuration(rng, outlying)
+            L = lipschitz_scale(torch.as_tensor(x), torch.as_tensor(W), torch.as_tensor(W), tau)
+            spectral, rows = _jacobian_norms(x, W, tau)
+            ratios[outlying].append((spectral / L, rows / L))
+    random_, outl = np.array(ratios[False]), np.array(ratios[True])
+    assert (random_ <= 1).all() and (outl[:, 0] <= 1).all()
+    assert (outl[:, 1] <= 1).mean() >= 0.9 and outl[:, 1].max() < 1.6

@@ -555,6 +555,40 @@ def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax
     assert nbytes <= softmax_bytes + matrix // 4, (nbytes, softmax_bytes)
 
 
+@pytest.mark.parametrize("n_iter", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_factored_sinkhorn_takes_minus_inf_as_a_masked_entry_for_every_n_iter(n_iter, dtype):
+    # issue 19: an isolated -inf was accepted for n_iter >= 2 and refused for n_iter = 1. -inf is
+    # torch's "masked" (torch.softmax gives it weight 0): the same as an explicit mask, everywhere.
+    import sinkflow
+    from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+
+    torch.manual_seed(1)
+    C = torch.randn(2, 5, 6, dtype=torch.float64)
+    C[0, 1, 2] = C[1, 3, 0] = -math.inf
+    C[1, 4] = -math.inf  # a whole row: an empty line, weight 0 (as a masked row), not NaN
+    mask = torch.isfinite(C)
+    scores = C.to(dtype).requires_grad_()
+    P = sinkhorn_attention(scores, n_iter)
+    expected = sinkflow.sinkhorn(torch.where(mask, C, 0.0), n_iter=n_iter, mask=mask)
+    tol = {torch.float32: 1e-6, torch.float64: 1e-12, torch.bfloat16: 2e-2}[dtype]
+    assert P.dtype == dtype and torch.allclose(P.double(), expected, rtol=0, atol=tol)
+    assert P[0, 1, 2] == 0 and P[1, 3, 0] == 0 and not P[1, 4].any()
+    if n_iter == 1:  # torch's own convention as the oracle
+        rows = torch.softmax(C[0], -1)
+        assert torch.allclose(P[0].double(), rows, rtol=0, atol=tol)
+    V = torch.randn(2, 6, 3, dtype=dtype)
+    out = sinkhorn_attention(scores, n_iter, values=V)
+    assert torch.allclose(out.double(), expected @ V.double(), rtol=0, atol=10 * tol)
+    (grad,) = torch.autograd.grad(out.float().square().sum(), scores)
+    assert bool(torch.isfinite(grad).all()) and grad[0, 1, 2] == 0 and not grad[1, 4].any()
+    for bad in (math.inf, math.nan):
+        C_bad = C.clone()
+        C_bad[0, 0, 0] = bad
+        with pytest.raises(ValueError, match="non-finite"):
+            sinkhorn_attention(C_bad.to(dtype), n_iter)
+
+
 def test_factored_sinkhorn_refuses_bad_arguments():
     from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
 

@@ -303,10 +303,32 @@ def test_step_beyond_the_lipschitz_scale_warns_with_the_safe_value():
     x0 = sinkflow.random_particles(20, 2, seed=0, scale=2.0)
     L = lipschitz_scale(torch.tensor(x0), None, None, 1.0)
     assert L == pytest.approx(1 + 2 * np.mean(np.sum(x0 ** 2, 1)))  # plain re-computation of the estimate
-    with pytest.warns(RuntimeWarning, match="largest safe h is about"):
+    with pytest.warns(RuntimeWarning, match=rf"largest safe step h = {2 / L:.3g} of attention='softmax' \(euler\)"):
         sinkflow.simulate(x0, "softmax", h=3.0 / L, steps=1)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sinkflow.simulate(x0, "softmax", h=1.0 / L, steps=1)
+
+
+@pytest.mark.parametrize("integrator, factor", [("euler", 2.0), ("rk4", 2.78)])
+def test_largest_safe_step_is_the_number_the_warning_quotes(integrator, factor):
+    # issue 19: one function computes the limit; the warning quotes it and names the attention
+    import re
+    import warnings
+
+    from sinkflow.particles._simulate import largest_safe_step
+
+    x0 = sinkflow.random_particles(16, 3, seed=1, manifold="sphere")
+    tau = 1 / 9
+    safe = largest_safe_step(x0, "softmax", temperature=tau, integrator=integrator)
+    assert safe == pytest.approx(factor / (1 + 2 * 9), rel=1e-12)  # on the sphere R = 1, W = W_V = I
+    with pytest.warns(RuntimeWarning, match=re.escape(f"largest safe step h = {safe:.3g} of attention='softmax'")):
+        sinkflow.simulate(x0, "softmax", h=1.2 * safe, steps=1, manifold="sphere", temperature=tau,
+                          integrator=integrator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        sinkflow.simulate(x0, "softmax", h=0.99 * safe, steps=1, manifold="sphere", temperature=tau,
+                          integrator=integrator)
+    assert largest_safe_step(x0, "unnormalized") == np.inf

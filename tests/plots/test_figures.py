@@ -5,6 +5,7 @@ figure's tolerances; the committed figures/ reproduce under 1 and 2 threads (`si
 change does not."""
 
 import hashlib
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -12,24 +13,47 @@ import numpy as np
 import pytest
 
 from sinkflow.cli import main
+from sinkflow.attention import SinkhornWarning
 from sinkflow.plots import (Tolerance, compare_data, compute, config_hash, data_checksum, flatten_data, get,
                                      read_manifest, read_reference, reference_path, registry, render, stale)
 
 NAMES = sorted(registry())
 
 
+def compute_strictly(spec, cfg):
+    """``spec.compute(cfg)`` with sinkflow's warnings (RuntimeWarning, SinkhornWarning) as errors:
+    the library must not warn about its own defaults (issue 19: particles_sphere's step did)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        warnings.simplefilter("error", SinkhornWarning)
+        return spec.compute(cfg)
+
+
 @pytest.fixture(scope="session")
 def quick_data():
-    """Each figure's quick-mode data, computed at most once per test run (on first use)."""
+    """Each figure's quick-mode data, computed at most once per test run (on first use), warnings as errors."""
     cache = {}
 
     def data(name):
         if name not in cache:
             spec = get(name)
-            cache[name] = spec.compute(spec.quick)
+            cache[name] = compute_strictly(spec, spec.quick)
         return cache[name]
 
     return data
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_quick_config_computes_without_warnings(name, quick_data):
+    assert quick_data(name)  # raises if the computation warned
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("name", NAMES)
+def test_full_config_computes_without_warnings(name):
+    spec = get(name)
+    assert compute_strictly(spec, spec.full)
 
 
 @pytest.mark.parametrize("name", NAMES)

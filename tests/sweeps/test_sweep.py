@@ -61,15 +61,20 @@ def returns_param_name(x):
     return {"x": x}
 
 
+def unsorted_result(x):
+    return {"zeta": x, "alpha": -x, "mid": 2 * x}
+
+
 @pytest.fixture(scope="module")
 def client():
     pytest.importorskip("distributed")
     from sinkflow.sweeps._sweep import local_client
 
+    from sinkflow.sweeps._sweep import close_client
+
     c = local_client(n_workers=2)
     yield c
-    c.close()
-    c.cluster.close()
+    close_client(c)
 
 
 def _worker_environment():
@@ -95,6 +100,33 @@ def test_dask_local_cluster_gives_the_sequential_table():
     # Same float64 computations in other processes (torch with 1 thread there): equal up to
     # reduction order, far below any quantity the table reports.
     pd.testing.assert_frame_equal(seq, par, check_exact=False, rtol=1e-10)
+
+
+def test_dask_sweep_closes_its_local_cluster_without_killing_workers():
+    # issue 19: every sweep ended with "Worker process still alive after 4.0 seconds, killing"
+    # (the nanny's default when the cluster is closed under a client whose workers ran torch)
+    import logging
+    import warnings
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(f"{record.name} {record.levelname}: {record.getMessage()}")
+
+    keep = Keep(level=logging.WARNING)
+    logger = logging.getLogger("distributed")
+    logger.addHandler(keep)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            df = sweep({"n": [8, 16], "scale": [1.0], "seed": [0]}, EXPERIMENT, executor="dask", n_workers=2,
+                       cache_dir=None, progress=False)
+    finally:
+        logger.removeHandler(keep)
+    assert df.attrs["n_computed"] == 2 and df["converged"].all()
+    assert records == [], records
+    assert [str(w.message) for w in caught if "alive" in str(w.message) or "kill" in str(w.message)] == []
 
 
 def test_table_rows_follow_grid_order_and_results_come_back_typed(tmp_path, client):
@@ -129,6 +161,16 @@ def test_rerun_is_free_and_identical(tmp_path):
     pd.testing.assert_frame_equal(first, second)
     forced = sweep(grid, counted, executor="sequential", cache_dir=tmp_path / "cache", progress=False, recompute=True)
     assert forced.attrs["n_computed"] == 4 and n_calls(tmp_path, 1) == 2
+
+
+def test_cached_rerun_gives_the_columns_in_the_same_order(tmp_path):
+    # issue 19: the cache stored results with sorted keys, so a rerun's columns came sorted
+    grid = {"x": [1, 2, 3]}
+    first = sweep(grid, unsorted_result, executor="sequential", cache_dir=tmp_path / "cache", progress=False)
+    second = sweep(grid, unsorted_result, executor="sequential", cache_dir=tmp_path / "cache", progress=False)
+    assert second.attrs["n_cached"] == 3
+    assert list(first.columns) == list(second.columns) == ["x", "zeta", "alpha", "mid"]
+    assert first.to_csv(index=False) == second.to_csv(index=False)
 
 
 def test_failed_sweep_resumes_without_recomputing_finished_points(tmp_path, client):
