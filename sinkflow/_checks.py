@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_number", "check_seed"]
+__all__ = ["check_number", "check_seed", "check_choice"]
 
 
 def _is_torch(value: Any, cls: str) -> bool:
@@ -82,3 +82,19 @@ def check_number(value: Any, name: str, *, integer: bool = False, positive: bool
                  else (">= 0" if allow_zero else "positive"))
         raise ValueError(f"{name} must be {bound}, got {value!r}")
     return value
+
+
+def check_choice(value: Any, name: str, choices) -> None:
+    """Refuse ``value`` unless it is one of ``choices``, naming the parameter and the choices.
+
+    Examples
+    --------
+    >>> from sinkflow._checks import check_choice
+    >>> check_choice("rk4", "integrator", ("euler", "rk4"))
+    >>> check_choice("rk3", "integrator", ("euler", "rk4"))
+    Traceback (most recent call last):
+    ...
+    ValueError: integrator must be one of ('euler', 'rk4'), got 'rk3'
+    """
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")

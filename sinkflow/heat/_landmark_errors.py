@@ -45,7 +45,8 @@ from sinkflow.heat._rescaled_flow import heat_flow
 from sinkflow.particles._lowrank_fields import _flow_landmarks, gaussian_coordinates
 from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._nystrom import nystrom_factors
-from sinkflow.particles._simulate import lipschitz_scale, simulate
+from sinkflow.particles._step_size import lipschitz_scale
+from sinkflow.particles._simulate import simulate
 
 __all__ = ["LandmarkFlowErrors", "landmark_flow_errors", "nystrom_spectral_error", "heat_variance_errors"]
 

@@ -266,7 +266,7 @@ def reproducing_page(reports: list[dict]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m sinkflow.nn.lra [--instability] REPORT.json ... > docs/PAGE.md
+if __name__ == "__main__":  # python -m sinkflow.nn.lra [--instability] REPORT.json ... > a docs page (reproducing.md, instability.md)
     import json
     import sys
 

@@ -1,7 +1,8 @@
 """Tokens as particles: the attention vector field and the flows it drives.
 
 ``_simulate.py`` has :func:`simulate` (a residual attention layer is an explicit Euler
-step; integrators and monitors); the field on particles is evaluated densely
+step), with its integrators (``_integrators.py``), monitors (``_monitors.py``) and step-size
+guard (``_step_size.py``); the field on particles is evaluated densely
 (``_dense_fields.py``), block by block without an ``n x n`` matrix
 (``_blockwise_fields.py``) or with ``m`` Nyström landmarks in ``O(n m)``
 (``_lowrank_fields.py``); ``_energies.py`` has the energies and the gradient-flow checks.
@@ -41,18 +42,27 @@ from sinkflow.particles._energies import (
     gradient_flow_error,
     jacobian_asymmetry,
 )
+from sinkflow.particles._integrators import (
+    ParticleField,
+    euler_step,
+    rk4_step,
+    INTEGRATORS,
+)
+from sinkflow.particles._monitors import (
+    MAX_MONITOR_N,
+    cluster_statistics,
+    MonitorContext,
+    MONITOR_FUNCTIONS,
+    MONITORS,
+)
+from sinkflow.particles._step_size import (
+    lipschitz_scale,
+    largest_safe_step,
+)
 from sinkflow.particles._simulate import (
     simulate,
     Trajectory,
     random_particles,
-    cluster_statistics,
-    MONITORS,
-    INTEGRATORS,
-    ParticleField,
-    euler_step,
-    rk4_step,
-    lipschitz_scale,
-    largest_safe_step,
     default_tol,
 )
 
@@ -82,16 +92,19 @@ __all__ = [
     "entropic_ot",
     "gradient_flow_error",
     "jacobian_asymmetry",
-    "simulate",
-    "Trajectory",
-    "random_particles",
-    "cluster_statistics",
-    "MONITORS",
-    "INTEGRATORS",
     "ParticleField",
     "euler_step",
     "rk4_step",
+    "INTEGRATORS",
+    "MAX_MONITOR_N",
+    "cluster_statistics",
+    "MonitorContext",
+    "MONITOR_FUNCTIONS",
+    "MONITORS",
     "lipschitz_scale",
     "largest_safe_step",
+    "simulate",
+    "Trajectory",
+    "random_particles",
     "default_tol",
 ]

@@ -31,7 +31,6 @@ Monitors follow py-pde's trackers: quantities recorded along the run, every
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,18 +38,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, check_seed, from_torch, leading, to_torch
-from sinkflow.particles._energies import energy_0, energy_gaussian, energy_inf, energy_sphere
+from sinkflow._backend import check_finite, check_float, check_number, check_seed, from_torch, leading
+from sinkflow._checks import check_choice
 from sinkflow.attention._variants import get_attention
-from sinkflow.particles._dense_fields import attention_field, check_matrix, check_weights, dense_limit, single_thread_if_small
+from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
 from sinkflow.particles._lowrank_fields import LANDMARK_SAMPLINGS, _flow_landmarks
+from sinkflow.particles._integrators import ParticleField, INTEGRATORS
+from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder, _as_monitor_names
+from sinkflow.particles._step_size import _interaction_matrix, _check_step_size
 
-__all__ = ["simulate", "Trajectory", "random_particles", "cluster_statistics", "MONITORS", "INTEGRATORS",
-           "ParticleField", "euler_step", "rk4_step", "lipschitz_scale", "largest_safe_step", "default_tol"]
+__all__ = ["simulate", "Trajectory", "random_particles", "default_tol"]
 
 MANIFOLDS = ("euclidean", "sphere")
-#: Energy and cluster monitors build n x n float64 matrices: allowed up to this n.
-MAX_MONITOR_N = 8192
 
 
 @dataclass(frozen=True)
@@ -154,53 +153,6 @@ def random_particles(n: int, d: int, *, seed=0, manifold: str = "euclidean", sca
     return x if like is None else torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
-def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
-    r"""Fraction of clustered pairs and number of clusters.
-
-    Pairs :math:`i < j` are clustered when :math:`\langle x_i, x_j\rangle > 1 - \delta`
-    (sphere) or :math:`\|x_i - x_j\|^2 < 2 \delta\, \mathrm{mean}_k |x_k|^2` (Euclidean);
-    clusters are the connected components of this relation.
-
-    Parameters
-    ----------
-    x : array (n, d)
-    manifold : {"sphere", "euclidean"}
-    tol : float
-        :math:`\delta` (docs/theory/sphere.md uses 1e-3).
-
-    Returns
-    -------
-    (float, int)
-
-    Examples
-    --------
-    >>> import numpy as np, sinkflow
-    >>> sinkflow.cluster_statistics(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
-    (0.3333333333333333, 2)
-    """
-    from scipy.sparse.csgraph import connected_components
-
-    tol = check_number(tol, "tol", positive=True)
-    X = to_torch(x, "x").detach()
-    n = X.shape[0]
-    if manifold == "sphere":
-        close = (X @ X.T) > 1 - tol
-    else:
-        sq = (X * X).sum(1)
-        d2 = sq[:, None] + sq[None, :] - 2 * X @ X.T
-        close = d2 < 2 * tol * float(sq.mean())
-    close.fill_diagonal_(True)
-    pairs = (int(close.sum()) - n) // 2
-    frac = pairs / (n * (n - 1) / 2) if n > 1 else 1.0
-    count, _ = connected_components(close.cpu().numpy(), directed=False)
-    return float(frac), int(count)
-
-
-def _check_choice(value, name, choices):
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
-
-
 def default_tol(dtype: torch.dtype) -> float:
     """Sinkhorn marginal tolerance of a flow in ``dtype``: 1e-10 in float64, else the solver's default.
 
@@ -244,304 +196,8 @@ def _solver_tol(tol, dtype) -> float:
     return tol
 
 
-def lipschitz_scale(x: torch.Tensor, W: torch.Tensor | None, W_V: torch.Tensor | None, temperature: float) -> float:
-    r"""Cheap estimate of the Lipschitz constant of a normalized attention field at ``x``.
-
-    :math:`T(x_i) = \sum_j K_{ij} W_V x_j` with rows of :math:`K` summing to 1 moves by
-    :math:`\|W_V\|` through the values and by :math:`\|W_V\| R \cdot 2\|W\| R / \tau` through
-    the weights (:math:`\partial K_{ij}/\partial x_i` is a covariance of :math:`W x_j/\tau`
-    over a row, bounded by the product of their spreads, :math:`R^2 = \mathrm{mean}_i |x_i|^2`):
-    :math:`L \approx \|W_V\|_2 (1 + 2\|W\|_2 R^2/\tau)`. Explicit Euler with
-    :math:`h L > 2` can overshoot (the stability limit of :math:`\dot y = -L y`).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from sinkflow.particles import lipschitz_scale
-    >>> lipschitz_scale(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), None, None, 1.0)
-    3.0
-    """
-    x = x.detach()
-    R2 = float((x * x).sum(1).mean())
-    norm = lambda M: 1.0 if M is None else float(torch.linalg.matrix_norm(M.detach().to(torch.float64), 2))
-    return norm(W_V) * (1 + 2 * norm(W) * R2 / temperature)
-
-
 # ----------------------------------------------------------------------------------------
 # the field of one simulation, its integrators and monitors (py-pde's solvers and trackers)
-
-
-@dataclass
-class ParticleField:
-    """The velocity field of one simulation: an attention variant and its options.
-
-    ``velocity(Y)`` returns the (tangent) velocity and the :class:`~sinkflow.particles.FieldEvaluation`;
-    Sinkhorn potentials are carried from one evaluation to the next when ``warm_start``.
-    :func:`sinkflow.simulate` builds one per run from its checked arguments; the fields mirror
-    its options (``W = W_Q^T W_K``, ``sphere`` for ``manifold="sphere"``, ``need_errors`` for the
-    ``"marginal_errors"`` monitor). ``retract(Y)`` maps a state back to the manifold
-    (renormalization on the sphere, the identity in Euclidean space).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from sinkflow.particles import ParticleField, default_tol
-    >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
-    ...                       tol=default_tol(torch.float64), max_iter=1000, chunked=False, landmarks=None,
-    ...                       warm_start=True, sphere=False, need_errors=True)
-    >>> X = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    >>> v, ev = field.velocity(X)
-    >>> v.shape, ev.converged, ev.column_error < 1e-9, field.g is not None   # g: kept for the next call
-    (torch.Size([6, 2]), True, True, True)
-    >>> bool(torch.allclose(v.mean(0), X.mean(0)))   # doubly stochastic: the mean is kept
-    True
-    """
-
-    attention: Any
-    W: torch.Tensor | None
-    W_V: torch.Tensor | None
-    n_iter: int | None
-    weights: torch.Tensor | None
-    temperature: float
-    tol: float
-    max_iter: int
-    chunked: bool
-    landmarks: Any
-    warm_start: bool
-    sphere: bool
-    need_errors: bool
-    g: torch.Tensor | None = None
-
-    def velocity(self, Y: torch.Tensor):
-        ev = attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
-                             temperature=self.temperature, init_g=self.g if self.warm_start else None, tol=self.tol,
-                             max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
-                             landmarks=self.landmarks)
-        if ev.g is not None and self.warm_start:
-            self.g = ev.g.detach()
-        v = ev.velocity
-        if self.sphere:
-            v = v - (v * Y).sum(1, keepdim=True) * Y
-        return v, ev
-
-    def retract(self, Y: torch.Tensor) -> torch.Tensor:
-        return Y / Y.norm(dim=1, keepdim=True) if self.sphere else Y
-
-
-def euler_step(field: ParticleField, X: torch.Tensor, h: float):
-    """One explicit Euler step (a residual layer); returns the new state and the evaluations.
-
-    Parameters
-    ----------
-    field : ParticleField
-    X : torch.Tensor (n, d)
-        State.
-    h : float
-        Step size.
-
-    Returns
-    -------
-    (torch.Tensor (n, d), list of FieldEvaluation)
-        ``retract(X + h v(X))`` and the one evaluation of the field.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from sinkflow.particles import ParticleField, euler_step
-    >>> field = ParticleField("softmax", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
-    ...                       tol=1e-10, max_iter=1000, chunked=False, landmarks=None, warm_start=False,
-    ...                       sphere=True, need_errors=False)
-    >>> X = torch.nn.functional.normalize(torch.randn(5, 3, dtype=torch.float64,
-    ...                                               generator=torch.Generator().manual_seed(0)), dim=1)
-    >>> Y, evs = euler_step(field, X, 0.1)
-    >>> Y.shape, len(evs), bool(torch.allclose(Y.norm(dim=1), torch.ones(5, dtype=torch.float64)))  # on the sphere
-    (torch.Size([5, 3]), 1, True)
-    >>> v, _ = field.velocity(X)   # projected on the tangent spaces
-    >>> bool(torch.allclose((v * X).sum(1), torch.zeros(5, dtype=torch.float64), atol=1e-12))
-    True
-    >>> bool(torch.allclose(Y, field.retract(X + 0.1 * v)))
-    True
-    """
-    v, ev = field.velocity(X)
-    return field.retract(X + h * v), [ev]
-
-
-def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
-    """One classical Runge-Kutta step (the continuous-depth reference).
-
-    Parameters
-    ----------
-    field : ParticleField
-    X : torch.Tensor (n, d)
-        State.
-    h : float
-        Step size.
-
-    Returns
-    -------
-    (torch.Tensor (n, d), list of FieldEvaluation)
-        The new state and the four evaluations of the field.
-
-    Examples
-    --------
-    >>> import torch, sinkflow
-    >>> from sinkflow.particles import ParticleField, default_tol, rk4_step
-    >>> X = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
-    ...                       tol=default_tol(X.dtype), max_iter=20_000, chunked=False, landmarks=None,
-    ...                       warm_start=True, sphere=False, need_errors=False)
-    >>> Y, evs = rk4_step(field, X, 0.1)
-    >>> len(evs)
-    4
-    >>> ref = sinkflow.simulate(X, "sinkhorn", h=0.1, steps=1, integrator="rk4").final   # the same step
-    >>> bool(torch.allclose(Y, ref))
-    True
-    """
-    v1, e1 = field.velocity(X)
-    v2, e2 = field.velocity(field.retract(X + 0.5 * h * v1))
-    v3, e3 = field.velocity(field.retract(X + 0.5 * h * v2))
-    v4, e4 = field.velocity(field.retract(X + h * v3))
-    return field.retract(X + (h / 6) * (v1 + 2 * v2 + 2 * v3 + v4)), [e1, e2, e3, e4]
-
-
-#: Integrators by name: ``step(field, X, h) -> (X_next, evaluations)``.
-INTEGRATORS = {"euler": euler_step, "rk4": rk4_step}
-
-
-@dataclass
-class MonitorContext:
-    """What the monitors need besides the state: the energy's form, weights, options."""
-
-    field: ParticleField
-    energy_kind: str
-    W_energy: torch.Tensor
-    weights64: torch.Tensor | None
-    manifold: str
-    cluster_tol: float
-
-
-def _energy_monitor(kind: str):
-    def monitor(Y, ev, ctx: MonitorContext) -> dict:
-        Y = Y.detach().to(torch.float64)  # energies are theory checks: always float64
-        which = ctx.energy_kind if kind == "energy" else kind
-        a = ctx.weights64
-        if which == "energy_sphere":
-            value = energy_sphere(Y, 1.0 / ctx.field.temperature, a)
-        elif which == "energy_0":
-            value = energy_0(Y, ctx.W_energy, a)
-        elif which == "energy_gaussian":
-            value = energy_gaussian(Y, ctx.W_energy, a)
-        else:
-            value = energy_inf(Y, ctx.W_energy, a, tol=1e-12)
-        return {kind: float(value)}
-
-    return monitor
-
-
-def _marginal_error_monitor(Y, ev, ctx: MonitorContext) -> dict:
-    if ev is None:
-        _, ev = ctx.field.velocity(Y)
-    return {"row_error": ev.row_error, "column_error": ev.column_error}
-
-
-def _cluster_monitor(Y, ev, ctx: MonitorContext) -> dict:
-    frac, count = cluster_statistics(Y, manifold=ctx.manifold, tol=ctx.cluster_tol)
-    return {"cluster_fraction": frac, "cluster_count": count}
-
-
-#: Monitors by name: ``monitor(Y, evaluation_or_None, context) -> {key: value}``.
-MONITOR_FUNCTIONS = {"energy": _energy_monitor("energy"), "energy_inf": _energy_monitor("energy_inf"),
-                     "energy_0": _energy_monitor("energy_0"), "marginal_errors": _marginal_error_monitor,
-                     "clusters": _cluster_monitor}
-MONITORS = tuple(MONITOR_FUNCTIONS)
-
-
-def _energy_kind(variant, sphere: bool) -> str:
-    """The energy whose descent the flow of this variant is checked against."""
-    if sphere:
-        return "energy_sphere"
-    exact = variant.approximates or variant.name
-    return {"unnormalized": "energy_0", "gaussian": "energy_gaussian"}.get(exact, "energy_inf")
-
-
-class _Recorder:
-    """Runs the monitors every ``every`` steps and collects their values."""
-
-    def __init__(self, names, every: int, ctx: MonitorContext):
-        self.functions = [MONITOR_FUNCTIONS[m] for m in names]
-        self.every, self.ctx = every, ctx
-        self.records: dict[str, list] = {}
-        self.times: list[float] = []
-
-    def __call__(self, k: int, t: float, Y, ev, force: bool = False):
-        if not self.functions or (k % self.every and not force):
-            return
-        if self.times and self.times[-1] == t:
-            return
-        self.times.append(t)
-        for fn in self.functions:
-            for key, value in fn(Y, ev, self.ctx).items():
-                self.records.setdefault(key, []).append(value)
-
-
-def _as_monitor_names(monitors) -> tuple:
-    if isinstance(monitors, str):
-        monitors = (monitors,)
-    names = tuple(monitors)
-    for m in names:
-        _check_choice(m, "each monitor", MONITORS)
-    return names
-
-
-def _interaction_matrix(Wq, Wk, d, like):
-    if Wq is None and Wk is None:
-        return None
-    eye = torch.eye(d, dtype=like.dtype, device=like.device)
-    return (Wq if Wq is not None else eye).T @ (Wk if Wk is not None else eye)
-
-
-def largest_safe_step(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, *, temperature: float = 1.0,
-                      integrator: str = "euler") -> float:
-    r"""Largest step ``h`` that :func:`simulate` accepts without its overshoot warning.
-
-    ``2 / L`` for Euler and ``2.78 / L`` for RK4 (their stability limits on
-    :math:`\dot y = -L y`), with :math:`L` the estimate :func:`lipschitz_scale` at ``x0``;
-    ``inf`` for the unnormalized kernel, which has no useful global scale. The warning of
-    :func:`simulate` quotes this number.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from sinkflow.particles import largest_safe_step
-    >>> x0 = np.array([[1.0, 0.0], [0.0, 1.0]])      # R^2 = 1, W = I: L = 1 + 2 / tau
-    >>> largest_safe_step(x0, "softmax", temperature=0.5)
-    0.4
-    """
-    X = to_torch(x0, "x0")
-    check_float(X, "x0")
-    if X.ndim != 2:
-        raise ValueError(f"x0 must have shape (n, d), got {tuple(X.shape)}")
-    _check_choice(integrator, "integrator", INTEGRATORS)
-    Wq, Wk, Wv = (check_matrix(M, name, X.shape[1], X) for M, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
-    return _safe_step(X, _interaction_matrix(Wq, Wk, X.shape[1], X), Wv, float(temperature),
-                      get_attention(attention), integrator)
-
-
-def _safe_step(X, W, Wv, tau, variant, integrator) -> float:
-    if not variant.normalized and variant.approximates is None:
-        return math.inf  # unnormalized kernels grow like exp(R^2): no useful global scale
-    return (2.0 if integrator == "euler" else 2.78) / lipschitz_scale(X, W, Wv, tau)
-
-
-def _check_step_size(h, X, W, Wv, tau, variant, integrator):
-    h = check_number(h, "h", positive=True)
-    limit = _safe_step(X, W, Wv, tau, variant, integrator)
-    if h > limit:
-        warnings.warn(f"step h={float(h):g} exceeds the largest safe step h = {limit:.3g} of attention="
-                      f"{variant.name!r} ({integrator}) at temperature={tau:g} (2/L for Euler, 2.78/L for RK4, with "
-                      f"the Lipschitz estimate L ~ {2.0 / limit if integrator == 'euler' else 2.78 / limit:.3g} of "
-                      "sinkflow.particles.lipschitz_scale; sinkflow.particles.largest_safe_step): the steps may "
-                      "overshoot", RuntimeWarning, stacklevel=3)
 
 
 # ----------------------------------------------------------------------------------------
@@ -642,18 +298,13 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     >>> bool(np.all(np.diff(traj.monitors["energy"]) <= 0))   # F^inf decreases (W_V = W = I)
     True
     """
-    from sinkflow._progress import progress_bar
-
     X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
-    check_float(X, "x0")
-    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
-        raise ValueError(f"x0 must have shape (n, d) with n, d >= 1, got {tuple(X.shape)}")
-    check_finite(X.detach(), "x0")
+    check_choice(manifold, "manifold", MANIFOLDS)
+    _check_positions(X, manifold)
     n, d = X.shape
     variant = get_attention(attention)
-    _check_choice(integrator, "integrator", INTEGRATORS)
-    _check_choice(manifold, "manifold", MANIFOLDS)
-    _check_choice(landmark_sampling, "landmark_sampling", LANDMARK_SAMPLINGS)
+    check_choice(integrator, "integrator", INTEGRATORS)
+    check_choice(landmark_sampling, "landmark_sampling", LANDMARK_SAMPLINGS)
     steps = check_number(steps, "steps", integer=True, positive=True, allow_zero=True)
     temperature = check_number(temperature, "temperature", positive=True)
     n_iter = check_number(n_iter, "n_iter (Sinkhorn half-iterations)", integer=True, positive=True, allow_none=True)
@@ -670,22 +321,13 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     tracks_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, Wq, Wk, Wv))
     X = X.clone() if tracks_grad else X.detach().clone()
     sphere = manifold == "sphere"
-    if sphere:
-        dev = float((X.detach().norm(dim=1) - 1).abs().max())
-        if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
-            raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
-                             "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
     if chunked is None:
         chunked = n > dense_limit(X.dtype) and landmarks is None
     if tracks_grad and (chunked or landmarks is not None):
         raise ValueError("gradients through simulate need the dense evaluation (chunked=False, no landmarks)")
-    dense_monitors = [m for m in monitors if m != "marginal_errors"]
-    if dense_monitors and n > MAX_MONITOR_N:
-        raise ValueError(f"monitors {dense_monitors} evaluate n x n float64 matrices; n={n} is too large "
-                         f"(n <= {MAX_MONITOR_N}); 'marginal_errors' works at any n")
+    _check_monitors_fit(monitors, n)
     tau = float(temperature)
     _check_step_size(h, X, W, Wv, tau, variant, integrator)
-    hh = float(h)
     if landmarks is not None:
         landmarks = _flow_landmarks(X, landmarks, variant.landmark_method, W, tau, landmark_sampling, landmark_seed)
     field = ParticleField(variant, W, Wv, n_iter, a, tau, _solver_tol(tol, X.dtype), max_iter, bool(chunked), landmarks,
@@ -696,32 +338,66 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     a64 = None if a is None else a.detach().to(torch.float64) / a.detach().to(torch.float64).sum()
     record = _Recorder(monitors, monitor_every,
                        MonitorContext(field, _energy_kind(variant, sphere), W_energy, a64, manifold, cluster_tol))
-    step = INTEGRATORS[integrator]
     with single_thread_if_small(n, X.device):
-        saved, times = [X.clone()], [0.0]
-        iters = np.zeros(steps, dtype=int)
-        all_converged = True
-        for k in progress_bar(range(steps), enabled=progress, desc=f"{variant.name} flow", unit="step"):
-            X_next, evs = step(field, X, hh)
-            record(k, k * hh, X, evs[0])
-            X = X_next
-            iters[k] = sum(ev.n_iter for ev in evs)
-            all_converged = all_converged and (all(ev.converged for ev in evs) or n_iter is not None)
-            if not bool(torch.isfinite(X.detach()).all()):
-                raise FloatingPointError(
-                    f"the flow left the floating-point range at step {k + 1} (t = {(k + 1) * hh:g}); "
-                    "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")
-            if (k + 1) % save_every == 0 or k + 1 == steps:
-                saved.append(X.clone())
-                times.append((k + 1) * hh)
-        record(steps, steps * hh, X, None, force=True)
-        positions = torch.stack(saved)
-        return Trajectory(
-            times=np.array(times), positions=from_torch(positions, numpy_out),
-            monitors={key: np.asarray(val, dtype=float) for key, val in record.records.items()},
-            monitor_times=np.array(record.times),
-            sinkhorn_iterations=iters if variant.normalization == "sinkhorn" else np.zeros(steps, dtype=int),
-            converged=bool(all_converged), attention=variant.name, integrator=integrator, manifold=manifold, h=hh,
-            n_iter=None if n_iter is None else int(n_iter), temperature=tau,
-            weights=from_torch(a, numpy_out), chunked=bool(chunked),
-            landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))
+        run = _integrate(field, X, INTEGRATORS[integrator], float(h), steps, record, save_every, progress,
+                         variant.name, fixed_count=n_iter is not None)
+    return Trajectory(
+        times=run.times, positions=from_torch(run.positions, numpy_out),
+        monitors={key: np.asarray(val, dtype=float) for key, val in record.records.items()},
+        monitor_times=np.array(record.times),
+        sinkhorn_iterations=run.iterations if variant.normalization == "sinkhorn" else np.zeros(steps, dtype=int),
+        converged=run.converged, attention=variant.name, integrator=integrator, manifold=manifold, h=float(h),
+        n_iter=None if n_iter is None else int(n_iter), temperature=tau,
+        weights=from_torch(a, numpy_out), chunked=bool(chunked),
+        landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))
+
+
+def _check_positions(X, manifold):
+    check_float(X, "x0")
+    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
+        raise ValueError(f"x0 must have shape (n, d) with n, d >= 1, got {tuple(X.shape)}")
+    check_finite(X.detach(), "x0")
+    if manifold == "sphere":
+        dev = float((X.detach().norm(dim=1) - 1).abs().max())
+        if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
+            raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
+                             "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
+
+
+def _check_monitors_fit(monitors, n):
+    dense_monitors = [m for m in monitors if m != "marginal_errors"]
+    if dense_monitors and n > MAX_MONITOR_N:
+        raise ValueError(f"monitors {dense_monitors} evaluate n x n float64 matrices; n={n} is too large "
+                         f"(n <= {MAX_MONITOR_N}); 'marginal_errors' works at any n")
+
+
+@dataclass(frozen=True)
+class _Run:
+    times: np.ndarray
+    positions: torch.Tensor
+    iterations: np.ndarray
+    converged: bool
+
+
+def _integrate(field, X, step, h, steps, record, save_every, progress, name, fixed_count) -> _Run:
+    """``steps`` integrator steps of size ``h`` from ``X``, monitored, every ``save_every``-th position kept."""
+    from sinkflow._progress import progress_bar
+
+    saved, times = [X.clone()], [0.0]
+    iters = np.zeros(steps, dtype=int)
+    all_converged = True
+    for k in progress_bar(range(steps), enabled=progress, desc=f"{name} flow", unit="step"):
+        X_next, evs = step(field, X, h)
+        record(k, k * h, X, evs[0])
+        X = X_next
+        iters[k] = sum(ev.n_iter for ev in evs)
+        all_converged = all_converged and (all(ev.converged for ev in evs) or fixed_count)
+        if not bool(torch.isfinite(X.detach()).all()):
+            raise FloatingPointError(
+                f"the flow left the floating-point range at step {k + 1} (t = {(k + 1) * h:g}); "
+                "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")
+        if (k + 1) % save_every == 0 or k + 1 == steps:
+            saved.append(X.clone())
+            times.append((k + 1) * h)
+    record(steps, steps * h, X, None, force=True)
+    return _Run(np.array(times), torch.stack(saved), iters, bool(all_converged))

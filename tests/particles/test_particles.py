@@ -298,7 +298,7 @@ def test_a_single_monitor_name_is_accepted():
 
 
 def test_step_beyond_the_lipschitz_scale_warns_with_the_safe_value():
-    from sinkflow.particles._simulate import lipschitz_scale
+    from sinkflow.particles._step_size import lipschitz_scale
 
     x0 = sinkflow.random_particles(20, 2, seed=0, scale=2.0)
     L = lipschitz_scale(torch.tensor(x0), None, None, 1.0)
@@ -318,7 +318,7 @@ def test_largest_safe_step_is_the_number_the_warning_quotes(integrator, factor):
     import re
     import warnings
 
-    from sinkflow.particles._simulate import largest_safe_step
+    from sinkflow.particles._step_size import largest_safe_step
 
     x0 = sinkflow.random_particles(16, 3, seed=1, manifold="sphere")
     tau = 1 / 9

@@ -1,0 +1,151 @@
+"""Integrators of particle flows: the attention field as a callable on positions
+(:class:`ParticleField`, in R^d or on the sphere), and the explicit Euler and RK4 steps that
+:func:`sinkflow.simulate` takes. A residual attention layer is one Euler step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+import torch
+
+from sinkflow.particles._dense_fields import attention_field
+
+__all__ = ["ParticleField", "euler_step", "rk4_step", "INTEGRATORS"]
+
+
+@dataclass
+class ParticleField:
+    """The velocity field of one simulation: an attention variant and its options.
+
+    ``velocity(Y)`` returns the (tangent) velocity and the :class:`~sinkflow.particles.FieldEvaluation`;
+    Sinkhorn potentials are carried from one evaluation to the next when ``warm_start``.
+    :func:`sinkflow.simulate` builds one per run from its checked arguments; the fields mirror
+    its options (``W = W_Q^T W_K``, ``sphere`` for ``manifold="sphere"``, ``need_errors`` for the
+    ``"marginal_errors"`` monitor). ``retract(Y)`` maps a state back to the manifold
+    (renormalization on the sphere, the identity in Euclidean space).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.particles import ParticleField, default_tol
+    >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
+    ...                       tol=default_tol(torch.float64), max_iter=1000, chunked=False, landmarks=None,
+    ...                       warm_start=True, sphere=False, need_errors=True)
+    >>> X = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> v, ev = field.velocity(X)
+    >>> v.shape, ev.converged, ev.column_error < 1e-9, field.g is not None   # g: kept for the next call
+    (torch.Size([6, 2]), True, True, True)
+    >>> bool(torch.allclose(v.mean(0), X.mean(0)))   # doubly stochastic: the mean is kept
+    True
+    """
+
+    attention: Any
+    W: torch.Tensor | None
+    W_V: torch.Tensor | None
+    n_iter: int | None
+    weights: torch.Tensor | None
+    temperature: float
+    tol: float
+    max_iter: int
+    chunked: bool
+    landmarks: Any
+    warm_start: bool
+    sphere: bool
+    need_errors: bool
+    g: torch.Tensor | None = None
+
+    def velocity(self, Y: torch.Tensor):
+        ev = attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
+                             temperature=self.temperature, init_g=self.g if self.warm_start else None, tol=self.tol,
+                             max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
+                             landmarks=self.landmarks)
+        if ev.g is not None and self.warm_start:
+            self.g = ev.g.detach()
+        v = ev.velocity
+        if self.sphere:
+            v = v - (v * Y).sum(1, keepdim=True) * Y
+        return v, ev
+
+    def retract(self, Y: torch.Tensor) -> torch.Tensor:
+        return Y / Y.norm(dim=1, keepdim=True) if self.sphere else Y
+
+
+def euler_step(field: ParticleField, X: torch.Tensor, h: float):
+    """One explicit Euler step (a residual layer); returns the new state and the evaluations.
+
+    Parameters
+    ----------
+    field : ParticleField
+    X : torch.Tensor (n, d)
+        State.
+    h : float
+        Step size.
+
+    Returns
+    -------
+    (torch.Tensor (n, d), list of FieldEvaluation)
+        ``retract(X + h v(X))`` and the one evaluation of the field.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.particles import ParticleField, euler_step
+    >>> field = ParticleField("softmax", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
+    ...                       tol=1e-10, max_iter=1000, chunked=False, landmarks=None, warm_start=False,
+    ...                       sphere=True, need_errors=False)
+    >>> X = torch.nn.functional.normalize(torch.randn(5, 3, dtype=torch.float64,
+    ...                                               generator=torch.Generator().manual_seed(0)), dim=1)
+    >>> Y, evs = euler_step(field, X, 0.1)
+    >>> Y.shape, len(evs), bool(torch.allclose(Y.norm(dim=1), torch.ones(5, dtype=torch.float64)))  # on the sphere
+    (torch.Size([5, 3]), 1, True)
+    >>> v, _ = field.velocity(X)   # projected on the tangent spaces
+    >>> bool(torch.allclose((v * X).sum(1), torch.zeros(5, dtype=torch.float64), atol=1e-12))
+    True
+    >>> bool(torch.allclose(Y, field.retract(X + 0.1 * v)))
+    True
+    """
+    v, ev = field.velocity(X)
+    return field.retract(X + h * v), [ev]
+
+
+def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
+    """One classical Runge-Kutta step (the continuous-depth reference).
+
+    Parameters
+    ----------
+    field : ParticleField
+    X : torch.Tensor (n, d)
+        State.
+    h : float
+        Step size.
+
+    Returns
+    -------
+    (torch.Tensor (n, d), list of FieldEvaluation)
+        The new state and the four evaluations of the field.
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> from sinkflow.particles import ParticleField, default_tol, rk4_step
+    >>> X = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
+    ...                       tol=default_tol(X.dtype), max_iter=20_000, chunked=False, landmarks=None,
+    ...                       warm_start=True, sphere=False, need_errors=False)
+    >>> Y, evs = rk4_step(field, X, 0.1)
+    >>> len(evs)
+    4
+    >>> ref = sinkflow.simulate(X, "sinkhorn", h=0.1, steps=1, integrator="rk4").final   # the same step
+    >>> bool(torch.allclose(Y, ref))
+    True
+    """
+    v1, e1 = field.velocity(X)
+    v2, e2 = field.velocity(field.retract(X + 0.5 * h * v1))
+    v3, e3 = field.velocity(field.retract(X + 0.5 * h * v2))
+    v4, e4 = field.velocity(field.retract(X + h * v3))
+    return field.retract(X + (h / 6) * (v1 + 2 * v2 + 2 * v3 + v4)), [e1, e2, e3, e4]
+
+
+#: Integrators by name: ``step(field, X, h) -> (X_next, evaluations)``.
+INTEGRATORS = {"euler": euler_step, "rk4": rk4_step}

@@ -1,0 +1,148 @@
+"""Monitors of particle flows, recorded along a trajectory (as py-pde's trackers): energies,
+marginal errors of the attention, cluster statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import torch
+
+from sinkflow._backend import check_number, to_torch
+from sinkflow._checks import check_choice
+from sinkflow.particles._energies import energy_0, energy_gaussian, energy_inf, energy_sphere
+from sinkflow.particles._integrators import ParticleField
+
+__all__ = ["MAX_MONITOR_N", "cluster_statistics", "MonitorContext", "MONITOR_FUNCTIONS", "MONITORS"]
+
+
+#: Energy and cluster monitors build n x n float64 matrices: allowed up to this n.
+MAX_MONITOR_N = 8192
+
+
+def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
+    r"""Fraction of clustered pairs and number of clusters.
+
+    Pairs :math:`i < j` are clustered when :math:`\langle x_i, x_j\rangle > 1 - \delta`
+    (sphere) or :math:`\|x_i - x_j\|^2 < 2 \delta\, \mathrm{mean}_k |x_k|^2` (Euclidean);
+    clusters are the connected components of this relation.
+
+    Parameters
+    ----------
+    x : array (n, d)
+    manifold : {"sphere", "euclidean"}
+    tol : float
+        :math:`\delta` (docs/theory/sphere.md uses 1e-3).
+
+    Returns
+    -------
+    (float, int)
+
+    Examples
+    --------
+    >>> import numpy as np, sinkflow
+    >>> sinkflow.cluster_statistics(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+    (0.3333333333333333, 2)
+    """
+    from scipy.sparse.csgraph import connected_components
+
+    tol = check_number(tol, "tol", positive=True)
+    X = to_torch(x, "x").detach()
+    n = X.shape[0]
+    if manifold == "sphere":
+        close = (X @ X.T) > 1 - tol
+    else:
+        sq = (X * X).sum(1)
+        d2 = sq[:, None] + sq[None, :] - 2 * X @ X.T
+        close = d2 < 2 * tol * float(sq.mean())
+    close.fill_diagonal_(True)
+    pairs = (int(close.sum()) - n) // 2
+    frac = pairs / (n * (n - 1) / 2) if n > 1 else 1.0
+    count, _ = connected_components(close.cpu().numpy(), directed=False)
+    return float(frac), int(count)
+
+
+@dataclass
+class MonitorContext:
+    """What the monitors need besides the state: the energy's form, weights, options."""
+
+    field: ParticleField
+    energy_kind: str
+    W_energy: torch.Tensor
+    weights64: torch.Tensor | None
+    manifold: str
+    cluster_tol: float
+
+
+def _energy_monitor(kind: str):
+    def monitor(Y, ev, ctx: MonitorContext) -> dict:
+        Y = Y.detach().to(torch.float64)  # energies are theory checks: always float64
+        which = ctx.energy_kind if kind == "energy" else kind
+        a = ctx.weights64
+        if which == "energy_sphere":
+            value = energy_sphere(Y, 1.0 / ctx.field.temperature, a)
+        elif which == "energy_0":
+            value = energy_0(Y, ctx.W_energy, a)
+        elif which == "energy_gaussian":
+            value = energy_gaussian(Y, ctx.W_energy, a)
+        else:
+            value = energy_inf(Y, ctx.W_energy, a, tol=1e-12)
+        return {kind: float(value)}
+
+    return monitor
+
+
+def _marginal_error_monitor(Y, ev, ctx: MonitorContext) -> dict:
+    if ev is None:
+        _, ev = ctx.field.velocity(Y)
+    return {"row_error": ev.row_error, "column_error": ev.column_error}
+
+
+def _cluster_monitor(Y, ev, ctx: MonitorContext) -> dict:
+    frac, count = cluster_statistics(Y, manifold=ctx.manifold, tol=ctx.cluster_tol)
+    return {"cluster_fraction": frac, "cluster_count": count}
+
+
+#: Monitors by name: ``monitor(Y, evaluation_or_None, context) -> {key: value}``.
+MONITOR_FUNCTIONS = {"energy": _energy_monitor("energy"), "energy_inf": _energy_monitor("energy_inf"),
+                     "energy_0": _energy_monitor("energy_0"), "marginal_errors": _marginal_error_monitor,
+                     "clusters": _cluster_monitor}
+
+
+MONITORS = tuple(MONITOR_FUNCTIONS)
+
+
+def _energy_kind(variant, sphere: bool) -> str:
+    """The energy whose descent the flow of this variant is checked against."""
+    if sphere:
+        return "energy_sphere"
+    exact = variant.approximates or variant.name
+    return {"unnormalized": "energy_0", "gaussian": "energy_gaussian"}.get(exact, "energy_inf")
+
+
+class _Recorder:
+    """Runs the monitors every ``every`` steps and collects their values."""
+
+    def __init__(self, names, every: int, ctx: MonitorContext):
+        self.functions = [MONITOR_FUNCTIONS[m] for m in names]
+        self.every, self.ctx = every, ctx
+        self.records: dict[str, list] = {}
+        self.times: list[float] = []
+
+    def __call__(self, k: int, t: float, Y, ev, force: bool = False):
+        if not self.functions or (k % self.every and not force):
+            return
+        if self.times and self.times[-1] == t:
+            return
+        self.times.append(t)
+        for fn in self.functions:
+            for key, value in fn(Y, ev, self.ctx).items():
+                self.records.setdefault(key, []).append(value)
+
+
+def _as_monitor_names(monitors) -> tuple:
+    if isinstance(monitors, str):
+        monitors = (monitors,)
+    names = tuple(monitors)
+    for m in names:
+        check_choice(m, "each monitor", MONITORS)
+    return names
