@@ -16,7 +16,8 @@ from scipy.stats import norm
 
 import sinkflow
 from sinkflow.heat import symbolic
-from sinkflow.heat._rescaled_flow import NORMALIZATIONS, limit_time_factor
+from sinkflow.heat._heat_velocity import NORMALIZATIONS
+from sinkflow.heat._limits import limit_time_factor
 
 DOCS = Path(__file__).parents[1] / "docs" / "theory"
 s, eps, x = sp.symbols("s varepsilon x", positive=True)

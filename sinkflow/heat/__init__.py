@@ -1,7 +1,9 @@
 """The many-particle limit: rescaled attention flows against the heat (or porous-medium) equation.
 
 ``_references.py`` has exact references (Gaussian mixtures, Barenblatt, an FFT grid
-solver); ``_rescaled_flow.py`` the rescaled layer (:func:`heat_flow`) and its time scale;
+solver); ``_heat_velocity.py`` the rescaled layer's velocity, ``_rescaled_flow.py`` its flow
+(:func:`heat_flow`, and the largest safe step), ``_limits.py`` the equations it tends to (the
+time scale, :func:`heat_reference`, the barycentric map of a density);
 ``_distances.py`` W2, moment and KDE errors with fitted rates; ``_landmark_errors.py``
 how far a landmark flow strays from the exact one; ``_mean_field.py`` the mean-field PDE
 between particles and heat (:func:`mean_field_flow`, its velocity on a grid in
@@ -29,19 +31,23 @@ from sinkflow.heat._distances import (
     ConvergenceStudy,
     convergence_study,
 )
-from sinkflow.heat._rescaled_flow import (
+from sinkflow.heat._heat_velocity import (
     NORMALIZATIONS,
-    LIMIT_EQUATIONS,
-    HeatFlowResult,
-    BarycentricMapResult,
+    HEAT_LAYERS,
     heat_velocity,
+)
+from sinkflow.heat._rescaled_flow import (
+    HeatFlowResult,
     heat_trajectory,
     heat_flow,
-    heat_reference,
-    limit_time_factor,
-    barycentric_map,
     largest_safe_dt,
-    HEAT_LAYERS,
+)
+from sinkflow.heat._limits import (
+    LIMIT_EQUATIONS,
+    limit_time_factor,
+    heat_reference,
+    BarycentricMapResult,
+    barycentric_map,
 )
 from sinkflow.heat._landmark_errors import (
     LandmarkFlowErrors,
@@ -96,17 +102,17 @@ __all__ = [
     "ConvergenceStudy",
     "convergence_study",
     "NORMALIZATIONS",
-    "LIMIT_EQUATIONS",
-    "HeatFlowResult",
-    "BarycentricMapResult",
+    "HEAT_LAYERS",
     "heat_velocity",
+    "HeatFlowResult",
     "heat_trajectory",
     "heat_flow",
-    "heat_reference",
-    "limit_time_factor",
-    "barycentric_map",
     "largest_safe_dt",
-    "HEAT_LAYERS",
+    "LIMIT_EQUATIONS",
+    "limit_time_factor",
+    "heat_reference",
+    "BarycentricMapResult",
+    "barycentric_map",
     "LandmarkFlowErrors",
     "landmark_flow_errors",
     "nystrom_spectral_error",

@@ -41,7 +41,7 @@ import torch
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.heat._references import _check_time
 from sinkflow.heat._grid_fields import EuclideanVelocity, default_tol
-from sinkflow.heat._rescaled_flow import NORMALIZATIONS as EUCLIDEAN_NORMALIZATIONS
+from sinkflow.heat._heat_velocity import NORMALIZATIONS as EUCLIDEAN_NORMALIZATIONS
 
 __all__ = ["mean_field_flow", "MeanFieldResult", "EUCLIDEAN_NORMALIZATIONS", "CIRCLE_NORMALIZATIONS", "MANIFOLDS",
            "flux_divergence", "CFL"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow.heat._rescaled_flow import heat_velocity
+from sinkflow.heat._heat_velocity import heat_velocity
 from sinkflow.nn import MultiheadAttention, scaled_attention
 
 

@@ -15,7 +15,9 @@ from scipy.integrate import solve_ivp
 import sinkflow
 from sinkflow.heat import symbolic
 from sinkflow.heat._references import Barenblatt, GaussianMixture, solve_heat_grid
-from sinkflow.heat._rescaled_flow import NORMALIZATIONS, barycentric_map, heat_flow, heat_reference, heat_trajectory
+from sinkflow.heat._heat_velocity import NORMALIZATIONS
+from sinkflow.heat._limits import barycentric_map, heat_reference
+from sinkflow.heat._rescaled_flow import heat_flow, heat_trajectory
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -11,7 +11,7 @@ from scipy.special import logsumexp
 
 import sinkflow
 from sinkflow.heat._references import GaussianMixture, solve_heat_grid
-from sinkflow.heat._rescaled_flow import barycentric_map
+from sinkflow.heat._limits import barycentric_map
 
 
 def velocity_oracle(x, eps, normalization):
