@@ -108,9 +108,9 @@ def single(method, n, steps, repeats, n_iter):
         import sinkflow.particles._lowrank_fields as lowrank_fields
 
         if method == "nystrom" and hasattr(lowrank_fields, "farthest_point_indices"):  # not in older revisions
-            z = lowrank_fields.gaussian_coordinates(xt, torch.tensor(W, dtype=torch.float32), 1.0)
+            z = sinkflow.particles.gaussian_coordinates(xt, torch.tensor(W, dtype=torch.float32), 1.0)
             t0 = time.perf_counter()
-            lowrank_fields.farthest_point_indices(z, LANDMARKS)
+            sinkflow.particles.farthest_point_indices(z, LANDMARKS)
             extra["choice_s"] = time.perf_counter() - t0
 
         def run(k):
@@ -248,14 +248,16 @@ def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000)
     """
     import torch
 
-    from sinkflow import blockwise_fields, lowrank_fields
+    import sinkflow
+    import sinkflow.particles._blockwise_fields as blockwise_fields
+    import sinkflow.particles._lowrank_fields as lowrank_fields
 
     torch.set_num_threads(1)
     x = torch.from_numpy(_particles(exact_n))
     Wt = torch.tensor(W, dtype=torch.float32)
     g = blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=4).g
     z = torch.from_numpy(_particles(landmark_n))
-    idx = lowrank_fields.farthest_point_indices(lowrank_fields.gaussian_coordinates(z, Wt, 1.0), LANDMARKS, 0)
+    idx = sinkflow.particles.farthest_point_indices(sinkflow.particles.gaussian_coordinates(z, Wt, 1.0), LANDMARKS, 0)
     runs = {
         "exact floor": lambda: exp_seconds(11 * exact_n ** 2),
         "exact, default blocks": lambda: blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=N_ITER, init_g=g),

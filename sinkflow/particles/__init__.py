@@ -5,7 +5,7 @@ step), with its integrators (``_integrators.py``), monitors (``_monitors.py``) a
 guard (``_step_size.py``); the field on particles is evaluated densely
 (``_dense_fields.py``), block by block without an ``n x n`` matrix
 (``_blockwise_fields.py``) or with ``m`` Nyström landmarks in ``O(n m)``
-(``_lowrank_fields.py``); ``_energies.py`` has the energies and the gradient-flow checks.
+(``_lowrank_fields.py``, the landmarks chosen in ``_landmarks.py``); ``_energies.py`` has the energies and the gradient-flow checks.
 Start reading at ``_simulate.py``.
 """
 
@@ -15,12 +15,17 @@ from sinkflow.particles._blockwise_fields import (
     DEFAULT_BLOCK_BYTES,
     cache_block_bytes,
 )
-from sinkflow.particles._lowrank_fields import (
-    NystromPositivityError,
-    LowRankField,
+from sinkflow.particles._landmarks import (
+    LANDMARK_METHODS,
+    LANDMARK_SAMPLINGS,
+    FPS_BLOCK,
     landmark_indices,
     farthest_point_indices,
     gaussian_coordinates,
+)
+from sinkflow.particles._lowrank_fields import (
+    NystromPositivityError,
+    LowRankField,
     lowrank_attention_field,
 )
 from sinkflow.particles._dense_fields import (
@@ -71,11 +76,14 @@ __all__ = [
     "lazy_attention_field",
     "DEFAULT_BLOCK_BYTES",
     "cache_block_bytes",
-    "NystromPositivityError",
-    "LowRankField",
+    "LANDMARK_METHODS",
+    "LANDMARK_SAMPLINGS",
+    "FPS_BLOCK",
     "landmark_indices",
     "farthest_point_indices",
     "gaussian_coordinates",
+    "NystromPositivityError",
+    "LowRankField",
     "lowrank_attention_field",
     "ATTENTIONS",
     "FieldEvaluation",

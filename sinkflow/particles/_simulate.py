@@ -42,7 +42,7 @@ from sinkflow._backend import check_finite, check_float, check_number, check_see
 from sinkflow._checks import check_choice
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
-from sinkflow.particles._lowrank_fields import LANDMARK_SAMPLINGS, _flow_landmarks
+from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 from sinkflow.particles._integrators import ParticleField, INTEGRATORS
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder, _as_monitor_names
 from sinkflow.particles._step_size import _interaction_matrix, _check_step_size

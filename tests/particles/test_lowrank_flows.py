@@ -6,6 +6,7 @@ import torch
 
 import sinkflow
 from sinkflow.particles._dense_fields import attention_field
+import sinkflow.particles._landmarks as landmarks_module
 import sinkflow.particles._lowrank_fields as lowrank_fields
 from sinkflow.particles._lowrank_fields import NystromPositivityError, lowrank_attention_field
 
@@ -71,7 +72,7 @@ def test_heat_flow_with_few_landmarks_still_diffuses():
 def test_kept_and_recomputed_factors_give_the_same_field(monkeypatch, normalization):
     # B = L A^{+1/2} kept in memory (small n) or L recomputed block by block with A^+ in between (large n)
     x = torch.tensor(np.random.default_rng(4).normal(size=(300, 2)))
-    idx = lowrank_fields.landmark_indices(300, 40, generator=2)
+    idx = sinkflow.particles.landmark_indices(300, 40, generator=2)
     kw = dict(normalization=normalization, W=W, temperature=0.7, weights=_weights(300), n_iter=7, block_bytes=4000)
     kept = lowrank_attention_field(x, x, idx, **kw)
     monkeypatch.setattr(lowrank_fields, "CACHE_BYTES", 0)
@@ -114,13 +115,13 @@ def test_farthest_points_cover_the_cloud_and_certify_the_radius():
     g = torch.Generator().manual_seed(3)
     x = torch.cat([torch.randn(300, 2, generator=g, dtype=torch.float64),
                    6 + torch.randn(4, 2, generator=g, dtype=torch.float64)])
-    z = lowrank_fields.gaussian_coordinates(x, W, 0.3)
+    z = sinkflow.particles.gaussian_coordinates(x, W, 0.3)
     D = torch.cdist(z, z)
-    full = lowrank_fields.landmark_indices(len(x), 40, sampling="farthest", points=z, generator=1)
+    full = sinkflow.particles.landmark_indices(len(x), 40, sampling="farthest", points=z, generator=1)
     assert len(set(full.tolist())) == 40
     radii = []
     for m in range(1, 40):
-        J = lowrank_fields.landmark_indices(len(x), m, sampling="farthest", points=z, generator=1)
+        J = sinkflow.particles.landmark_indices(len(x), m, sampling="farthest", points=z, generator=1)
         assert J.tolist() == full[:m].tolist()  # greedy: nested choices
         radii.append(_covering_radius(D, J))
         # the next pick is a farthest point, and the m + 1 chosen points are >= r_m apart: r_m <= 2 r*_m
@@ -128,18 +129,18 @@ def test_farthest_points_cover_the_cloud_and_certify_the_radius():
         pair = D[full[:m + 1]][:, full[:m + 1]] + torch.diag(torch.full((m + 1,), torch.inf, dtype=D.dtype))
         assert float(pair.min()) >= radii[-1] * (1 - 1e-9)
     assert all(b <= a for a, b in zip(radii, radii[1:]))
-    uniform = lowrank_fields.landmark_indices(len(x), 39, points=z, generator=1)
+    uniform = sinkflow.particles.landmark_indices(len(x), 39, points=z, generator=1)
     assert _covering_radius(D, uniform) > 1.5 * radii[-1]  # the outliers are what uniform draws miss
-    assert lowrank_fields.farthest_point_indices(z, 400).tolist() == list(range(len(x)))
+    assert sinkflow.particles.farthest_point_indices(z, 400).tolist() == list(range(len(x)))
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
 def test_blocked_farthest_point_search_makes_the_plain_greedy_picks(monkeypatch, d):
     # small blocks: most of them are skipped, by the bounding-box test, once the radius shrinks
-    monkeypatch.setattr(lowrank_fields, "FPS_BLOCK", 32)
+    monkeypatch.setattr(landmarks_module, "FPS_BLOCK", 32)
     rng = np.random.default_rng(d)
     z = np.concatenate([rng.normal(size=(3000, d)), 8 + rng.normal(size=(5, d))])
-    idx = lowrank_fields.farthest_point_indices(torch.tensor(z), 80, generator=3).tolist()
+    idx = sinkflow.particles.farthest_point_indices(torch.tensor(z), 80, generator=3).tolist()
     picks, nearest = [idx[0]], ((z - z[idx[0]]) ** 2).sum(1)
     for _ in range(79):
         picks.append(int(nearest.argmax()))
@@ -175,15 +176,15 @@ def test_landmark_sampling_is_checked():
     with pytest.raises(ValueError, match="landmark_sampling"):
         sinkflow.heat_flow(x, 0.1, 0.1, 0.05, landmarks=4, landmark_sampling="kmeans")
     with pytest.raises(ValueError, match="needs points"):
-        lowrank_fields.landmark_indices(10, 4, sampling="farthest")
+        sinkflow.particles.landmark_indices(10, 4, sampling="farthest")
     with pytest.raises(ValueError, match="shape"):
-        lowrank_fields.farthest_point_indices(torch.zeros(5), 2)
+        sinkflow.particles.farthest_point_indices(torch.zeros(5), 2)
 
 
 def test_farthest_points_do_not_depend_on_where_the_cloud_sits():
     # float32 squared distances expanded as |z|^2 + |c|^2 - 2 z.c lose their digits far from
     # the origin (the picks of a cloud shifted by 1000 used to differ); the search centres first
-    from sinkflow.particles._lowrank_fields import farthest_point_indices
+    from sinkflow.particles._landmarks import farthest_point_indices
 
     z = torch.randn(5000, 2, generator=torch.Generator().manual_seed(0))
     assert torch.equal(farthest_point_indices(z + 1000.0, 64, generator=0), farthest_point_indices(z, 64, generator=0))
