@@ -68,7 +68,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from sinkflow.sweeps._sweep import expand_grid, local_client, sweep
+    from sinkflow.sweeps._points import expand_grid
+
+    from sinkflow.sweeps._executors import local_client
+
+    from sinkflow.sweeps._sweep import sweep
 
     torch.set_num_threads(1)
     grid = json.loads(args.grid) if args.grid else (QUICK_GRID if args.quick else DEFAULT_GRID)

@@ -81,7 +81,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from sinkflow.sweeps._sweep import SweepError, sweep
+    from sinkflow.sweeps._points import SweepError
+    from sinkflow.sweeps._sweep import sweep
 
     try:
         config = load_config(args.config)

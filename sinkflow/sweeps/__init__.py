@@ -1,24 +1,29 @@
 """Parameter sweeps: a grid of configs, one experiment per point (see
 :mod:`sinkflow.experiments`), cached and resumable, on a Dask cluster or sequentially, into
-one tidy table. Start reading at ``_sweep.py``.
+one tidy table. Start reading at ``_sweep.py``; the grid and its keys are in ``_points.py``,
+the cache in ``_cache.py``, the executors (sequential, Dask) in ``_executors.py``.
 """
 
-from sinkflow.sweeps._sweep import (
-    sweep,
+from sinkflow.sweeps._points import (
+    SweepError,
     expand_grid,
     resolve_experiment,
     point_key,
+)
+from sinkflow.sweeps._executors import (
     local_client,
     close_client,
-    SweepError,
+)
+from sinkflow.sweeps._sweep import (
+    sweep,
 )
 
 __all__ = [
-    "sweep",
+    "SweepError",
     "expand_grid",
     "resolve_experiment",
     "point_key",
     "local_client",
     "close_client",
-    "SweepError",
+    "sweep",
 ]

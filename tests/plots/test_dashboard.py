@@ -11,7 +11,7 @@ pytest.importorskip("bokeh", reason="the dashboard needs bokeh (pip install 'sin
 
 @pytest.mark.timeout(120)
 def test_local_client_dashboard_link_answers_over_loopback():
-    from sinkflow.sweeps._sweep import local_client
+    from sinkflow.sweeps._executors import local_client
 
     client = local_client(n_workers=1)
     try:

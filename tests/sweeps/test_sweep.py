@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sinkflow
-from sinkflow.sweeps._sweep import SweepError, expand_grid, point_key, resolve_experiment, sweep
+from sinkflow.sweeps._points import SweepError, expand_grid, point_key, resolve_experiment
+from sinkflow.sweeps._sweep import sweep
 
 EXPERIMENT = "sinkflow.experiments:sinkhorn_convergence"
 GRID8 = {"n": [8, 16], "scale": [1.0, 2.0], "seed": [0, 1]}
@@ -68,9 +69,9 @@ def unsorted_result(x):
 @pytest.fixture(scope="module")
 def client():
     pytest.importorskip("distributed")
-    from sinkflow.sweeps._sweep import local_client
+    from sinkflow.sweeps._executors import local_client
 
-    from sinkflow.sweeps._sweep import close_client
+    from sinkflow.sweeps._executors import close_client
 
     c = local_client(n_workers=2)
     yield c
