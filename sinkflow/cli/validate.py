@@ -88,19 +88,9 @@ def summary_table(report) -> str:
 def run(args) -> int:
     import torch
 
-    from sinkflow.nn.validation import run_validation
-
-    from sinkflow.nn import available_normalizations
-
-    unknown = [a for a in args.attention if a not in available_normalizations()]
-    if unknown:
-        print(f"unknown attention(s) {unknown}; known: {', '.join(available_normalizations())}", file=sys.stderr)
-        return 2
-    if any(k < 1 for k in args.n_iter):
-        print("--n-iter values must be positive (Sinkhorn half-iterations)", file=sys.stderr)
-        return 2
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"--device {args.device} requested but torch {torch.__version__} sees no CUDA device", file=sys.stderr)
+    problem = _check_arguments(args)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     threads = args.threads or (1 if args.device == "cpu" else None)
     if threads:
@@ -109,51 +99,85 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.paper:
         return _run_paper(args, out)
-    mode = "quick" if args.quick else "full"
     for task in args.tasks:
-        t0 = time.perf_counter()
-        print(f"# {task} ({mode}, {args.device}, {torch.get_num_threads()} thread(s))", file=sys.stderr)
-        stem = out / f"{task}_{mode}"
-        path = stem.with_suffix(".json")
-
-        def save(report, path=path):  # after every run, so a time limit still leaves results
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(report, indent=1))
-            tmp.replace(path)
-
-        report = run_validation(task, args.attention, args.n_iter, args.seeds, device=args.device, quick=args.quick,
-                                amp=args.amp, epochs=args.epochs, track_kl=not args.no_kl, progress=True,
-                                log=lambda line: print(line, file=sys.stderr), on_run=save)
-        save(report)
-        written = [path]
-        if "paper_comparison" in report:  # LRA tasks: markdown + figure beside the paper's numbers
-            from sinkflow.nn.lra import write_paper_report
-            written += write_paper_report(report, stem)
-            try:
-                from sinkflow.plots.training import write_paper_figure
-            except ImportError:  # matplotlib missing on a bare GPU machine: the markdown is the report
-                pass
-            else:
-                written += write_paper_figure(report, stem)
-        if not args.no_figures:
-            try:
-                from sinkflow.plots.style import style
-                from sinkflow.plots.training import plot_report
-            except ImportError as err:  # matplotlib missing on a bare GPU machine: keep the JSON
-                print(f"figures skipped: {err}", file=sys.stderr)
-            else:
-                import matplotlib.pyplot as plt
-
-                with style():
-                    for suffix, fig in plot_report(report).items():
-                        p = Path(f"{stem}_{suffix}.png")
-                        fig.savefig(p, metadata={"Software": None})
-                        plt.close(fig)
-                        written.append(p)
-        print(f"\n## {task} ({mode}, {args.device}): {time.perf_counter() - t0:.1f} s\n")
-        print(summary_table(report))
-        print("\nwritten: " + ", ".join(str(p) for p in written))
+        _run_task(args, task, out)
     return 0
+
+
+def _check_arguments(args) -> str | None:
+    """What is wrong with the command line, or None."""
+    import torch
+
+    from sinkflow.nn import available_normalizations
+
+    unknown = [a for a in args.attention if a not in available_normalizations()]
+    if unknown:
+        return f"unknown attention(s) {unknown}; known: {', '.join(available_normalizations())}"
+    if any(k < 1 for k in args.n_iter):
+        return "--n-iter values must be positive (Sinkhorn half-iterations)"
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        return f"--device {args.device} requested but torch {torch.__version__} sees no CUDA device"
+    return None
+
+
+def _run_task(args, task: str, out: Path) -> None:
+    """One validation task: its JSON report (saved after every run), markdown and figures, and a summary."""
+    import torch
+
+    from sinkflow.nn.validation import run_validation
+
+    mode = "quick" if args.quick else "full"
+    t0 = time.perf_counter()
+    print(f"# {task} ({mode}, {args.device}, {torch.get_num_threads()} thread(s))", file=sys.stderr)
+    stem = out / f"{task}_{mode}"
+    path = stem.with_suffix(".json")
+
+    def save(report):  # after every run, so a time limit still leaves results
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        tmp.replace(path)
+
+    report = run_validation(task, args.attention, args.n_iter, args.seeds, device=args.device, quick=args.quick,
+                            amp=args.amp, epochs=args.epochs, track_kl=not args.no_kl, progress=True,
+                            log=lambda line: print(line, file=sys.stderr), on_run=save)
+    save(report)
+    written = [path] + _paper_report(report, stem) + ([] if args.no_figures else _report_figures(report, stem))
+    print(f"\n## {task} ({mode}, {args.device}): {time.perf_counter() - t0:.1f} s\n")
+    print(summary_table(report))
+    print("\nwritten: " + ", ".join(str(p) for p in written))
+
+
+def _paper_report(report: dict, stem: Path) -> list:
+    """LRA tasks: the markdown and the figure beside the paper's numbers."""
+    if "paper_comparison" not in report:
+        return []
+    from sinkflow.nn.lra import write_paper_report
+
+    written = write_paper_report(report, stem)
+    try:
+        from sinkflow.plots.training import write_paper_figure
+    except ImportError:  # matplotlib missing on a bare GPU machine: the markdown is the report
+        return written
+    return written + write_paper_figure(report, stem)
+
+
+def _report_figures(report: dict, stem: Path) -> list:
+    try:
+        from sinkflow.plots.style import style
+        from sinkflow.plots.training import plot_report
+    except ImportError as err:  # matplotlib missing on a bare GPU machine: keep the JSON
+        print(f"figures skipped: {err}", file=sys.stderr)
+        return []
+    import matplotlib.pyplot as plt
+
+    written = []
+    with style():
+        for suffix, fig in plot_report(report).items():
+            p = Path(f"{stem}_{suffix}.png")
+            fig.savefig(p, metadata={"Software": None})
+            plt.close(fig)
+            written.append(p)
+    return written
 
 
 def _run_paper(args, out: Path) -> int:
