@@ -105,7 +105,7 @@ NOTEBOOK_ENV = {"SINKFLOW_QUICK": "1", "MPLBACKEND": None}
 # The library must not warn about its own defaults (issue 19: the tour's heat-flow step did):
 # every notebook runs with sinkflow's warnings as errors, so a warning fails its cell.
 WARNINGS_AS_ERRORS = """import warnings as _warnings
-from sinkflow.attention._normalizations import SinkhornWarning as _SinkhornWarning
+from sinkflow.attention import SinkhornWarning as _SinkhornWarning
 _warnings.simplefilter("error", RuntimeWarning)
 _warnings.simplefilter("error", _SinkhornWarning)
 """

@@ -214,7 +214,7 @@ def _exponentiate(C, scale, f0, g0, u, v, a, b, mask, row_step, omega, lines):
 
     ``lines`` is ``(rows_on, cols_on)`` when some line has weight 0, else None.
     """
-    from sinkflow.attention._sinkhorn_steps import _col_step_log, _row_step_log
+    from sinkflow.attention._log_steps import _col_step_log, _row_step_log
 
     rows_on, cols_on = lines if lines is not None else (a > 0, b > 0)
     f, g = _absorbed(f0, g0, u, v, rows_on, cols_on)

@@ -29,11 +29,13 @@ from scipy.special import ive
 
 from sinkflow._backend import from_torch, to_torch
 from sinkflow.heat._grid_fields import default_tol, symmetric_sinkhorn_scaling
-from sinkflow.heat._mean_field import CIRCLE_NORMALIZATIONS
 
-__all__ = ["CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode", "angular_density",
-           "count_clusters", "circle_energy", "uniform_angles", "fourier_amplitude", "formation_time",
+__all__ = ["CIRCLE_NORMALIZATIONS", "CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode",
+           "angular_density", "count_clusters", "circle_energy", "uniform_angles", "fourier_amplitude", "formation_time",
            "particle_cluster_count", "sphere_growth_rate", "STEP"]
+
+#: The normalizations of the attention dynamics on the circle (the names :func:`sinkflow.simulate` takes).
+CIRCLE_NORMALIZATIONS = ("softmax", "unnormalized", "sinkhorn")
 
 #: Largest step on the circle, in units of the field's time scale (1 for SoftMax and Sinkhorn).
 STEP = 0.05

@@ -40,13 +40,13 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow.heat._references import _check_time
+from sinkflow.heat._circle_stability import circle_field
 from sinkflow.heat._grid_fields import EuclideanVelocity, default_tol
 from sinkflow.heat._heat_velocity import NORMALIZATIONS as EUCLIDEAN_NORMALIZATIONS
 
-__all__ = ["mean_field_flow", "MeanFieldResult", "EUCLIDEAN_NORMALIZATIONS", "CIRCLE_NORMALIZATIONS", "MANIFOLDS",
+__all__ = ["mean_field_flow", "MeanFieldResult", "EUCLIDEAN_NORMALIZATIONS", "MANIFOLDS",
            "flux_divergence", "CFL"]
 
-CIRCLE_NORMALIZATIONS = ("softmax", "unnormalized", "sinkhorn")
 MANIFOLDS = ("euclidean", "circle")
 #: Courant number of each Heun stage: positivity of the limited upwind scheme needs <= 1/2.
 CFL = 0.45
@@ -362,8 +362,6 @@ def mean_field_flow(density, grid, times, *, normalization: str, eps: float | No
     probe = to_torch(density, "density")
     check_float(probe, "density")
     if manifold == "circle":
-        from sinkflow.heat._circle_stability import circle_field
-
         if eps is not None:
             raise ValueError("manifold='circle' takes temperature (1/beta), not eps")
         field, shape, grid_out = circle_field(grid, temperature, normalization, probe, tol, max_iter)

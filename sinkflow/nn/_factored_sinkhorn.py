@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from torch.autograd.function import once_differentiable
 
-from sinkflow.attention._sinkhorn_steps import _masked_softmax
+from sinkflow.attention._log_steps import _masked_softmax
 
 from sinkflow.attention._normalizations import sinkhorn, softmax
 

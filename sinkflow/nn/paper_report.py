@@ -5,7 +5,7 @@ the Sinkformers patch-size table; :func:`sinkflow.nn.lra.reproducing_page` puts 
 
 from __future__ import annotations
 
-from sinkflow.nn.lra import PAPER, _f
+from sinkflow.nn._paper_numbers import PAPER, _f
 
 __all__ = ["paper_setting_markdown", "instability_page"]
 
