@@ -16,81 +16,37 @@ Start reading at ``_variants.py`` (what an attention variant is), then
 """
 
 from sinkflow.attention._scores import (
-    dot_scores,
-    gaussian_scores,
+    dot_scores, gaussian_scores,
 )
 from sinkflow.attention._result import (
-    SinkhornWarning,
-    SinkhornResult,
+    SinkhornWarning, SinkhornResult,
 )
 from sinkflow.attention._tolerances import (
-    attainable_error,
-    default_tolerance,
+    attainable_error, default_tolerance,
 )
 from sinkflow.attention._normalizations import (
-    softmax,
-    sinkhorn,
-    solve_sinkhorn,
+    softmax, sinkhorn, solve_sinkhorn,
 )
 from sinkflow.attention._kernelized import (
-    gaussian_kernel,
-    kernelized_attention_matrix,
-    kernelized_attention,
-    lifted_kernel,
+    gaussian_kernel, kernelized_attention_matrix, kernelized_attention, lifted_kernel,
 )
 from sinkflow.attention._inverses import (
-    iterative_inverse,
-    newton_schulz_pinv,
+    iterative_inverse, newton_schulz_pinv,
 )
 from sinkflow.attention._nystrom import (
-    sample_landmarks,
-    NystromFactors,
-    nystrom_factors,
-    nystrom_matrix,
-    nystrom_attention,
-    segment_means,
-    nystromformer_factors,
-    nystromformer_matrix,
-    nystromformer_attention,
-    landmark_block,
+    sample_landmarks, NystromFactors, nystrom_factors, nystrom_matrix, nystrom_attention, segment_means,
+    nystromformer_factors, nystromformer_matrix, nystromformer_attention, landmark_block,
 )
 from sinkflow.attention._variants import (
-    Normalized,
-    AttentionVariant,
-    register_attention,
-    get_attention,
-    available_attentions,
+    Normalized, AttentionVariant, register_attention, get_attention, available_attentions,
 )
 
 __all__ = [
-    "dot_scores",
-    "gaussian_scores",
-    "SinkhornWarning",
-    "SinkhornResult",
-    "attainable_error",
-    "default_tolerance",
-    "softmax",
-    "sinkhorn",
-    "solve_sinkhorn",
-    "gaussian_kernel",
-    "kernelized_attention_matrix",
-    "kernelized_attention",
-    "lifted_kernel",
-    "iterative_inverse",
-    "newton_schulz_pinv",
-    "sample_landmarks",
-    "NystromFactors",
-    "nystrom_factors",
-    "nystrom_matrix",
-    "nystrom_attention",
-    "segment_means",
-    "nystromformer_factors",
-    "nystromformer_matrix",
-    "nystromformer_attention",
-    "landmark_block",
-    "Normalized",
-    "AttentionVariant",
-    "register_attention",
-    "get_attention",
-    "available_attentions",
+    "dot_scores", "gaussian_scores", "SinkhornWarning", "SinkhornResult", "attainable_error",
+    "default_tolerance", "softmax", "sinkhorn", "solve_sinkhorn", "gaussian_kernel",
+    "kernelized_attention_matrix", "kernelized_attention", "lifted_kernel", "iterative_inverse",
+    "newton_schulz_pinv", "sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix",
+    "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix",
+    "nystromformer_attention", "landmark_block", "Normalized", "AttentionVariant", "register_attention",
+    "get_attention", "available_attentions",
 ]

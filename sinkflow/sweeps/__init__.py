@@ -5,25 +5,15 @@ the cache in ``_cache.py``, the executors (sequential, Dask) in ``_executors.py`
 """
 
 from sinkflow.sweeps._points import (
-    SweepError,
-    expand_grid,
-    resolve_experiment,
-    point_key,
+    SweepError, expand_grid, resolve_experiment, point_key,
 )
 from sinkflow.sweeps._executors import (
-    local_client,
-    close_client,
+    local_client, close_client,
 )
 from sinkflow.sweeps._sweep import (
     sweep,
 )
 
 __all__ = [
-    "SweepError",
-    "expand_grid",
-    "resolve_experiment",
-    "point_key",
-    "local_client",
-    "close_client",
-    "sweep",
+    "SweepError", "expand_grid", "resolve_experiment", "point_key", "local_client", "close_client", "sweep",
 ]
