@@ -175,7 +175,7 @@ equation, so a standard Gaussian spreads to variance $1 + 2t$. SoftMax with dot-
 scores has no such limit. An explicit Euler step must stay below the layer's stiffest rate:
 `largest_safe_dt` gives it ($\\varepsilon/2$ for the kernel layers, $\\varepsilon^2/(4\\,\\mathrm{var})$
 for SoftMax-dot, which moves much faster)."""),
-    code("""from sinkflow.heat._rescaled_flow import largest_safe_dt
+    code("""from sinkflow.heat import largest_safe_dt
 
 x0 = np.random.default_rng(1).normal(size=(300 if QUICK else 1000, 1))
 for normalization in ("sinkhorn", "softmax_dot"):
