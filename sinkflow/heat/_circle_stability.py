@@ -234,7 +234,8 @@ def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: 
     r"""Clusters that ``n`` i.i.d. uniform particles on the circle form, counted at the metastable plateau.
 
     The particles run under :func:`sinkflow.simulate` (``manifold="sphere"``, :math:`d = 2`,
-    temperature :math:`1/\beta`, Euler step ``h``) up to ``plateau`` times
+    temperature :math:`1/\beta`, Euler step ``h``, capped at
+    :func:`sinkflow.particles.largest_safe_step` where a cold start needs a shorter one) up to ``plateau`` times
     :func:`formation_time`, and their clusters are counted by :func:`count_clusters` of
     :func:`angular_density`. Compare with :func:`fastest_mode`.
 
@@ -248,6 +249,7 @@ def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: 
 
     theta = np.random.default_rng(seed).uniform(0, 2 * np.pi, int(n))
     x0 = np.stack([np.cos(theta), np.sin(theta)], 1)
+    h = min(float(h), sinkflow.particles.largest_safe_step(x0, normalization, temperature=1 / beta))
     steps = int(round(plateau * formation_time(beta, n, normalization) / h))
     x = sinkflow.simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta,
                           save_every=max(steps, 1)).final
