@@ -16,7 +16,7 @@ import torch
 
 from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free, re-exported here)
 
-__all__ = ["to_torch", "from_torch", "is_torch", "any_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
+__all__ = ["to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
            "compute_dtype", "lift_half", "exp_floor", "torch_threads"]
 
 
@@ -52,11 +52,6 @@ def exp_floor(dtype: torch.dtype) -> float:
 
 def is_torch(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
-
-
-def any_torch(*arrays: Any) -> bool:
-    """Whether the result of a call on ``arrays`` is torch (the one input rule): any of them is a tensor."""
-    return any(isinstance(x, torch.Tensor) for x in arrays)
 
 
 def leading(x: Any, name: str, *others: Any) -> tuple[torch.Tensor, bool]:

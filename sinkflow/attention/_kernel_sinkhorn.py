@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from sinkflow.attention._log_steps import _col_step_log, _flush_limits, _row_step_log
+
 _OMEGA_MAX = 1.9
 _RATE_WINDOW = 25  # half-steps over which the convergence rate is read
 
@@ -156,10 +158,9 @@ def iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patie
     Same contract as the materialized loop of :mod:`sinkflow.attention` (``_iterate``) for
     no-autograd solves: returns ``(P, f, g, err)``, ``P`` a fresh buffer.
     """
-    finfo = torch.finfo(C.dtype)
-    bound = math.exp(0.5 * (math.log(finfo.eps / (3.0 * finfo.tiny)) - math.log(max(C.shape[-2:]))))
+    bound = math.exp(0.5 * _flush_limits(C)[1])  # half the growth the multiplicative steps may take
     rows_on, cols_on = a > 0, b > 0
-    every = bool(rows_on.all()) and bool(cols_on.all())
+    every = bool(torch.minimum(a.amin(), b.amin()) > 0)  # one sync: every line has weight
     active_r, active_c = (None, None) if every else (rows_on, cols_on)
     ones_r = rows_on.to(C.dtype)
     mon = _Monitor(a, b, scale, tol, state, record, patience)
@@ -214,8 +215,6 @@ def _exponentiate(C, scale, f0, g0, u, v, a, b, mask, row_step, omega, lines):
 
     ``lines`` is ``(rows_on, cols_on)`` when some line has weight 0, else None.
     """
-    from sinkflow.attention._log_steps import _col_step_log, _row_step_log
-
     rows_on, cols_on = lines if lines is not None else (a > 0, b > 0)
     f, g = _absorbed(f0, g0, u, v, rows_on, cols_on)
     if row_step:

@@ -70,3 +70,15 @@ def _col_step_log(C, scale, f, a, b, mask):
     P = E.mul_(factor) if inplace else E * factor
     g = torch.where(ok, torch.log(torch.where(ok, target, torch.ones_like(target))) - torch.log(c_safe) - mx, torch.zeros_like(c))
     return P, g.squeeze(-2)
+
+
+def _flush_limits(C) -> tuple[float, float]:
+    """``(safe, growth_limit)`` for the multiplicative steps on ``C``'s dtype and shape.
+
+    Flushed entries are at most e * tiny (see ``exp_floor``): a line sum below ``safe`` may
+    be polluted by them beyond rounding, so take a log step instead. Flushed entries may since
+    have grown by ``exp(growth)``: past ``growth_limit``, re-exponentiate before they matter.
+    """
+    finfo = torch.finfo(C.dtype)
+    size = max(C.shape[-2], C.shape[-1])
+    return 3.0 * finfo.tiny / finfo.eps * size, math.log(finfo.eps / (3.0 * finfo.tiny)) - math.log(size)

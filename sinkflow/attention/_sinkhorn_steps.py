@@ -10,7 +10,7 @@ import math
 import torch
 
 from sinkflow.attention._kernel_sinkhorn import _max_over_batch, _Monitor, iterate_kernel
-from sinkflow.attention._log_steps import _row_step_log, _col_step_log
+from sinkflow.attention._log_steps import _col_step_log, _flush_limits, _row_step_log
 
 __all__ = []
 
@@ -86,18 +86,6 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
         if stop:
             break
     return P, f, g, err
-
-
-def _flush_limits(C) -> tuple[float, float]:
-    """``(safe, growth_limit)`` for the multiplicative steps on ``C``'s dtype and shape.
-
-    Flushed entries are at most e * tiny (see ``exp_floor``): a line sum below ``safe`` may
-    be polluted by them beyond rounding, so take a log step instead. Flushed entries may since
-    have grown by ``exp(growth)``: past ``growth_limit``, re-exponentiate before they matter.
-    """
-    finfo = torch.finfo(C.dtype)
-    size = max(C.shape[-2], C.shape[-1])
-    return 3.0 * finfo.tiny / finfo.eps * size, math.log(finfo.eps / (3.0 * finfo.tiny)) - math.log(size)
 
 
 def _needs_log(sums, active, df, dg, limits) -> bool:

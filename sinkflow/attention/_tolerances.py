@@ -7,21 +7,18 @@ from __future__ import annotations
 
 import math
 import warnings
+
 import numpy as np
 import torch
 
 from sinkflow._backend import check_number
+from sinkflow._backend import compute_dtype as _compute_dtype  # float16 and bfloat16 are solved in float32
 from sinkflow.attention._result import SinkhornWarning
 
 __all__ = ["attainable_error", "default_tolerance"]
 
 
 _DEFAULT_TOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
-
-
-def _compute_dtype(dtype):
-    """float16 and bfloat16 are solved in float32 (their exp and sums are too coarse)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def attainable_error(dtype, n, m=None):

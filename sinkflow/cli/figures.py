@@ -104,7 +104,7 @@ def run(args) -> int:
         data = compute(name, args.mode)
         kept = not args.force and not stale(name, data, mode=args.mode, out=out, formats=formats[name])
         paths = render(name, mode=args.mode, out=out, formats=formats[name], data=data, save_data=args.data,
-                       force=args.force)
+                       force=not kept)  # a stale figure is redrawn without comparing again
         what = "unchanged (data within tolerance of the reference)" if kept else "written"
         bar.write(f"{name}: {', '.join(p.name for p in paths)} {what} ({time.perf_counter() - t0:.1f} s)",
                   file=sys.stderr)

@@ -302,7 +302,8 @@ def _line_masks(allowed, bias, batch, n, m, dtype):
     full = full if allowed is None else full & allowed
     full = torch.broadcast_to(full if bias is None else full & (bias > -math.inf), batch + (n, m))
     rows, cols = full.any(-1), full.any(-2)
-    if bias is None and bool(torch.equal(full, rows.unsqueeze(-1) & cols.unsqueeze(-2))):
+    line_mask = allowed is not None and (allowed.dim() < 2 or 1 in allowed.shape[-2:])  # padding: rows x cols
+    if bias is None and (line_mask or bool(torch.equal(full, rows.unsqueeze(-1) & cols.unsqueeze(-2)))):
         return rows, cols, None, None
     drop = torch.zeros((), dtype=dtype, device=full.device) if bias is None else bias.to(dtype)
     drop = torch.broadcast_to(drop, batch + (n, m)).masked_fill(~full, -math.inf)

@@ -186,8 +186,7 @@ class _Passes:
             if shifted:
                 E = S.block(left, i0, i1, bias).clamp_min_(self.lt).exp_()
                 R = self._times_values(E)
-                lo = float(R[:, p].amin())
-                if lo >= self.safe and math.isfinite(float(R[:, p].amax())):
+                if self._safe_sums(R[:, p]):
                     f_new[i0:i1] = f_prev[i0:i1] - torch.log(R[:, p])
                 else:
                     R = None
@@ -202,6 +201,10 @@ class _Passes:
             col.addmv_(E.T, self.a[i0:i1] / s)
         return f_new, vel, col
 
+    def _safe_sums(self, s) -> bool:
+        """One sync: are all line sums finite and at least ``safe`` (no NaN, no underflow)?"""
+        return bool(((s >= self.safe) & torch.isfinite(s)).all())
+
     def column(self, f, g_prev):
         """Column step ``g_j = log b_j - logsumexp_i(log a_i + f_i + C_ij)``, shifted by the previous ``g``."""
         left = self.S.factors(self.log_a + f)
@@ -209,7 +212,7 @@ class _Passes:
         s = torch.zeros_like(self.a)
         for i0, i1 in self._blocks():
             s += self.S.block(left, i0, i1, bias).clamp_min_(self.lt).exp_().sum(0)
-        if float(s.amin()) >= self.safe and math.isfinite(float(s.amax())):
+        if self._safe_sums(s):
             return self.log_a - torch.log(s) + g_prev
         return self._column_exact(left)
 

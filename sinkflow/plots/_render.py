@@ -26,7 +26,9 @@ __all__ = ["render", "stale"]
 
 _PNG_META = {"Software": None}
 
+
 _PDF_META = {"Creator": None, "Producer": None, "CreationDate": None, "ModDate": None}
+
 
 def _save(obj, stem: Path, formats) -> list[Path]:
     import matplotlib.pyplot as plt
@@ -45,6 +47,7 @@ def _save(obj, stem: Path, formats) -> list[Path]:
         written.append(path)
     plt.close(obj)
     return written
+
 
 def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=None, data: dict | None = None,
            save_data: bool = False, force: bool = False) -> list[Path]:
@@ -121,6 +124,7 @@ def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=
         written = [*written, out / f"{name}.npz"]
     return written
 
+
 def _write(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> list[Path]:
     """Draw and save the figure, its reference data and its manifest rows."""
     from sinkflow.plots.style import style
@@ -137,6 +141,7 @@ def _write(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> list[
     write_reference(reference_path(out, spec.name), data)
     _update_manifest(out, spec.name, mode, written, config_hash(spec.name, cfg), data_checksum(data))
     return written
+
 
 def stale(name: str, data: dict, mode: str = "quick", out: str | Path = "figures", formats=None) -> list[str]:
     """Why the figure ``name`` in ``out`` does not show ``data`` (empty: it does, leave it alone).
@@ -189,13 +194,14 @@ def stale(name: str, data: dict, mode: str = "quick", out: str | Path = "figures
     spec = get(name)
     return _staleness(spec, mode, Path(out), data, spec.writable(formats))[0]
 
+
 def _staleness(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> tuple[list[str], list[Path]]:
     """``(reasons, files)``: why the figure in ``out`` is not current, and its files of ``formats``."""
     chash = config_hash(spec.name, spec.config(mode))
     rows = [r for r in read_manifest(out).values() if r["figure"] == spec.name]
     rows = [r for r in rows if r["mode"] == mode and r["config_hash"] == chash]
     files = [out / r["file"] for r in rows if Path(r["file"]).suffix[1:] in formats]
-    if {Path(r["file"]).suffix[1:] for r in rows} < set(formats) or not rows:
+    if not rows or not set(formats) <= {Path(r["file"]).suffix[1:] for r in rows}:
         return [f"no {mode} manifest row with config hash {chash} for every format of {', '.join(formats)}"], files
     broken = [r["file"] for r in rows if not (out / r["file"]).is_file() or _file_hash(out / r["file"]) != r["file_sha256"]]
     if broken:
@@ -204,6 +210,7 @@ def _staleness(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> t
     if not reference or any(r["data_checksum"] != data_checksum(reference) for r in rows):
         return [f"no reference data {reference_path(out, spec.name)} matching the manifest"], files
     return [f"data: {line}" for line in compare_data(data, reference, dict(spec.tolerances))], files
+
 
 def _current_files(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> list[Path] | None:
     """The committed files when they show ``data`` (within tolerance), else None."""

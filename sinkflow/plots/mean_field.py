@@ -166,16 +166,17 @@ def compute_clusters(cfg: ClustersConfig) -> dict:
                                  manifold="sphere", temperature=1 / cfg.beta_pde, monitors=["energy"],
                                  monitor_every=max(1, steps // 200), save_every=steps)
     beta_fine = np.linspace(min(cfg.betas), max(cfg.betas), 200)
+    k_star = np.array([cs.fastest_mode(b, cfg.normalization) for b in cfg.betas])
     return {"theta": theta, "times": times, "densities": r.densities,
             "pde_counts": np.array([cs.count_clusters(d) for d in r.densities]),
             "pde_energy": np.array([cs.circle_energy(d, cfg.beta_pde) for d in r.densities]),
             "particle_energy": traj.monitors["energy"], "particle_energy_times": traj.monitor_times,
             "betas": np.asarray(cfg.betas), "counts": counts,
-            "k_star": np.array([cs.fastest_mode(b, cfg.normalization) for b in cfg.betas]),
+            "k_star": k_star,
             "cluster_levels": np.array([_equal_clusters_energy(k, cfg.beta_pde) for k in range(1, 5)]),
             "beta_fine": beta_fine, "k_star_fine": np.array([cs.fastest_mode(b, cfg.normalization) for b in beta_fine]),
             "k_star_sinkhorn_fine": np.array([cs.fastest_mode(b, "sinkhorn") for b in beta_fine]),
-            "agreement": float((counts == np.array([cs.fastest_mode(b, cfg.normalization) for b in cfg.betas])[:, None]).mean())}
+            "agreement": float((counts == k_star[:, None]).mean())}
 
 
 def plot_clusters(data, cfg):
@@ -187,7 +188,7 @@ def plot_clusters(data, cfg):
     fig.colorbar(im, ax=a, label=r"$2\pi\rho$")
     a.set_xlabel(r"$\theta$")
     a.set_ylabel("$t$")
-    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = {sinkflow.fastest_mode(cfg.beta_pde):d}$")
+    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = {sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization):d}$")
     jitter = np.linspace(-0.15, 0.15, data["counts"].shape[1])
     for k in range(data["counts"].shape[1]):
         b.plot(data["betas"] * (1 + 0.03 * jitter[k]), data["counts"][:, k], "o", color=COLORS["softmax"], alpha=0.6, ms=4,
