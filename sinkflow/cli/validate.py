@@ -50,6 +50,9 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=None,
                    help="--paper: batch of the cost and instability runs (default: the official 32 / 128, hours "
                         "on a CPU at 2,000 tokens; docs/reproducing.md ran --batch-size 1)")
+    p.add_argument("--cost-only", action="store_true",
+                   help="--paper: re-measure only the cost rows of OUT/TASK_paper.json on today's code, keeping its "
+                        "instability rows (after attention code changes: --paper --cost-only --out docs/data)")
     p.add_argument("--cost-steps", type=int, default=3, help="--paper: timed training steps per cost row (default: 3)")
     p.add_argument("--instability-seeds", nargs="+", type=int, default=None,
                    help="--paper: seeds of the instability runs (default: --seeds)")
@@ -182,8 +185,7 @@ def _report_figures(report: dict, stem: Path) -> list:
 
 def _run_paper(args, out: Path) -> int:
     """``--paper``: the cost and instability report of each LRA task (``OUT/TASK_paper.json`` and ``.md``)."""
-    from sinkflow.nn.paper_report import paper_setting_markdown
-    from sinkflow.nn.paper import OFFICIAL, run_paper_setting
+    from sinkflow.nn.paper import OFFICIAL, refresh_cost, run_paper_setting
 
     bad = [t for t in args.tasks if t not in OFFICIAL]
     if bad:
@@ -193,15 +195,29 @@ def _run_paper(args, out: Path) -> int:
         print("--paper is the CPU path; accuracy at the paper's 50,000 steps: --full --device cuda", file=sys.stderr)
         return 2
     for task in args.tasks:
+        path = out / f"{task}_paper.json"
+        if args.cost_only:
+            if not path.exists():
+                print(f"--cost-only updates {path}, which does not exist: run --paper first", file=sys.stderr)
+                return 2
+            _write_paper(refresh_cost(json.loads(path.read_text()), log=lambda line: print(line, file=sys.stderr)),
+                         path)
+            continue
         report = run_paper_setting(task, args.attention, args.seeds, cost_batch=args.batch_size,
                                    cost_steps=args.cost_steps, instability_batch=args.batch_size,
                                    instability_seeds=args.instability_seeds,
                                    decomposition_length=args.decomposition_length,
                                    log=lambda line: print(line, file=sys.stderr))
-        path = out / f"{task}_paper.json"
-        path.write_text(json.dumps(report, indent=1))
-        md = paper_setting_markdown(report)
-        path.with_suffix(".md").write_text(md)
-        print(md)
-        print(f"written: {path}, {path.with_suffix('.md')}")
+        _write_paper(report, path)
     return 0
+
+
+def _write_paper(report: dict, path: Path) -> None:
+    """A ``--paper`` report as JSON and markdown at ``path`` (``.json``, ``.md``); the markdown printed."""
+    from sinkflow.nn.paper_report import paper_setting_markdown
+
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    md = paper_setting_markdown(report)
+    path.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"written: {path}, {path.with_suffix('.md')}")

@@ -208,7 +208,9 @@ def reproducing_page(reports: list[dict]) -> str:
              "Pathfinder 1,024), padding masks, optimizer, learning rate and warm-up (`sinkflow.nn.paper`), for "
              "what needs no GPU: the cost of a training step and the instability score of the first 20 "
              "optimizer steps (the paper's Appendix F). Where a batch or a number of seeds is reduced, the row "
-             "says so. [Instability](instability.md) explains the instability numbers.", "",
+             "says so. The cost rows record the digest of the attention code they timed; when that code "
+             "changes, the test suite asks for them to be re-measured (`--cost-only`, third command below). "
+             "[Instability](instability.md) explains the instability numbers.", "",
              "**Quick** (after): reduced data and model, CPU, at lengths 39 and 100. These check that the "
              "comparison runs end to end; they are not estimates of the paper's numbers, which need the full model, "
              "50,000 steps and a GPU (`--full --device cuda`). Compare their accuracy with chance (10% on ListOps, "
@@ -218,6 +220,7 @@ def reproducing_page(reports: list[dict]) -> str:
              "    --batch-size 1 --cost-steps 2 --decomposition-length 128",
              "sinkflow validate pathfinder --paper --attention softmax sinkhorn gaussian skyformer nystromformer \\",
              "    --batch-size 1 --cost-steps 3",
+             "sinkflow validate listops pathfinder --paper --cost-only --out docs/data   # cost rows on today's code",
              "sinkflow validate listops pathfinder --quick --attention softmax sinkhorn gaussian skyformer nystromformer \\",
              "    --n-iter 3 --no-kl",
              "sinkflow validate listops pathfinder --full --device cuda --attention softmax sinkhorn gaussian skyformer \\",

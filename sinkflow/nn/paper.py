@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sinkflow.datasets import LISTOPS_VOCAB, listops, listops_tokens, pathfinder, pathfinder_tokens
-from sinkflow.nn._cost import step_bytes
+from sinkflow.nn._cost import attention_code_digest, step_bytes
 from sinkflow.nn.models import SequenceClassifier
 from sinkflow.nn.tracking import update_instability
 
@@ -385,6 +385,44 @@ def _summary(cost: list[dict], attentions) -> list[dict]:
              "memory_ratio": med[a]["memory"] / soft["memory"] if soft else None} for a in attentions]
 
 
+def _cost_section(rows, attentions, seeds, steps, batch_size, max_length) -> dict:
+    """The ``cost`` part of a report, with the digest of the attention code it measured."""
+    return {"batch_size": batch_size, "steps": steps, "seeds": list(seeds), "max_length": max_length,
+            "code_digest": attention_code_digest(), "rows": rows, "summary": _summary(rows, attentions)}
+
+
+def refresh_cost(report: dict, steps: int | None = None, log=None) -> dict:
+    """``report`` with its cost rows measured again on today's code (instability kept as it is).
+
+    Same task, attentions, seeds, batch and steps (``steps`` overrides); the machine and the
+    attention code digest are recorded anew, and the report's note says which part is newer.
+    This is the step to take after the attention code changes (``sinkflow validate listops
+    pathfinder --paper --cost-only --out docs/data``).
+
+    Examples
+    --------
+    >>> from sinkflow.nn.paper import refresh_cost, run_paper_setting
+    >>> r = run_paper_setting("listops", ["softmax"], [0], cost_batch=1, cost_steps=1,
+    ...                       instability_attentions=["softmax"], instability_batch=1, steps=1, max_length=16)
+    >>> new = refresh_cost(r)
+    >>> new["instability"] == r["instability"], new["cost"]["code_digest"] == r["cost"]["code_digest"]
+    (True, True)
+    """
+    old = report["cost"]
+    attentions = [row["attention"] for row in old["summary"]]
+    steps = old["steps"] if steps is None else steps
+    setting = PaperSetting(report["task"], batch_size=old["batch_size"], max_length=old.get("max_length"))
+    t0 = time.perf_counter()
+    rows = cost_rows(setting, attentions, old["seeds"], steps)
+    (log or (lambda line: None))(f"{report['task']}: cost rows done ({time.perf_counter() - t0:.0f} s)")
+    refreshed = {**report, "cost": _cost_section(rows, attentions, old["seeds"], steps, old["batch_size"],
+                                                 old.get("max_length")), "machine": machine()}
+    kept = [part for part in (report.get("note") or "").split("; ") if part and not part.startswith("cost re")]
+    refreshed["note"] = "; ".join(kept + [f"cost re-measured by refresh_cost on torch {torch.__version__} "
+                                          f"({time.perf_counter() - t0:.0f} s)"])
+    return refreshed
+
+
 def run_paper_setting(task: str, attentions=("softmax", "sinkhorn", "gaussian", "skyformer", "nystromformer"),
                       seeds=(0, 1, 2), *, cost_batch: int | None = None, cost_steps: int = 3,
                       instability_attentions=("softmax", "gaussian", "skyformer", "nystromformer"),
@@ -416,8 +454,8 @@ def run_paper_setting(task: str, attentions=("softmax", "sinkhorn", "gaussian", 
     inst = instability_rows(replace(base, batch_size=instability_batch), instability_attentions, inst_seeds, steps)
     say(f"{task}: instability done ({time.perf_counter() - t0:.0f} s)")
     report = {"task": task, "mode": "paper", "complete": True, "setting": OFFICIAL[task],
-              "cost": {"batch_size": cost_batch or base.official("batch_size"), "steps": cost_steps,
-                       "seeds": list(seeds), "rows": cost, "summary": _summary(cost, list(attentions))},
+              "cost": _cost_section(cost, list(attentions), seeds, cost_steps,
+                                    cost_batch or base.official("batch_size"), max_length),
               "instability": {"batch_size": instability_batch or base.official("batch_size"), "steps": steps,
                               "seeds": inst_seeds, "rows": inst},
               "machine": machine(), "torch": torch.__version__}
