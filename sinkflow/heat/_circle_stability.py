@@ -28,6 +28,7 @@ import torch
 from scipy.special import ive
 
 from sinkflow._backend import from_torch, to_torch
+from sinkflow._checks import check_number
 from sinkflow.heat._grid_fields import default_tol, symmetric_sinkhorn_scaling
 
 __all__ = ["CIRCLE_NORMALIZATIONS", "CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode",
@@ -101,10 +102,7 @@ def circle_field(grid, temperature, normalization: str, like: torch.Tensor, tol,
                          f"(the names of simulate), got {normalization!r}")
     if temperature is None:
         raise ValueError("manifold='circle' needs temperature (tau = 1/beta of the scores beta cos(theta - phi))")
-    tau = float(temperature)
-    if not (tau > 0 and math.isfinite(tau)):
-        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
-    beta = 1.0 / tau
+    beta = 1.0 / float(check_number(temperature, "temperature", positive=True))
     theta = _check_circle_grid(grid)
     if 2 * np.pi / theta.size > 0.5 / math.sqrt(beta):
         raise ValueError(f"the grid does not resolve the kernel e^(beta cos): spacing {2 * np.pi / theta.size:.3g} exceeds "

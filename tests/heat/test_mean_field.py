@@ -60,13 +60,17 @@ def test_gaussian_variance_follows_the_mean_field_ode(name, S0, eps, t, box):
     assert r.mass_error < 1e-12 and r.min_density >= 0 and r.converged
 
 
-def test_softmax_dot_tends_to_its_fixed_point_S_equals_eps():
-    """From below to 1%. From above only to 8%: the tilt e^{xy/eps} weighs the far tails, whose
-    relative error on a grid is O(1), and the box edge (docs/theory/mean_field.md)."""
+@pytest.mark.parametrize("scheme, above", [("explicit", 0.08), ("semi_lagrangian", 0.12)])
+def test_softmax_dot_tends_to_its_fixed_point_S_equals_eps(scheme, above):
+    """From below to 1%. From above only to about 10%: the tilt e^{xy/eps} weighs the far tails, whose
+    relative error on a grid is O(1), and the box edge (docs/theory/mean_field.md). The variance
+    then oscillates about eps with a grid- and box-dependent amplitude, the same for both schemes
+    and any step: at t = 0.3, 241 cells on [-6, 6], explicit 0.1059, semi-Lagrangian 0.1097; 481
+    cells, 0.1107 and 0.1122; [-5, 5], 0.1053 and 0.1037; [-7, 7], 0.0932 and 0.0935."""
     eps = 0.1
     y = np.linspace(-6, 6, 241)
-    for S0, rel in ((0.05, 0.01), (0.15, 0.08)):
-        r = mean_field_flow(gaussian_cells(y, S0), y, [0.3], normalization="softmax_dot", eps=eps)
+    for S0, rel in ((0.05, 0.01), (0.15, above)):
+        r = mean_field_flow(gaussian_cells(y, S0), y, [0.3], normalization="softmax_dot", eps=eps, scheme=scheme)
         assert variance(r.final, y) == pytest.approx(eps, rel=rel)
 
 
@@ -82,7 +86,8 @@ def test_2d_product_gaussian_follows_the_1d_ode_per_axis():
     for marginal, axis, S0 in ((m0, a0, 1.0), (m1, a1, 0.5)):
         # 5-7 cells per standard deviation: the spatial error is 0.5% (second order, see below)
         assert variance(marginal, axis) == pytest.approx(ode_variance("sinkhorn", S0, eps, t), rel=6e-3)
-        one_d = mean_field_flow(gaussian_cells(axis, S0), axis, [t], normalization="sinkhorn", eps=eps).final
+        one_d = mean_field_flow(gaussian_cells(axis, S0), axis, [t], normalization="sinkhorn", eps=eps,
+                                scheme=r.scheme).final  # the 2D grid's scheme (explicit)
         assert variance(marginal, axis) == pytest.approx(variance(one_d, axis), rel=1e-5)
     assert r.mass_error < 1e-12 and r.min_density >= 0
 
