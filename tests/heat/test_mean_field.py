@@ -177,13 +177,37 @@ def test_torch_float32_in_float32_out_close_to_float64():
     assert r32.mass_error < 1e-5 and r32.min_density >= 0
 
 
-def test_steps_are_cut_to_eps_over_2_and_the_cfl_and_reported():
+def plain_symmetric_sinkhorn_iterations(w, y, eps, tol):
+    """Iterations of s <- sqrt(s / K(s w)) from s = (K w)^(-1/2) until sum w |s K(s w) - 1| <= tol (numpy)."""
+    K = np.exp(-(y[:, None] - y[None]) ** 2 / (2 * eps))
+    s = 1 / np.sqrt(K @ w)
+    for it in range(10_000):
+        Ks = K @ (s * w)
+        if (w * np.abs(s * Ks - 1)).sum() <= tol:
+            return it
+        s = np.sqrt(s / Ks)
+    raise AssertionError("no convergence")
+
+
+@pytest.mark.parametrize("scheme", ["semi_lagrangian", "explicit"])
+def test_steps_are_cut_to_eps_over_2_and_reported(scheme):
     y = np.linspace(-6, 6, 161)
-    r = mean_field_flow(gaussian_cells(y, 1.0), y, [0.1, 0.3], normalization="unnormalized", eps=0.2, dt=1.0)
-    assert r.dt_max <= 0.1 + 1e-15 and r.n_steps >= 3
-    coarse = mean_field_flow(gaussian_cells(y, 1.0), y, [0.3], normalization="sinkhorn", eps=0.2)
-    assert coarse.n_steps == coarse.sinkhorn_iterations.size and coarse.dt_min > 0
-    fine = mean_field_flow(gaussian_cells(y, 1.0), y, [0.3], normalization="sinkhorn", eps=0.2, dt=0.005)
+    r = mean_field_flow(gaussian_cells(y, 1.0), y, [0.1, 0.3], normalization="unnormalized", eps=0.2, dt=1.0,
+                        scheme=scheme)
+    assert r.scheme == scheme and r.dt_max <= 0.1 + 1e-15 and r.n_steps >= 3
+    T = 0.3
+    coarse = mean_field_flow(gaussian_cells(y, 1.0), y, [T], normalization="sinkhorn", eps=0.2, scheme=scheme)
+    # the steps tile [0, T]: at least T / dt_max of them, at most T / dt_min
+    assert T / coarse.dt_max - 1e-9 <= coarse.n_steps <= T / coarse.dt_min + 1e-9 and coarse.dt_min > 0
+    # the first step's first stage starts cold: at least the iterations of an independent numpy
+    # Sinkhorn to the same tolerance, its second stage at most as many again; later steps are
+    # warm-started (both stages together cheaper than two cold solves)
+    tol = min(0.2 ** 2 / 100, 1e-6)  # the documented default: eps^2 / 100 clipped to [1e-12, 1e-6]
+    cold = plain_symmetric_sinkhorn_iterations(gaussian_cells(y, 1.0) * (y[1] - y[0]), y, 0.2, tol)
+    its = coarse.sinkhorn_iterations
+    assert its.size == coarse.n_steps and cold <= its[0] <= 2 * cold + 1, (cold, its)
+    assert its[1:].max() < 2 * cold and coarse.max_marginal_error <= tol
+    fine = mean_field_flow(gaussian_cells(y, 1.0), y, [T], normalization="sinkhorn", eps=0.2, dt=0.005, scheme=scheme)
     assert fine.dt_max <= 0.005 + 1e-15 and fine.n_steps >= 60
     assert np.abs(fine.final - coarse.final).max() < 1e-3 * fine.final.max()  # second order in time
 
