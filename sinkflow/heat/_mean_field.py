@@ -42,6 +42,7 @@ from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow._checks import check_choice, check_number
 from sinkflow.heat._references import _check_time
 from sinkflow.heat._circle_stability import circle_field
+from sinkflow.heat._distances import equispaced_centres
 from sinkflow.heat._grid_fields import EuclideanVelocity, default_tol
 from sinkflow.heat._heat_velocity import NORMALIZATIONS as EUCLIDEAN_NORMALIZATIONS, _check_eps
 from sinkflow.heat._remap import LOCAL_TOL, departure_points, full_face_velocity, remap, remap_step_limit
@@ -266,16 +267,6 @@ def _integrate(field, rho0, cell, times, h_cap, scheme):
 # input checks
 
 
-def _check_axis(y, name: str) -> np.ndarray:
-    y = np.asarray(from_torch(to_torch(y, name), True), dtype=float)
-    if y.ndim != 1 or y.size < 8:
-        raise ValueError(f"{name} must be a 1D array of at least 8 cell centres, got shape {y.shape}")
-    d = np.diff(y)
-    if not (np.all(np.isfinite(y)) and d.min() > 0 and np.ptp(d) <= 1e-6 * d.mean()):
-        raise ValueError(f"{name} must hold equispaced, increasing cell centres (finite-volume cells of one width)")
-    return y
-
-
 def _check_density(density, shape):
     numpy_out = not isinstance(density, torch.Tensor)
     rho = to_torch(density, "density")
@@ -318,7 +309,8 @@ def _euclidean_field(grid, eps, normalization, rho_like, tol, max_iter):
         raise ValueError("manifold='euclidean' needs eps (the kernel bandwidth squared of heat_flow)")
     eps = _check_eps(eps)
     pair = isinstance(grid, (tuple, list)) and len(grid) == 2 and np.ndim(grid[0]) == 1
-    axes = [_check_axis(y, f"grid[{k}]") for k, y in enumerate(grid)] if pair else [_check_axis(grid, "grid")]
+    axes = ([equispaced_centres(y, f"grid[{k}]", min_size=8) for k, y in enumerate(grid)] if pair
+            else [equispaced_centres(grid, "grid", min_size=8)])
     for k, y in enumerate(axes):
         if y[1] - y[0] > math.sqrt(eps) / 2:
             raise ValueError(f"the grid does not resolve the kernel: spacing {y[1] - y[0]:.3g} on axis {k} exceeds "

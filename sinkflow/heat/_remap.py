@@ -69,7 +69,7 @@ def remap_cells(rho: torch.Tensor, slope: torch.Tensor, u: torch.Tensor) -> torc
     >>> from sinkflow.heat._remap import remap_cells
     >>> rho = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     >>> remap_cells(rho, torch.zeros(3, dtype=torch.float64), torch.tensor([0.0, 0.5, 2.5, 3.0])).tolist()
-    [0.5, 3.0, 1.5]
+    [0.5, 4.0, 1.5]
     """
     n = rho.numel()
     j = torch.floor(u).long().clamp(0, n - 1)

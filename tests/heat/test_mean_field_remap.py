@@ -121,3 +121,30 @@ def test_scheme_choice_is_checked():
         mean_field_flow(rho, (a, a), [0.01], normalization="sinkhorn", eps=1.0, scheme="semi_lagrangian")
     with pytest.raises(ValueError, match="scheme must be one of"):
         mean_field_flow(rho[0] / (rho[0].sum() * 0.25), a, [0.01], normalization="sinkhorn", eps=1.0, scheme="implicit")
+
+
+def test_circle_energy_by_fft_matches_the_dense_double_sum():
+    from sinkflow.heat._circle_stability import circle_energy, uniform_angles
+
+    rng = np.random.default_rng(3)
+    for G, beta in ((64, 5.0), (257, 12.0)):
+        th = uniform_angles(G)
+        rho = 1 + 0.5 * np.cos(3 * th + 1) + 0.2 * rng.uniform(size=G)
+        rho /= rho.sum() * 2 * np.pi / G
+        w = rho * 2 * np.pi / G
+        dense = w @ np.exp(beta * np.cos(th[:, None] - th[None])) @ w / (2 * beta)
+        assert circle_energy(rho, beta) == pytest.approx(dense, rel=1e-12)
+
+
+def test_one_equispaced_check_for_every_grid():
+    from sinkflow.heat._distances import equispaced_centres, grid_quantiles
+
+    bad = np.array([0.0, 1.0, 2.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0])
+    for call in (lambda: equispaced_centres(bad), lambda: grid_quantiles(np.ones(9), bad, 0.5),
+                 lambda: mean_field_flow(np.full(9, 1 / 9), bad, [0.1], normalization="sinkhorn", eps=4.0)):
+        with pytest.raises(ValueError, match="equispaced"):
+            call()
+    with pytest.raises(ValueError, match="one turn"):
+        mean_field_flow(np.full(9, 1 / (2 * np.pi)), np.linspace(0, 6, 9), [0.1], normalization="softmax",
+                        manifold="circle", temperature=1.0)
+    assert equispaced_centres(torch.linspace(0, 1, 5)).tolist() == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
