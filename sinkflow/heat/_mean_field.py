@@ -17,15 +17,18 @@ heat limit (:math:`\varepsilon\to 0`, error :math:`O(\varepsilon)`).
   with :math:`K \propto e^{\beta\cos(\theta - \varphi)}` normalized as in :func:`sinkflow.simulate`
   on the sphere with :math:`d = 2`, :math:`Q = K = V = I` (:mod:`sinkflow.heat`).
 
-Scheme: finite volumes on cell centres. The velocity is evaluated exactly at the cell faces
-(the kernel sums of the barycentric map, the Sinkhorn potential extended to any point by its
-row normalization), fluxes are upwind with minmod-limited (MUSCL) reconstruction, boundary
-faces carry no flux (periodic on the circle), and time advances by Heun's method (SSP-RK2).
-Mass is conserved to rounding; the density stays non-negative under the CFL condition
-:math:`h\sum_k \max|v_k|/\Delta x_k \le 1/2`, which each step enforces by sub-stepping. Sinkhorn
-runs on the cell masses with the symmetric (geometric-mean) iteration
-:math:`s \leftarrow \sqrt{s / K(s w)}`, which contracts by at least 1/2 per iteration because the
-kernel is positive definite.
+Schemes: finite volumes on cell centres; the velocity is evaluated exactly at the cell faces (the
+kernel sums of the barycentric map, the Sinkhorn potential extended to any point by its row
+normalization). On a line and on the circle the default is semi-Lagrangian
+(:mod:`sinkflow.heat._remap`): each cell receives the mass between the departure points of its
+faces, traced back by the trapezoidal rule; mass is conserved to rounding and the density stays
+non-negative for any step (no CFL condition), and the step is set by an error control. The
+explicit scheme (``scheme="explicit"``, the 2D default) has upwind fluxes with minmod-limited
+(MUSCL) reconstruction and Heun's method (SSP-RK2), with the CFL condition
+:math:`h\sum_k \max|v_k|/\Delta x_k \le 1/2` enforced by sub-stepping. Boundary faces carry no flux
+(periodic on the circle). Sinkhorn runs on the cell masses with the symmetric (geometric-mean)
+iteration :math:`s \leftarrow \sqrt{s / K(s w)}`, which contracts by at least 1/2 per iteration
+because the kernel is positive definite.
 """
 
 from __future__ import annotations
@@ -399,13 +402,19 @@ def mean_field_flow(density, grid, times, *, normalization: str, eps: float | No
         spacing must be at most :math:`1/(2\sqrt\beta)`.
     manifold : {"euclidean", "circle"}
     dt : float, optional
-        Largest step. The solver also cuts steps to ``eps / 2`` (the stability step of
-        :func:`sinkflow.heat.largest_safe_dt`; on the circle 0.05 over the field's rate
-        scale, :data:`sinkflow.heat.STEP`) and to the CFL condition, and reports
-        the steps it took.
+        Largest step. The solver also cuts steps to ``eps / 2`` (the step of
+        :func:`sinkflow.heat.largest_safe_dt`; on the circle 0.05 over the field's rate scale,
+        :data:`sinkflow.heat.STEP`) and to its scheme's own condition (see ``scheme``), and
+        reports the steps it took.
     tol, max_iter : Sinkhorn L1 marginal tolerance (default ``eps**2/100`` clipped to
         [1e-12, 1e-6], 1e-12 on the circle; floor 1e-5 in float32) and iteration budget per
         velocity evaluation.
+    scheme : {"auto", "semi_lagrangian", "explicit"}
+        ``"semi_lagrangian"`` (a line or the circle): the remap along characteristics, no CFL
+        condition, steps by predictor-corrector error control (docs/theory/mean_field.md);
+        ``"explicit"``: limited upwind fluxes and Heun, steps cut to the CFL condition (many
+        more steps in 1D, where the tails' velocity is fast). ``"auto"``: semi-Lagrangian in
+        1D and on the circle, explicit in 2D.
 
     Returns
     -------
@@ -416,7 +425,8 @@ def mean_field_flow(density, grid, times, *, normalization: str, eps: float | No
     ------
     ValueError
         Mass not 1, negative or non-finite density, a grid that is not equispaced or does not
-        resolve the kernel, unknown normalization or manifold, missing ``eps`` / ``temperature``.
+        resolve the kernel, unknown normalization, manifold or scheme, missing ``eps`` /
+        ``temperature``, ``scheme="semi_lagrangian"`` on a 2D grid.
 
     Examples
     --------
@@ -424,8 +434,8 @@ def mean_field_flow(density, grid, times, *, normalization: str, eps: float | No
     >>> y = np.linspace(-7, 7, 281)
     >>> rho = np.exp(-y ** 2 / 2) / np.sqrt(2 * np.pi)
     >>> r = sinkflow.mean_field_flow(rho, y, [0.0, 0.5], normalization="sinkhorn", eps=0.1)
-    >>> r.densities.shape, r.mass_error < 1e-12, r.min_density >= 0, r.converged
-    ((2, 281), True, True, True)
+    >>> r.densities.shape, r.mass_error < 1e-12, r.min_density >= 0, r.converged, r.scheme
+    ((2, 281), True, True, True, 'semi_lagrangian')
     >>> var = (r.final * y ** 2).sum() * (y[1] - y[0])   # heat: 1 + 2t, minus the O(eps) bias
     >>> bool(1.9 < var < 2.0)
     True
