@@ -289,14 +289,16 @@ def test_circle_rate_formula_is_the_linearized_velocity(normalization, k, beta):
     assert circle_growth_rate(k, beta, normalization) == pytest.approx(measured, rel=1e-6)
 
 
+@pytest.mark.parametrize("scheme", ["explicit", "semi_lagrangian"])
 @pytest.mark.parametrize("normalization", ["softmax", "unnormalized", "sinkhorn"])
-def test_solver_reproduces_the_circle_growth_rates(normalization):
+def test_solver_reproduces_the_circle_growth_rates(normalization, scheme):
     beta, th = 5.0, uniform_angles(128)
     for k in (2, 3):
         lam = circle_growth_rate(k, beta, normalization)
         rho = (1 + 1e-6 * np.cos(k * th)) / (2 * np.pi)
         r = mean_field_flow(rho, th, np.linspace(0, 2 / lam, 5), normalization=normalization, temperature=1 / beta,
-                            manifold="circle")
+                            manifold="circle", scheme=scheme)
+        assert r.scheme == scheme
         fit = np.polyfit(r.times, np.log([fourier_amplitude(d, k) for d in r.densities]), 1)[0]
         assert fit == pytest.approx(lam, rel=2e-3)
         assert r.mass_error < 1e-13
