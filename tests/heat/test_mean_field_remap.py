@@ -161,4 +161,4 @@ def test_circle_remap_through_clustering_keeps_mass_and_sign_and_agrees_with_exp
     sl, ex = runs
     assert sl.mass_error < 1e-13 and sl.min_density >= 0
     assert [count_clusters(d) for d in sl.densities] == [count_clusters(d) for d in ex.densities] == [3, 3]
-    assert np.abs(sl.final - ex.final).sum() * 2 * np.pi / 128 < 0.05
+    assert np.abs(sl.final - ex.final).sum() * 2 * np.pi / 128 < 0.01  # measured 2.0e-3 (1.9e-2 at t = 15)
