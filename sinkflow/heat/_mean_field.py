@@ -23,8 +23,8 @@ normalization). On a line the default is semi-Lagrangian
 (:mod:`sinkflow.heat._remap`): each cell receives the mass between the departure points of its
 faces, traced back by the trapezoidal rule; mass is conserved to rounding and the density stays
 non-negative for any step (no CFL condition), and the step is set by an error control. The
-explicit scheme (``scheme="explicit"``, the default in 2D and on the circle) has upwind fluxes with minmod-limited
-(MUSCL) reconstruction and Heun's method (SSP-RK2), with the CFL condition
+explicit scheme (``scheme="explicit"``, the default in 2D and on the circle) has upwind fluxes
+with minmod-limited (MUSCL) reconstruction and Heun's method (SSP-RK2), with the CFL condition
 :math:`h\sum_k \max|v_k|/\Delta x_k \le 1/2` enforced by sub-stepping. Boundary faces carry no flux
 (periodic on the circle). Sinkhorn runs on the cell masses with the symmetric (geometric-mean)
 iteration :math:`s \leftarrow \sqrt{s / K(s w)}`, which contracts by at least 1/2 per iteration
@@ -54,6 +54,8 @@ __all__ = ["mean_field_flow", "MeanFieldResult", "EUCLIDEAN_NORMALIZATIONS", "MA
            "flux_divergence", "CFL"]
 
 MANIFOLDS = ("euclidean", "circle")
+#: Time schemes of :func:`mean_field_flow` (``"auto"``: semi-Lagrangian on a line, explicit elsewhere).
+SCHEMES = ("auto", "semi_lagrangian", "explicit")
 #: Courant number of each Heun stage: positivity of the limited upwind scheme needs <= 1/2.
 CFL = 0.45
 #: Largest relative deviation of the initial mass from 1.
@@ -247,9 +249,6 @@ def _remap_step(field, rho, cell, h_cap, remaining, s, stats):
         stats.proposal = h * min(factor, 2.0)
     stats.add(h, info, info2)
     return new, h, info2[0]
-
-
-SCHEMES = ("auto", "semi_lagrangian", "explicit")
 
 
 def _integrate(field, rho0, cell, times, h_cap, scheme):
