@@ -126,17 +126,17 @@ def interpolate_faces(vf: torch.Tensor, u: torch.Tensor, periodic: bool) -> torc
     return vf[k] * (1 - frac) + vf[k + 1] * frac
 
 
-def departure_points(v_now: torch.Tensor, v_next: torch.Tensor | None, h_cells: float, periodic: bool) -> torch.Tensor:
-    r"""Departure points (cell units) of the faces ``0 .. G`` over one step of ``h_cells = h / dx``.
+def departure_points(v_now: torch.Tensor, v_next: torch.Tensor | None, h: float, periodic: bool) -> torch.Tensor:
+    r"""Departure points of the faces ``0 .. G`` over a step ``h``, in cell units (velocities in cells per unit time).
 
     With ``v_next`` None: Euler, :math:`X = x - h v^n(x)`. Otherwise the trapezoidal rule along
     the backward characteristic, :math:`X = x - \frac h2\big(v^{n+1}(x) + v^n(x - h v^{n+1}(x))\big)`.
     """
     x = torch.arange(v_now.numel(), dtype=v_now.dtype, device=v_now.device)
     if v_next is None:
-        return x - h_cells * v_now
-    foot = x - h_cells * v_next
-    return x - h_cells / 2 * (v_next + interpolate_faces(v_now, foot, periodic))
+        return x - h * v_now
+    foot = x - h * v_next
+    return x - h / 2 * (v_next + interpolate_faces(v_now, foot, periodic))
 
 
 def remap(rho: torch.Tensor, u: torch.Tensor, periodic: bool) -> torch.Tensor | None:
