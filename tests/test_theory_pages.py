@@ -175,3 +175,13 @@ def test_mean_field_page_bessel_step_of_the_derivation():
             J = sp.Integral(sp.exp(b * sp.cos(psi)) * sp.sin(psi) * sp.sin(m * psi), (psi, 0, 2 * sp.pi)).evalf(30)
             assert abs(J - (sp.pi * (sp.besseli(m - 1, b) - sp.besseli(m + 1, b))).evalf(30)) < 1e-20
             assert abs(J - (2 * sp.pi * m * sp.besseli(m, b) / b).evalf(30)) < 1e-20
+
+
+def test_mean_field_page_step_constants_are_the_code_constants():
+    import sinkflow.heat._mean_field as mf
+    import sinkflow.heat._remap as remap
+
+    rows = {row["constant"].strip("`"): float(row["value"]) for row in read_table("mean_field.md", "mean-field-steps")}
+    assert sorted(rows) == ["ACCURACY", "CFL", "LOCAL_TOL", "MAX_STRETCH"]
+    for name, value in rows.items():
+        assert getattr(mf if name == "CFL" else remap, name) == value

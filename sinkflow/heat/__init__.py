@@ -7,7 +7,7 @@ time scale, :func:`heat_reference`, the barycentric map of a density);
 ``_distances.py`` W2, moment and KDE errors with fitted rates; ``_landmark_errors.py``
 how far a landmark flow strays from the exact one; ``_mean_field.py`` the mean-field PDE
 between particles and heat (:func:`mean_field_flow`, its velocity on a grid in
-``_grid_fields.py``), and ``_circle_stability.py`` the linear theory of clustering on the
+``_grid_fields.py``, its semi-Lagrangian step in ``_remap.py``), and ``_circle_stability.py`` the linear theory of clustering on the
 circle and the sphere; :mod:`sinkflow.heat.symbolic` the sympy
 derivations used as test oracles (loaded on its own: it imports sympy).
 Start reading at ``_rescaled_flow.py``.

@@ -28,6 +28,8 @@ import torch
 from scipy.special import ive
 
 from sinkflow._backend import from_torch, to_torch
+from sinkflow._checks import check_number
+from sinkflow.heat._distances import equispaced_centres
 from sinkflow.heat._grid_fields import default_tol, symmetric_sinkhorn_scaling
 
 __all__ = ["CIRCLE_NORMALIZATIONS", "CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode",
@@ -83,15 +85,11 @@ class CircleVelocity:
 
 
 def _check_circle_grid(grid) -> np.ndarray:
-    theta = np.asarray(from_torch(to_torch(grid, "grid"), True), dtype=float)
-    if theta.ndim != 1 or theta.size < 8:
-        raise ValueError(f"the circle grid must be a 1D array of at least 8 angles, got shape {theta.shape}")
-    d = np.diff(theta)
-    h = 2 * np.pi / theta.size
-    if not (np.all(np.isfinite(theta)) and np.all(np.abs(d - h) <= 1e-6 * h)):
-        raise ValueError(f"the circle grid must be {theta.size} equispaced increasing angles covering one turn "
-                         f"(spacing 2 pi / G = {h:.6g}), e.g. sinkflow.heat.uniform_angles(G)")
-    return theta
+    theta = np.asarray(grid.detach().cpu() if hasattr(grid, "detach") else grid, dtype=float)
+    h = 2 * np.pi / max(theta.size, 1)
+    return equispaced_centres(theta, "the circle grid", min_size=8, spacing=h,
+                              hint=f" (angles) covering one turn (spacing 2 pi / G = {h:.6g}), e.g. "
+                                   "sinkflow.heat.uniform_angles(G)")
 
 
 def circle_field(grid, temperature, normalization: str, like: torch.Tensor, tol, max_iter):
@@ -101,10 +99,7 @@ def circle_field(grid, temperature, normalization: str, like: torch.Tensor, tol,
                          f"(the names of simulate), got {normalization!r}")
     if temperature is None:
         raise ValueError("manifold='circle' needs temperature (tau = 1/beta of the scores beta cos(theta - phi))")
-    tau = float(temperature)
-    if not (tau > 0 and math.isfinite(tau)):
-        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
-    beta = 1.0 / tau
+    beta = 1.0 / float(check_number(temperature, "temperature", positive=True))
     theta = _check_circle_grid(grid)
     if 2 * np.pi / theta.size > 0.5 / math.sqrt(beta):
         raise ValueError(f"the grid does not resolve the kernel e^(beta cos): spacing {2 * np.pi / theta.size:.3g} exceeds "
@@ -140,9 +135,7 @@ def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
     """
     if normalization not in CIRCLE_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
-    beta = float(beta)
-    if not (beta > 0 and math.isfinite(beta)):
-        raise ValueError(f"beta must be a positive finite number, got {beta}")
+    beta = float(check_number(beta, "beta", positive=True))
     k = np.asarray(k, dtype=float)
     if np.any(k < 1) or np.any(k != np.round(k)):
         raise ValueError("k must be a positive integer (k = 0 is the mass, which does not grow)")
@@ -214,13 +207,26 @@ def circle_energy(density, beta: float) -> float:
     r""":math:`E_\beta = \frac{1}{2\beta}\iint e^{\beta\cos(\theta - \varphi)}\rho(\theta)\rho(\varphi)` on :func:`uniform_angles`.
 
     The mean-field counterpart of :func:`sinkflow.energy_sphere` (which SoftMax and the
-    unnormalized kernel increase along the flow).
+    unnormalized kernel increase along the flow). The kernel on equispaced angles is circulant,
+    so :math:`K w` is one FFT convolution, :math:`O(G \log G)` (no :math:`G \times G` matrix).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.heat import circle_energy
+    >>> bool(np.isclose(circle_energy(np.full(64, 1 / (2 * np.pi)), 2.0), np.i0(2.0) / 4))   # uniform: I_0 / (2 beta)
+    True
     """
     rho = np.asarray(from_torch(to_torch(density, "density"), True), dtype=float)
-    theta = uniform_angles(rho.size)
     w = rho * 2 * np.pi / rho.size
-    K = np.exp(beta * np.cos(theta[:, None] - theta[None]))
-    return float(w @ K @ w / (2 * beta))
+    theta = uniform_angles(rho.size)
+    column = np.exp(beta * np.cos(theta - theta[0]))  # K_ij = column[(i - j) mod G]
+    return float(w @ _circulant_apply(column, w) / (2 * beta))
+
+
+def _circulant_apply(column: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """``C a`` for the circulant matrix with first column ``column`` (:math:`C_{ij} = c_{(i - j) \bmod G}`), by the FFT."""
+    return np.fft.irfft(np.fft.rfft(column) * np.fft.rfft(a), column.size)
 
 
 def formation_time(beta: float, n: int, normalization: str = "softmax") -> float:
@@ -281,9 +287,7 @@ def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
 
     if normalization not in CIRCLE_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
-    beta = float(beta)
-    if not (beta > 0 and math.isfinite(beta)):
-        raise ValueError(f"beta must be a positive finite number, got {beta}")
+    beta = float(check_number(beta, "beta", positive=True))
     l = np.asarray(l)
     if np.any(l < 1) or np.any(l != np.round(l)):
         raise ValueError("l must be a positive integer")

@@ -308,12 +308,41 @@ def _as_array(x) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
-def _cell_centres(grid) -> np.ndarray:
+def equispaced_centres(grid, name: str = "grid", *, min_size: int = 2, spacing: float | None = None,
+                       hint: str = "") -> np.ndarray:
+    """Equispaced, increasing cell centres as a float64 array (numpy or torch in), or a ValueError naming ``name``.
+
+    ``spacing``: the spacing they must have (the circle's ``2 pi / G``); default their mean.
+    ``hint`` ends the error message (what a valid grid looks like).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.heat._distances import equispaced_centres
+    >>> equispaced_centres([0.5, 1.5, 2.5]).tolist()
+    [0.5, 1.5, 2.5]
+    >>> equispaced_centres([0.0, 1.0, 3.0])
+    Traceback (most recent call last):
+    ...
+    ValueError: grid must hold equispaced, increasing cell centres (finite-volume cells of one width)
+    """
     y = _as_array(grid)
+    if y.ndim != 1 or y.size < min_size:
+        raise ValueError(f"{name} must be a 1D array of at least {min_size} cell centres, got shape {y.shape}")
     d = np.diff(y)
-    if y.ndim != 1 or y.size < 2 or d.min() <= 0 or np.ptp(d) > 1e-6 * d.mean():
-        raise ValueError("grid must hold equispaced, increasing cell centres")
+    h = float(d.mean()) if spacing is None else float(spacing)
+    if not (np.all(np.isfinite(y)) and d.min() > 0 and np.all(np.abs(d - h) <= 1e-6 * h)):
+        raise ValueError(f"{name} must hold equispaced, increasing cell centres{hint or ' (finite-volume cells of one width)'}")
     return y
+
+
+def _grid_cdf(density, grid) -> tuple[np.ndarray, np.ndarray]:
+    """The normalized CDF of a cell density at the cell edges, and those edges (the quantile function's nodes)."""
+    rho = _as_array(density)
+    y = equispaced_centres(grid)
+    h = y[1] - y[0]
+    cdf = np.concatenate([[0.0], np.cumsum(rho * h)])
+    return cdf / cdf[-1], np.concatenate([[y[0] - h / 2], y + h / 2])
 
 
 def grid_quantiles(density, grid, u) -> np.ndarray:
@@ -327,12 +356,8 @@ def grid_quantiles(density, grid, u) -> np.ndarray:
     >>> grid_quantiles(np.ones(10), y, [0.0, 0.25, 1.0]).round(12).tolist()
     [0.0, 0.25, 1.0]
     """
-    rho = _as_array(density)
-    y = _cell_centres(grid)
-    h = y[1] - y[0]
-    cdf = np.concatenate([[0.0], np.cumsum(rho * h)])
-    cdf /= cdf[-1]
-    return np.interp(np.asarray(u, dtype=float), cdf, np.concatenate([[y[0] - h / 2], y + h / 2]))
+    cdf, edges = _grid_cdf(density, grid)
+    return np.interp(np.asarray(u, dtype=float), cdf, edges)
 
 
 def wasserstein2_to_grid(particles, density, grid) -> float:
@@ -352,11 +377,9 @@ def wasserstein2_to_grid(particles, density, grid) -> float:
     """
     x = np.sort(_as_array(particles).ravel())
     n = x.size
-    rho = _as_array(density)
-    y = _cell_centres(grid)
-    cdf = np.concatenate([[0.0], np.cumsum(rho * (y[1] - y[0]))])
-    u = np.unique(np.concatenate([cdf / cdf[-1], np.arange(n + 1) / n]))
-    q = grid_quantiles(rho, y, u)
+    cdf, edges = _grid_cdf(density, grid)
+    u = np.unique(np.concatenate([cdf, np.arange(n + 1) / n]))  # the breakpoints of both quantile functions
+    q = np.interp(u, cdf, edges)
     xi = x[np.minimum((n * (u[1:] + u[:-1]) / 2).astype(int), n - 1)]
     a, b = xi - q[:-1], xi - q[1:]
     return float(np.sqrt((np.diff(u) * (a * a + a * b + b * b) / 3).sum()))

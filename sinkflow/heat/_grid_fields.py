@@ -34,7 +34,8 @@ def symmetric_sinkhorn_scaling(apply, w: torch.Tensor, s0=None, *, tol: float = 
     w : tensor
         Cell masses (non-negative).
     s0 : tensor, optional
-        Warm start (default :math:`1/\sqrt{K w}`).
+        Warm start (default :math:`1/\sqrt{K w}`, also used where ``s0`` is not positive but
+        ``w`` is: a cell the support gained).
     tol : float
         Stop when the L1 marginal error :math:`\sum_i w_i |s_i (K s w)_i - 1|` is below ``tol``.
     max_iter : int
@@ -56,7 +57,11 @@ def symmetric_sinkhorn_scaling(apply, w: torch.Tensor, s0=None, *, tol: float = 
     (True, True, True)
     """
     support = w > 0
-    s = torch.where(support, apply(w).rsqrt(), 0.0) if s0 is None else s0
+    if s0 is None:
+        s = torch.where(support, apply(w).rsqrt(), 0.0)
+    else:  # cells the support gained since the warm start (s = 0 is a fixed point): start them cold
+        gained = support & ~(s0 > 0)
+        s = torch.where(gained, apply(w).rsqrt(), s0) if bool(gained.any()) else s0
     err = math.inf
     for it in range(max_iter + 1):
         Ks = apply(s * w)
