@@ -140,8 +140,12 @@ class _NystromKernel:
         self.floor = exp_floor(z.dtype)
         self.floor_value = float(torch.tensor(self.floor, dtype=z.dtype).exp())
         # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
-        # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4))
-        u = z * z.shape[1] ** -0.25
+        # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4)),
+        # centred so that the expansion does not cancel (a cloud far from the origin)
+        u = (z - z.mean(0)) * z.shape[1] ** -0.25
+        # every exponent is >= -(2 R)^2 / 2 with R = max |u_i|: when that stays above the floor (and a
+        # unit of rounding), no entry is clamped and the two clamp passes over the n x m block are skipped
+        self.clamp = 2.0 * float((u * u).sum(1).max()) > -self.floor - 1.0
         self.left = torch.cat([u, -0.5 * (u * u).sum(1, keepdim=True), torch.ones_like(u[:, :1])], 1)
         uJ = u[idx.to(z.device)]
         self.right = torch.cat([uJ, torch.ones_like(uJ[:, :1]), -0.5 * (uJ * uJ).sum(1, keepdim=True)], 1).T.contiguous()
@@ -162,6 +166,8 @@ class _NystromKernel:
             return self.factor[i0:i1]
         out = self.buffer[:i1 - i0]  # no allocation: fresh 16 MiB buffers cost page faults
         torch.mm(self.left[i0:i1], self.right, out=out)
+        if not self.clamp:
+            return out.exp_()
         # float32 exp is ~20x slower below its floor (-87): clamp there, then shift so that the clamped
         # entries are exactly 0 (a particle far from every landmark must get no mass, see restore_diagonal)
         return out.clamp_(self.floor, 0.0).exp_().sub_(self.floor_value)
