@@ -46,14 +46,17 @@ at most ``O(n m d)`` once per flow (0.4-1.1 s at ``n = 10^6``, ``m = 256``, ``d 
 
 Each Sinkhorn half-iteration is one pass over the rows of a factor of :math:`\tilde G`. With
 :math:`A^+ = H H^T` (``H`` is ``m x r``, ``r`` the numerical rank of ``A``: eigenvalues above the
-pseudo-inverse cutoff), :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has
-``r << m`` (the benchmark cloud of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256``
-farthest points, 10 of 256 uniform ones). ``B`` is formed once per field (``n m`` exponentials)
-and kept when it fits ``CACHE_BYTES`` (256 MiB), so a pass is two ``n x r`` products; otherwise
-each pass recomputes the blocks :math:`L_b` (memory ``O(m^2 + block)`` besides ``O(n)`` vectors).
-One step at ``n = 10^6``, ``d = 2``, ``m = 256``, ten half-iterations, float32, one thread (load
-average 1-2): 1.15 s with uniform landmarks (5.35 s before the factor was kept, 4.6x), 1.96 s with
-the farthest-point choice included (0.37 s of it, once per flow), peak RSS 0.49 GiB.
+pseudo-inverse cutoff, padded with zero columns to a multiple of 8, which BLAS runs 2.5x faster),
+:math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has ``r << m`` (the benchmark cloud
+of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256`` farthest points, 10 of 256 uniform
+ones). ``B`` is formed once per field (``n m`` exponentials, in blocks of rows sized from the L2
+cache) and kept when it fits ``CACHE_BYTES`` (256 MiB); otherwise each pass recomputes the blocks
+:math:`L_b` (memory ``O(m^2 + block)`` besides ``O(n)`` vectors). A pass over a kept ``B`` carries the
+masses alone (two matrix-vector products, 3-4 ms each at ``n = 10^6``), except the one pass that
+computes the velocity. One step at ``n = 10^6``, ``d = 2``, ``m = 256``, ten half-iterations, float32,
+one thread: about 3.5-4x the time of its ``n m`` exponentials, most of it forming ``B`` (the
+exponentials, the exponent product of inner width ``d + 2`` and the product with ``H``); see
+docs/performance.md.
 """
 
 from __future__ import annotations
