@@ -276,6 +276,19 @@ def _unnormalized(K: _NystromKernel, V, log_p, r, a):
     return LowRankField(out[:, 1:], None, 0, row_err, math.nan, True)
 
 
+def _apply_scaled(K: _NystromKernel, acc, u, vel, a) -> float:
+    """``vel = diag(u) G~ diag(p w) V`` from the last column pass's ``acc``; returns the weighted row error."""
+    row_sum = torch.empty_like(u)
+
+    def apply(i0, i1, out):
+        row_sum[i0:i1] = u[i0:i1] * out[:, 0]
+        vel[i0:i1] = u[i0:i1, None] * out[:, 1:]
+        return None
+
+    K.sweep(K.project(acc), apply)
+    return float((a * (row_sum - 1).abs()).sum())
+
+
 def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
     """Row / Sinkhorn scaling of diag(u) G~ diag(p w), one pass per half-iteration."""
     n, m = V.shape[0], K.zJ.shape[0]
@@ -337,17 +350,8 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
                 done += 1
                 break
         done += 1
-    row_err = 0.0
-    if not last_row:  # ended on a column step (or stopped after its check): apply without renormalizing
-        row_sum = torch.empty(n, dtype=V.dtype, device=V.device)
-
-        def apply(i0, i1, out):
-            row_sum[i0:i1] = u[i0:i1] * out[:, 0]
-            vel[i0:i1] = u[i0:i1, None] * out[:, 1:]
-            return None
-
-        K.sweep(K.project(acc), apply)
-        row_err = float((a * (row_sum - 1).abs()).sum())
+    # ended on a column step (or stopped after its check): apply without renormalizing
+    row_err = 0.0 if last_row else _apply_scaled(K, acc, u, vel, a)
     g = torch.log(pw.clamp_min(torch.finfo(V.dtype).tiny)) - torch.log(p.clamp_min(torch.finfo(V.dtype).tiny))
     # the column error is measured by a column pass: known for the state it checked
     col_err = stats["col"] if tol_check is not None else math.nan
