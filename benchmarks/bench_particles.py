@@ -299,7 +299,8 @@ def main(argv=None):
     p.add_argument("--landmarks", action="store_true", help="only the Nyström-landmark rows")
     p.add_argument("--baseline", metavar="REV", help="also time the landmark step with the package of git revision REV")
     p.add_argument("--skip-exact", action="store_true", help="leave out the exact block-wise step of the landmark rows")
-    p.add_argument("--floor", action="store_true", help="only the exact (n = 20000) and landmark (n = 10^5, 10^6) steps "
+    p.add_argument("--floor", action="store_true", help="only the exact (n = 20000) and landmark (n = 10^5, 10^6) "
+                   "steps "
                    "against the floor of their exponentials")
     p.add_argument("--single", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -298,7 +298,8 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
     p = torch.exp(log_p - shift)
     u = torch.empty(n, dtype=V.dtype, device=V.device)
     vel = torch.empty_like(V)
-    budget, tol_check = (1, None) if n_iter == 1 else ((int(n_iter), None) if n_iter is not None else (int(max_iter), tol))
+    fixed = 1 if n_iter == 1 else n_iter
+    budget, tol_check = (int(fixed), None) if fixed is not None else (int(max_iter), tol)
     # Only the pass that computes the velocity needs the values: the last row step (odd budget) or the
     # final application, fed by the output of half-iteration `wide` (-1: the first sweep). The other
     # passes carry the masses alone, matrix-vector products. With a tolerance any row step may be the last.

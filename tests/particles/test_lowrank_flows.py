@@ -107,7 +107,8 @@ def _dense_nystrom_field(x, V, idx, tau, a, n_iter, normalization, scores):
 def test_few_landmarks_match_a_dense_nystrom_reimplementation(monkeypatch, cache_bytes, normalization, n_iter,
                                                               dtype, tol, spread, scores):
     # float32: rounding amplified by the pseudo-inverse up to eps / cutoff = 1.2e-7 / 3.5e-4 relative; measured 2e-5.
-    # m = 60 of n = 200 farthest-point landmarks; odd and even counts end on a row / a column step (the velocity pass differs).
+    # m = 60 of n = 200 farthest-point landmarks; odd and even counts end on a row / a column step
+    # (the velocity pass differs).
     # spread 1: no exponent reaches the exp floor, the clamp is skipped; 10 (float64) and 4 (float32): some
     # entries are clamped to exactly 0 (the dense oracle keeps e^{-700}, e^{-90}: below any tolerance), with
     # Gaussian scores (dot scores weigh the far particles by e^{|x|^2 / 2}, which m = 60 do not approximate)
