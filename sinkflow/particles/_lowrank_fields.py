@@ -46,14 +46,17 @@ at most ``O(n m d)`` once per flow (0.4-1.1 s at ``n = 10^6``, ``m = 256``, ``d 
 
 Each Sinkhorn half-iteration is one pass over the rows of a factor of :math:`\tilde G`. With
 :math:`A^+ = H H^T` (``H`` is ``m x r``, ``r`` the numerical rank of ``A``: eigenvalues above the
-pseudo-inverse cutoff), :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has
-``r << m`` (the benchmark cloud of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256``
-farthest points, 10 of 256 uniform ones). ``B`` is formed once per field (``n m`` exponentials)
-and kept when it fits ``CACHE_BYTES`` (256 MiB), so a pass is two ``n x r`` products; otherwise
-each pass recomputes the blocks :math:`L_b` (memory ``O(m^2 + block)`` besides ``O(n)`` vectors).
-One step at ``n = 10^6``, ``d = 2``, ``m = 256``, ten half-iterations, float32, one thread (load
-average 1-2): 1.15 s with uniform landmarks (5.35 s before the factor was kept, 4.6x), 1.96 s with
-the farthest-point choice included (0.37 s of it, once per flow), peak RSS 0.49 GiB.
+pseudo-inverse cutoff, padded with zero columns to a multiple of 8, which BLAS runs 2.5x faster),
+:math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has ``r << m`` (the benchmark cloud
+of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256`` farthest points, 10 of 256 uniform
+ones). ``B`` is formed once per field (``n m`` exponentials, in blocks of rows sized from the L2
+cache) and kept when it fits ``CACHE_BYTES`` (256 MiB); otherwise each pass recomputes the blocks
+:math:`L_b` (memory ``O(m^2 + block)`` besides ``O(n)`` vectors). A pass over a kept ``B`` carries the
+masses alone (two matrix-vector products, 3-4 ms each at ``n = 10^6``), except the one pass that
+computes the velocity. One step at ``n = 10^6``, ``d = 2``, ``m = 256``, ten half-iterations, float32,
+one thread: about 3.5-4x the time of its ``n m`` exponentials, most of it forming ``B`` (the
+exponentials, the exponent product of inner width ``d + 2`` and the product with ``H``); see
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -67,12 +70,16 @@ from sinkflow._backend import exp_floor
 from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._inverses import _pinv_rtol
 from sinkflow.attention._nystrom import nystromformer_attention
+from sinkflow.particles._blockwise_fields import cache_block_bytes
 from sinkflow.particles._landmarks import landmark_indices, gaussian_coordinates
 
 __all__ = ["NystromPositivityError", "LowRankField", "lowrank_attention_field"]
 
-#: Memory of one block of kernel rows (bytes).
-BLOCK_BYTES = 8 * 2**20
+#: Memory of one block of kernel rows (bytes), counted as two ``rows x m`` buffers: three times the
+#: L2 cache (:func:`sinkflow.particles.cache_block_bytes`). The block stays in cache between its
+#: product, its exp and the product with ``A^{+1/2}``: building the factor at n = 10^6, m = 256
+#: took 10% less CPU time with 1,024-1,536 rows than with 4,096 (the 8 MiB budget before).
+BLOCK_BYTES = cache_block_bytes()
 #: The factor ``B = L A^{+1/2}`` (``n x r``) is kept between passes when it takes at most this many bytes.
 CACHE_BYTES = 256 * 2**20
 
@@ -132,13 +139,20 @@ class _NystromKernel:
         m = self.zJ.shape[0]
         lam, vec = torch.linalg.eigh(_kernel(self.zJ, self.zJ, z.shape[-1]))
         keep = lam > _pinv_rtol(z.dtype) * float(lam.abs().max())  # the cutoff of nystrom's pinv
-        self.half = vec[:, keep] * lam[keep].rsqrt()  # A^+ = half half^T
+        half = vec[:, keep] * lam[keep].rsqrt()  # A^+ = half half^T
+        # zero columns up to a multiple of 8: B B^T is unchanged, and BLAS runs the build product
+        # (n x m times m x r) 2.5x faster at r = 24 than at r = 23 (the benchmark cloud's rank)
+        self.half = torch.cat([half, half.new_zeros(m, -half.shape[1] % 8)], 1)
         self.rows = max(1, int(block_bytes) // (2 * m * z.element_size()))
         self.floor = exp_floor(z.dtype)
         self.floor_value = float(torch.tensor(self.floor, dtype=z.dtype).exp())
         # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
-        # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4))
-        u = z * z.shape[1] ** -0.25
+        # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4)),
+        # centred so that the expansion does not cancel (a cloud far from the origin)
+        u = (z - z.mean(0)) * z.shape[1] ** -0.25
+        # every exponent is >= -(2 R)^2 / 2 with R = max |u_i|: when that stays above the floor (and a
+        # unit of rounding), no entry is clamped and the two clamp passes over the n x m block are skipped
+        self.clamp = 2.0 * float((u * u).sum(1).max()) > -self.floor - 1.0
         self.left = torch.cat([u, -0.5 * (u * u).sum(1, keepdim=True), torch.ones_like(u[:, :1])], 1)
         uJ = u[idx.to(z.device)]
         self.right = torch.cat([uJ, torch.ones_like(uJ[:, :1]), -0.5 * (uJ * uJ).sum(1, keepdim=True)], 1).T.contiguous()
@@ -150,9 +164,6 @@ class _NystromKernel:
             for i0 in range(0, n, self.rows):
                 torch.mm(self._rows(i0, min(n, i0 + self.rows)), self.half, out=factor[i0:i0 + self.rows])
             self.factor, self.buffer = factor, None
-            # The passes over a kept factor are two thin products over all rows at once, each in the
-            # layout BLAS runs fastest (n = 10^6, r = 23: 47 + 32 ms instead of 82 + 88 ms in 4,096-row blocks)
-            self.factor_t = factor.T.contiguous()
         self.diagonal = None  # exact-diagonal correction 1 - G~_ii, see restore_diagonal
         self.last_in = None
 
@@ -162,6 +173,8 @@ class _NystromKernel:
             return self.factor[i0:i1]
         out = self.buffer[:i1 - i0]  # no allocation: fresh 16 MiB buffers cost page faults
         torch.mm(self.left[i0:i1], self.right, out=out)
+        if not self.clamp:
+            return out.exp_()
         # float32 exp is ~20x slower below its floor (-87): clamp there, then shift so that the clamped
         # entries are exactly 0 (a particle far from every landmark must get no mass, see restore_diagonal)
         return out.clamp_(self.floor, 0.0).exp_().sub_(self.floor_value)
@@ -213,20 +226,21 @@ class _NystromKernel:
 
 
     def _sweep_kept(self, T, step):
-        """:meth:`sweep` with the kept factor ``B``: one block of all rows."""
-        n = self.z.shape[0]
-        out = None if T is None else (T.T @ self.factor_t).T
+        """:meth:`sweep` with the kept factor ``B``: one block of all rows, each product in the form
+        BLAS streams ``B`` fastest (one column: matrix-vector; n = 10^6, r = 24: 3-4 ms a product)."""
+        B = self.factor
+        out = None if T is None else (B @ T[:, 0])[:, None] if T.shape[1] == 1 else (T.T @ B.T).T
         if out is not None and self.diagonal is not None:
             out = out + self.diagonal[:, None] * self.last_in
-        Y = step(0, n, out)
+        Y = step(0, B.shape[0], out)
         if self.diagonal is not None:
             self.last_in = Y
-        return None if Y is None else (Y.T @ self.factor).T
+        return None if Y is None else (Y[:, 0] @ B)[:, None] if Y.shape[1] == 1 else (Y.T @ B).T
 
 
 def _positive(s: torch.Tensor, what: str, m: int) -> torch.Tensor:
-    bad = int((s <= 0).sum())
-    if bad:
+    if s.numel() and float(s.min()) <= 0:  # one reduction a pass; the count only for the message
+        bad = int((s <= 0).sum())
         raise NystromPositivityError(
             f"the Nyström approximation with {m} landmarks gives {bad} {what} a non-positive kernel mass "
             "(its entries can be negative), so the normalization is undefined; use more landmarks "
@@ -262,6 +276,19 @@ def _unnormalized(K: _NystromKernel, V, log_p, r, a):
     return LowRankField(out[:, 1:], None, 0, row_err, math.nan, True)
 
 
+def _apply_scaled(K: _NystromKernel, acc, u, vel, a) -> float:
+    """``vel = diag(u) G~ diag(p w) V`` from the last column pass's ``acc``; returns the weighted row error."""
+    row_sum = torch.empty_like(u)
+
+    def apply(i0, i1, out):
+        row_sum[i0:i1] = u[i0:i1] * out[:, 0]
+        vel[i0:i1] = u[i0:i1, None] * out[:, 1:]
+        return None
+
+    K.sweep(K.project(acc), apply)
+    return float((a * (row_sum - 1).abs()).sum())
+
+
 def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
     """Row / Sinkhorn scaling of diag(u) G~ diag(p w), one pass per half-iteration."""
     n, m = V.shape[0], K.zJ.shape[0]
@@ -271,9 +298,16 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
     p = torch.exp(log_p - shift)
     u = torch.empty(n, dtype=V.dtype, device=V.device)
     vel = torch.empty_like(V)
-    stats = {"col": math.inf}
+    fixed = 1 if n_iter == 1 else n_iter
+    budget, tol_check = (int(fixed), None) if fixed is not None else (int(max_iter), tol)
+    # Only the pass that computes the velocity needs the values: the last row step (odd budget) or the
+    # final application, fed by the output of half-iteration `wide` (-1: the first sweep). The other
+    # passes carry the masses alone, matrix-vector products. With a tolerance any row step may be the last.
+    stats = {"col": math.inf, "k": -1, "wide": None if tol_check is not None else budget - 1 - budget % 2}
 
     def columns_in(i0, i1, _):
+        if stats["wide"] not in (None, stats["k"]):
+            return pw[i0:i1, None]
         return torch.cat([pw[i0:i1, None], pw[i0:i1, None] * V[i0:i1]], 1)
 
     # Particles of weight 0 are empty lines (row and column): their masses are never divided by
@@ -288,20 +322,23 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
 
     def row_step(i0, i1, out):
         s = masses(i0, i1, out, "rows")
-        u[i0:i1] = 1.0 / s if empty is None else torch.where(empty[i0:i1], torch.zeros_like(s), 1.0 / s)
-        vel[i0:i1] = out[:, 1:] * u[i0:i1, None]
+        torch.reciprocal(s, out=u[i0:i1])  # in place: n-vector temporaries cost as much as the products
+        if empty is not None:
+            u[i0:i1].masked_fill_(empty[i0:i1], 0.0)
+        if out.shape[1] > 1:
+            vel[i0:i1] = out[:, 1:] * u[i0:i1, None]
         return (a[i0:i1] * u[i0:i1])[:, None]
 
     def column_step(i0, i1, out):
         s = masses(i0, i1, out, "columns")
-        stats["col"] += float((pw[i0:i1] * s - a[i0:i1]).abs().sum())
-        pw[i0:i1] = a[i0:i1] / s
+        stats["col"] += float(torch.addcmul(a[i0:i1], pw[i0:i1], s, value=-1.0).norm(1))
+        torch.div(a[i0:i1], s, out=pw[i0:i1])
         return columns_in(i0, i1, None)
 
     acc = K.sweep(None, columns_in)
-    budget, tol_check = (1, None) if n_iter == 1 else ((int(n_iter), None) if n_iter is not None else (int(max_iter), tol))
     done, converged, last_row = 0, tol_check is None, False
     while done < budget:
+        stats["k"] = done
         if done % 2 == 0:
             acc = K.sweep(K.project(acc), row_step)
             last_row = True
@@ -314,17 +351,8 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
                 done += 1
                 break
         done += 1
-    row_err = 0.0
-    if not last_row:  # ended on a column step (or stopped after its check): apply without renormalizing
-        row_sum = torch.empty(n, dtype=V.dtype, device=V.device)
-
-        def apply(i0, i1, out):
-            row_sum[i0:i1] = u[i0:i1] * out[:, 0]
-            vel[i0:i1] = u[i0:i1, None] * out[:, 1:]
-            return None
-
-        K.sweep(K.project(acc), apply)
-        row_err = float((a * (row_sum - 1).abs()).sum())
+    # ended on a column step (or stopped after its check): apply without renormalizing
+    row_err = 0.0 if last_row else _apply_scaled(K, acc, u, vel, a)
     g = torch.log(pw.clamp_min(torch.finfo(V.dtype).tiny)) - torch.log(p.clamp_min(torch.finfo(V.dtype).tiny))
     # the column error is measured by a column pass: known for the state it checked
     col_err = stats["col"] if tol_check is not None else math.nan

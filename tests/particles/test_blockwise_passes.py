@@ -37,6 +37,7 @@ def test_uneven_weights_take_the_max_subtracted_row_pass(monkeypatch):
     w = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) + 1e-3
     w[0] = 1e-300  # log-spread beyond the row bound: no shift
     w = w / w.sum()
+    assert not B._Passes(B._BlockScores(x, None, 1.0, "dot", torch.log(w)), x, w, 4).row_shift_ok
     calls = {"exact": 0}
     original = B._Passes._column_exact
 
@@ -45,9 +46,14 @@ def test_uneven_weights_take_the_max_subtracted_row_pass(monkeypatch):
         return original(self, left)
 
     monkeypatch.setattr(B._Passes, "_column_exact", counted)
-    for n_iter in (3, 6):
-        res = B.lazy_attention_field(x, weights=w, n_iter=n_iter, block_bytes=3 * n * 8 * 4)
-        torch.testing.assert_close(res.velocity, dense_velocity(x, "dot", 1.0, n_iter, w), rtol=0, atol=1e-10)
+    C = x @ x.T + torch.log(w)[None, :]
+    for n_iter in (3, 6, None):  # ends on a row step, on a column step; until the row pass's column error <= tol
+        res = B.lazy_attention_field(x, weights=w, n_iter=n_iter, tol=1e-12, block_bytes=3 * n * 8 * 4)
+        K = solve_sinkhorn(C, n_iter=n_iter or res.n_iter, a=w, b=w, tol=1e-13, warn=False).attention
+        torch.testing.assert_close(res.velocity, K @ x, rtol=0, atol=1e-10)
+        # the weighted column sums sum_i a_i K_ij of the row pass (or of the final application): the column error
+        assert res.column_error == pytest.approx(float((w @ K - w).abs().sum()), rel=1e-6, abs=1e-14)
+    assert res.converged and res.column_error <= 1e-12
     cold = B.lazy_attention_field(x, temperature=0.002, scores="gaussian", n_iter=4, block_bytes=3 * n * 8 * 4)
     assert calls["exact"] > 0 and torch.isfinite(cold.velocity).all()
 

@@ -81,6 +81,50 @@ def test_kept_and_recomputed_factors_give_the_same_field(monkeypatch, normalizat
     assert recomputed.row_error == pytest.approx(kept.row_error, rel=1e-6, abs=1e-12)
 
 
+def _dense_nystrom_field(x, V, idx, tau, a, n_iter, normalization, scores):
+    """The same scalings on the dense Nystrom matrix L pinv(A) L^T of the kernel exp(-|x_i - x_j|_W^2 / (2 tau))."""
+    z = x @ torch.linalg.cholesky(W.to(x.dtype)) / tau ** 0.5
+    G = torch.exp(-torch.cdist(z, z) ** 2 / 2)
+    Gt = G[:, idx] @ torch.linalg.pinv(G[idx][:, idx], rtol=torch.finfo(x.dtype).eps ** 0.5, hermitian=True) @ G[idx]
+    half_sq = 0.5 * ((x @ W.to(x.dtype)) * x).sum(1) / tau if scores == "dot" else torch.zeros_like(x[:, 0])
+    pw = a * torch.exp(half_sq)  # e^{x_i^T W x_j / tau} a_j = e^{half_sq_i} G_ij pw_j
+    if normalization == "none":
+        return torch.exp(half_sq)[:, None] * (Gt @ (pw[:, None] * V))
+    for k in range(n_iter):
+        if k % 2 == 0:
+            u = 1 / (Gt @ pw)
+        else:
+            pw = a / (Gt @ (a * u))
+    return u[:, None] * (Gt @ (pw[:, None] * V))
+
+
+@pytest.mark.parametrize("cache_bytes", [lowrank_fields.CACHE_BYTES, 0])
+@pytest.mark.parametrize("normalization,n_iter", [("sinkhorn", 2), ("sinkhorn", 3), ("sinkhorn", 4), ("sinkhorn", 7),
+                                                  ("row", None), ("none", None)])
+@pytest.mark.parametrize("dtype,tol,spread,scores", [(torch.float64, 1e-8, 1, "dot"), (torch.float32, 1e-4, 1, "dot"),
+                                                     (torch.float64, 1e-8, 10, "gaussian"),
+                                                     (torch.float32, 1e-4, 4, "gaussian")])
+def test_few_landmarks_match_a_dense_nystrom_reimplementation(monkeypatch, cache_bytes, normalization, n_iter,
+                                                              dtype, tol, spread, scores):
+    # float32: rounding amplified by the pseudo-inverse up to eps / cutoff = 1.2e-7 / 3.5e-4 relative; measured 2e-5.
+    # m = 60 of n = 200 farthest-point landmarks; odd and even counts end on a row / a column step
+    # (the velocity pass differs).
+    # spread 1: no exponent reaches the exp floor, the clamp is skipped; 10 (float64) and 4 (float32): some
+    # entries are clamped to exactly 0 (the dense oracle keeps e^{-700}, e^{-90}: below any tolerance), with
+    # Gaussian scores (dot scores weigh the far particles by e^{|x|^2 / 2}, which m = 60 do not approximate)
+    monkeypatch.setattr(lowrank_fields, "CACHE_BYTES", cache_bytes)
+    x = spread * torch.tensor(np.random.default_rng(3).normal(size=(200, 2)))
+    z = sinkflow.particles.gaussian_coordinates(x.to(dtype), W.to(dtype), 1.0)
+    idx, a = sinkflow.particles.farthest_point_indices(z, 60, 0), _weights(200, seed=5)
+    assert lowrank_fields._NystromKernel(z, idx).clamp == (spread > 1)
+    V = torch.tensor(np.random.default_rng(4).normal(size=(200, 3)))
+    exact = _dense_nystrom_field(x.to(dtype), V.to(dtype), idx, 1.0, a.to(dtype), n_iter or 1, normalization, scores)
+    got = lowrank_attention_field(x.to(dtype), V.to(dtype), idx, normalization=normalization, W=W.to(dtype),
+                                  scores=scores,
+                                  weights=a.to(dtype), n_iter=n_iter, block_bytes=8000).velocity
+    torch.testing.assert_close(got, exact, rtol=0, atol=tol * float(exact.abs().max()))
+
+
 @pytest.mark.parametrize("cache_bytes", [lowrank_fields.CACHE_BYTES, 0])
 def test_particles_no_landmark_sees_keep_their_own_weight_never_nan(monkeypatch, cache_bytes):
     monkeypatch.setattr(lowrank_fields, "CACHE_BYTES", cache_bytes)
