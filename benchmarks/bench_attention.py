@@ -53,7 +53,6 @@ def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
     them); ``path="fused"``: the fused passes wherever they are available (else: sinkflow's choice)."""
     from unittest import mock
 
-    import sinkflow.nn._fused as fused
     import sinkflow.nn.functional as attention
     from sinkflow.nn import MultiheadAttention
 
@@ -62,20 +61,20 @@ def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
 
     def step():
         with mock.patch.object(attention, "sinkhorn_attention", _solver_path) if solver_path else nullcontext(), \
-                mock.patch.object(fused, "fused_preferred", _FORCED[path]) if path else nullcontext():
+                mock.patch.object(attention, "fused_preferred", _FORCED[path]) if path else nullcontext():
             out, _ = mha(x, x, x, need_weights=False)
             out.mean().backward()
         return out
     return step
 
 
-_FORCED = {"eager": lambda *args: False, "fused": lambda variant, n_iter, q, k: _fused_available(variant, n_iter, q.device)}
+_FORCED = {"eager": lambda *args: None, "fused": lambda variant, n_iter, q, k: _fused_kind(variant, n_iter, q.device)}
 
 
-def _fused_available(*args):
-    from sinkflow.nn._fused import fused_available
+def _fused_kind(*args):
+    from sinkflow.nn._fused import fused_kind
 
-    return fused_available(*args)
+    return fused_kind(*args)
 
 
 def _autocast(step):
@@ -186,7 +185,7 @@ def _fused_table(lengths, device, repeats, eager_up_to=4096) -> None:
         if device.type == "cuda":  # the hardware's fastest kernel: flash attention wants bf16/fp16
             steps |= {"torch sdpa, flash, bf16 autocast (reference)": _autocast(_flash_step(x)),
                       "softmax, bf16 autocast": _autocast(_layer_step("softmax", 1, x))}
-        if not _fused_available("sinkhorn", 3, device):
+        if _fused_kind("sinkhorn", 3, device) is None:
             del steps["sinkhorn(3), fused passes"]  # not on this device: the row would repeat the factored one
         if n <= eager_up_to:
             steps |= {"softmax, eager (before)": _layer_step("softmax", 1, x, path="eager"),
