@@ -155,8 +155,8 @@ class _SinkhornPasses(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         q, k, v, y, F, G, *pots = ctx.saved_tensors
-        steps = list(zip(pots[::2], pots[1::2]))
-        dq, dk, dv = _combined_backward(ctx, dy, q, k, v, y, F, G, steps)
+        steps = list(zip(pots[::2], pots[1::2]))  # dy of a sum is expanded (stride 0): the kernels misread it
+        dq, dk, dv = _combined_backward(ctx, dy.contiguous(), q, k, v, y, F, G, steps)
         return dq, dk, dv, None, None, None
 
 

@@ -49,7 +49,7 @@ def _qkv(shape, dtype, g, p=4, p_v=None, scale=1.0):
 
 
 def _grads(out, inputs, w):
-    return torch.autograd.grad((out * w).sum(), inputs)
+    return torch.autograd.grad((out * w).sum(), inputs, retain_graph=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -266,22 +266,25 @@ def test_layer_takes_the_fused_pass_exactly_when_the_weights_are_not_needed(norm
         assert spy.call_count == 1
 
 
+@pytest.mark.parametrize("p_v", [3, 4])
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("n_iter", [2, 3, 4, 5])
-def test_combined_sinkhorn_backward_equals_the_chain_of_passes(n_iter, mask_kind):
+def test_combined_sinkhorn_backward_equals_the_chain_of_passes(n_iter, mask_kind, p_v):
     # The one-flash-backward gradients against the per-step chain (each pass its own flash
     # backward, autograd between them), float64, with a float mask (bias) on the scores.
     g = torch.Generator().manual_seed(10 * n_iter + len(mask_kind))
     shape = (2, 2, 11, 8)
     mask = mask_patterns(shape, g)[mask_kind]
-    q, k, v = _qkv(shape, torch.float64, g, p=4, p_v=3, scale=1.5)
+    q, k, v = _qkv(shape, torch.float64, g, p=4, p_v=p_v, scale=1.5)  # p_v = 3: padded values
     bias = torch.randn(11, 8, generator=g, dtype=torch.float64)
-    w = torch.randn(*shape[:-1], 3, generator=g, dtype=torch.float64)
+    w = torch.randn(*shape[:-1], p_v, generator=g, dtype=torch.float64)
     got = sinkhorn_passes(q, k, v, n_iter, allowed=mask, bias=bias)
     want = sinkhorn_passes(q, k, v, n_iter, allowed=mask, bias=bias, chain=True)
     assert torch.allclose(got, want, rtol=0, atol=1e-13)
     for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w)):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)  # the gradient of a sum is expanded (stride 0)
 
 
 @pytest.mark.parametrize("n_iter", [3, 4])
