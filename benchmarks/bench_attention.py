@@ -20,9 +20,17 @@ saves for backward (the part that grows as n^2).
 ``--profile`` prints the top ops of the Sinkhorn layer step (torch.profiler).
 
 ``--fused [N ...]`` prints only the fused-pass table instead (issue 21): the layer step of
-SoftMax and the Gaussian kernel through the fused kernels (:mod:`sinkflow.nn._fused`) against
-torch's SDPA, ``torch.nn.MultiheadAttention`` and the eager matrix path (up to n = 4,096),
-with Skyformer and Sinkhorn(3), time and memory, measured in the same run with the load.
+SoftMax, the Gaussian kernel and Sinkhorn(3) through the fused kernels (:mod:`sinkflow.nn._fused`,
+:mod:`sinkflow.nn._fused_sinkhorn`) against torch's SDPA, ``torch.nn.MultiheadAttention`` and
+the eager matrix paths (up to n = 4,096; Sinkhorn's is the factored path), with Skyformer,
+time and memory, measured in the same run with the load. Targets (issue 21, need_weights=False):
+SoftMax at most 1.1x ``torch.nn.MultiheadAttention`` in time and 1.2x in saved memory;
+Sinkhorn(3) at most 2.5x torch's SDPA with memory saved for backward O(n (p + n_iter)) per
+head. Measured (one thread, load 6-8 on 2 cores, medians of 5 / 3 at 16,384): Sinkhorn(3)
+2.24x, 2.47x, 2.50x SDPA at n = 1,024, 4,096, 16,384 with 10.6 / 10.6 / 21.3 MiB saved
+(1.05x torch's; before: the factored path, 3.1x and 138 / 522 MiB, or the per-step fused
+chain, 4.0-4.1x); its floor with flash passes is 5 forward passes and one backward pass of
+head width p + 2 (about 2.45x SDPA's one forward and one backward at p = 16).
 
 Usage: ``python benchmarks/bench_attention.py [--quick] [--threads 1] [--lengths 1024 4096] [--profile]``
 or ``python benchmarks/bench_attention.py --fused 256 1024 4096 16384 [--repeats 7]``
