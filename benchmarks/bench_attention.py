@@ -29,8 +29,9 @@ Sinkhorn(3) at most 2.5x torch's SDPA with memory saved for backward O(n (p + n_
 head. Measured (one thread, load 6-8 on 2 cores, medians of 5 / 3 at 16,384): Sinkhorn(3)
 2.24x, 2.47x, 2.50x SDPA at n = 1,024, 4,096, 16,384 with 10.6 / 10.6 / 21.3 MiB saved
 (1.05x torch's; before: the factored path, 3.1x and 138 / 522 MiB, or the per-step fused
-chain, 4.0-4.1x); its floor with flash passes is 5 forward passes and one backward pass of
-head width p + 2 (about 2.45x SDPA's one forward and one backward at p = 16).
+chain, 4.0-4.1x); a second run: 2.37x at 4,096, 2.62x at 16,384. Its floor with flash passes
+is 5 forward passes and one backward pass of head width p + 2 (measured 2.35-2.44x SDPA's
+one forward and one backward at p = 16); the kernels are 97% of the step.
 
 Usage: ``python benchmarks/bench_attention.py [--quick] [--threads 1] [--lengths 1024 4096] [--profile]``
 or ``python benchmarks/bench_attention.py --fused 256 1024 4096 16384 [--repeats 7]``
