@@ -20,9 +20,18 @@ saves for backward (the part that grows as n^2).
 ``--profile`` prints the top ops of the Sinkhorn layer step (torch.profiler).
 
 ``--fused [N ...]`` prints only the fused-pass table instead (issue 21): the layer step of
-SoftMax and the Gaussian kernel through the fused kernels (:mod:`sinkflow.nn._fused`) against
-torch's SDPA, ``torch.nn.MultiheadAttention`` and the eager matrix path (up to n = 4,096),
-with Skyformer and Sinkhorn(3), time and memory, measured in the same run with the load.
+SoftMax, the Gaussian kernel and Sinkhorn(3) through the fused kernels (:mod:`sinkflow.nn._fused`,
+:mod:`sinkflow.nn._fused_sinkhorn`) against torch's SDPA, ``torch.nn.MultiheadAttention`` and
+the eager matrix paths (up to n = 4,096; Sinkhorn's is the factored path), with Skyformer,
+time and memory, measured in the same run with the load. Targets (issue 21, need_weights=False):
+SoftMax at most 1.1x ``torch.nn.MultiheadAttention`` in time and 1.2x in saved memory;
+Sinkhorn(3) at most 2.5x torch's SDPA with memory saved for backward O(n (p + n_iter)) per
+head. Measured (one thread, load 6-8 on 2 cores, medians of 5 / 3 at 16,384): Sinkhorn(3)
+2.24x, 2.47x, 2.50x SDPA at n = 1,024, 4,096, 16,384 with 10.6 / 10.6 / 21.3 MiB saved
+(1.05x torch's; before: the factored path, 3.1x and 138 / 522 MiB, or the per-step fused
+chain, 4.0-4.1x); a second run: 2.37x at 4,096, 2.62x at 16,384. Its floor with flash passes
+is 5 forward passes and one backward pass of head width p + 2 (measured 2.35-2.44x SDPA's
+one forward and one backward at p = 16); the kernels are 97% of the step.
 
 Usage: ``python benchmarks/bench_attention.py [--quick] [--threads 1] [--lengths 1024 4096] [--profile]``
 or ``python benchmarks/bench_attention.py --fused 256 1024 4096 16384 [--repeats 7]``
@@ -53,7 +62,6 @@ def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
     them); ``path="fused"``: the fused passes wherever they are available (else: sinkflow's choice)."""
     from unittest import mock
 
-    import sinkflow.nn._fused as fused
     import sinkflow.nn.functional as attention
     from sinkflow.nn import MultiheadAttention
 
@@ -62,20 +70,20 @@ def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
 
     def step():
         with mock.patch.object(attention, "sinkhorn_attention", _solver_path) if solver_path else nullcontext(), \
-                mock.patch.object(fused, "fused_preferred", _FORCED[path]) if path else nullcontext():
+                mock.patch.object(attention, "fused_preferred", _FORCED[path]) if path else nullcontext():
             out, _ = mha(x, x, x, need_weights=False)
             out.mean().backward()
         return out
     return step
 
 
-_FORCED = {"eager": lambda *args: False, "fused": lambda variant, n_iter, q, k: _fused_available(variant, n_iter, q.device)}
+_FORCED = {"eager": lambda *args: None, "fused": lambda variant, n_iter, q, k: _fused_kind(variant, n_iter, q.device)}
 
 
-def _fused_available(*args):
-    from sinkflow.nn._fused import fused_available
+def _fused_kind(*args):
+    from sinkflow.nn._fused import fused_kind
 
-    return fused_available(*args)
+    return fused_kind(*args)
 
 
 def _autocast(step):
@@ -186,7 +194,7 @@ def _fused_table(lengths, device, repeats, eager_up_to=4096) -> None:
         if device.type == "cuda":  # the hardware's fastest kernel: flash attention wants bf16/fp16
             steps |= {"torch sdpa, flash, bf16 autocast (reference)": _autocast(_flash_step(x)),
                       "softmax, bf16 autocast": _autocast(_layer_step("softmax", 1, x))}
-        if not _fused_available("sinkhorn", 3, device):
+        if _fused_kind("sinkhorn", 3, device) is None:
             del steps["sinkhorn(3), fused passes"]  # not on this device: the row would repeat the factored one
         if n <= eager_up_to:
             steps |= {"softmax, eager (before)": _layer_step("softmax", 1, x, path="eager"),

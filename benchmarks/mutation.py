@@ -60,6 +60,8 @@ MODULE_TESTS = {
     "attention/_inverses": ["tests/attention/test_nystrom.py"],
     "bounds/_spectral": ["tests/attention/test_nystrom.py"],
     "nn/_fused": ["tests/nn/test_nn_fused.py"],
+    "nn/_fused_sinkhorn": ["tests/nn/test_nn_fused.py"],
+    "nn/_flash": ["tests/nn/test_nn_fused.py"],
     "plots/_reference": ["tests/plots/test_figures.py"],
 }
 

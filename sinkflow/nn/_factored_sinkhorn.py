@@ -221,33 +221,31 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
     scores) the solver runs.
 
     A ``-inf`` score means a masked entry, torch's convention (``torch.softmax``,
-    ``scaled_dot_product_attention``), for every ``n_iter`` and dtype: it is folded into
-    ``mask`` before any path runs, so its weight is 0 and a line of ``-inf`` scores is an
-    empty line (weight 0, as a masked line), not NaN. ``+inf`` and NaN scores are refused
+    ``scaled_dot_product_attention``), for every ``n_iter`` and dtype: its SoftMax weight is 0
+    in the factored path, and a line of ``-inf`` scores (whose sum 0 fails the range check)
+    or any other path folds them into ``mask``, so a line of ``-inf`` scores is an empty line
+    (weight 0, as a masked line), not NaN. ``+inf`` and NaN scores are refused
     (ValueError), as by the solver.
     """
     if isinstance(n_iter, bool) or int(n_iter) != n_iter or n_iter < 1:
         raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
-    scores, mask = _fold_neg_inf(scores, mask)
-    if n_iter == 1:
-        return _times(softmax(scores, mask), values)
-    if scores.dtype in (torch.float32, torch.float64):
-        try:
+    if n_iter > 1 and scores.dtype in (torch.float32, torch.float64):
+        try:  # an isolated -inf is a zero of the SoftMax, as a masked entry; a line of them fails the range check
             return _FactoredSinkhorn.apply(scores, values, int(n_iter), mask)
         except _OutOfRange:
             pass
+    scores, mask = _fold_neg_inf(scores, mask)
+    if n_iter == 1:
+        return _times(softmax(scores, mask), values)
     return _times(sinkhorn(scores, n_iter=n_iter, mask=mask), values)
 
 
 def _fold_neg_inf(scores, mask):
     """``-inf`` scores as masked entries: the scores with those set to 0 and the mask without them."""
     neg = torch.isneginf(scores)
-    if not bool(neg.any()):
-        return scores, mask
-    keep = ~neg if mask is None else mask & ~neg
-    return scores.masked_fill(neg, 0.0), keep
+    return scores.masked_fill(neg, 0.0), ~neg if mask is None else mask & ~neg
 
 
 def _times(P, values):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from sinkflow.attention._variants import _sinkhorn as _builtin_sinkhorn
 from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
-from sinkflow.nn._fused import fused_attention, fused_preferred
+from sinkflow.nn._fused import fused_output, fused_preferred
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 
 __all__ = ["attention_weights", "available_normalizations", "register_normalization", "scaled_attention"]
@@ -208,8 +208,9 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     if variant.normalize is None:
         return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
     fusable = not need_weights and not (dropout > 0 and training) and (bias is None or not bias.requires_grad)
-    if fusable and fused_preferred(variant, n_iter, q, k):  # a learned float mask takes the eager path (its gradient)
-        return fused_attention(q, k, v, variant, n_iter=n_iter, allowed=mask, bias=bias), None  # no n x m matrix
+    kind = fused_preferred(variant, n_iter, q, k) if fusable else None  # a learned float mask: eager (its gradient)
+    if kind is not None:
+        return fused_output(kind, q, k, v, n_iter, allowed=mask, bias=bias), None  # no n x m matrix
     if not need_weights and variant.normalize is _builtin_sinkhorn and not (dropout > 0 and training):
         with torch.autocast(device_type=q.device.type, enabled=False):
             scores = _scores(q, k, variant, bias)

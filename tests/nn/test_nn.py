@@ -531,8 +531,8 @@ def test_factored_sinkhorn_falls_back_to_the_solver_on_underflow_and_masks():
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax_saves(padded):
-    # need_weights=False takes the factored output path: same output and gradients as the
-    # matrix path, and autograd keeps one n x n matrix (as SoftMax attention does), not n_iter of them.
+    # need_weights=False (the fused passes on CPU, the factored output path elsewhere): same output
+    # and gradients as the matrix path, and autograd keeps at most one n x n matrix, not n_iter of them.
     from sinkflow.nn._cost import saved_bytes
 
     torch.manual_seed(0)

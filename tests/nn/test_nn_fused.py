@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -10,17 +11,23 @@ from oracles import mask_patterns
 
 from sinkflow.nn import MultiheadAttention, scaled_attention
 from sinkflow.nn._cost import saved_bytes
-from sinkflow.nn._fused import SINKHORN_MATRIX_BYTES, fused_attention, fused_available, fused_preferred
+from sinkflow.nn._fused import fused_attention, fused_available, fused_kind, fused_preferred
+from sinkflow.nn._fused_sinkhorn import sinkhorn_passes
 
 MASKS = ["none", "keys", "keys+queries", "causal", "random", "empty row"]
 VARIANTS = [("softmax", 1), ("sinkhorn", 1), ("gaussian", 1)]
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6}
 
 
-def _plain(q, k, v, variant, allowed=None, bias=None):
-    """The attention matrix written out in float64 from its formula, then times v (the oracle)."""
+def _plain(q, k, v, variant, allowed=None, bias=None, n_iter=3):
+    """The attention matrix written out in float64 from its formula (Sinkhorn: the solver's), then times v."""
     q, k, v = q.double(), k.double(), v.double()
     p = q.shape[-1]
+    if variant == "sinkhorn":
+        import sinkflow
+
+        C = q @ k.transpose(-1, -2) / math.sqrt(p)
+        return sinkflow.sinkhorn(C if bias is None else C + bias.double(), n_iter=n_iter, mask=allowed) @ v
     if variant == "gaussian":
         C = -((q.unsqueeze(-2) - k.unsqueeze(-3)) ** 2).sum(-1) / (2 * math.sqrt(p))
     else:
@@ -42,7 +49,7 @@ def _qkv(shape, dtype, g, p=4, p_v=None, scale=1.0):
 
 
 def _grads(out, inputs, w):
-    return torch.autograd.grad((out * w).sum(), inputs)
+    return torch.autograd.grad((out * w).sum(), inputs, retain_graph=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -61,7 +68,7 @@ def test_fused_equals_the_eager_path_forward_and_gradients(shape, variant, n_ite
     assert K is not None and none is None and fused.dtype == dtype
     tol = TOL[dtype]  # relative to the largest entry (the Gaussian kernel's outputs are sums, not means)
     assert torch.allclose(fused, eager, rtol=0, atol=tol * max(1.0, float(eager.abs().max())))
-    assert torch.allclose(fused.double(), _plain(q, k, v, variant, mask), rtol=0, atol=10 * tol * max(1.0, float(eager.abs().max())))
+    assert torch.allclose(fused.double(), _plain(q, k, v, variant, mask, n_iter=n_iter), rtol=0, atol=10 * tol * max(1.0, float(eager.abs().max())))
     for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w)):
         assert torch.allclose(got, want, rtol=0, atol=5 * tol * max(1.0, float(want.abs().max())))
     if mask_kind == "empty row":  # a query with no admissible key: zero output, zero gradient, no NaN
@@ -126,14 +133,14 @@ def test_gaussian_fused_is_exact_at_large_norms_and_another_value_width():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("variant", ["softmax", "gaussian"])
-def test_fused_half_inputs_compute_in_float32_and_return_their_dtype(variant, dtype):
+@pytest.mark.parametrize("variant,n_iter", [("softmax", 1), ("gaussian", 1), ("sinkhorn", 2), ("sinkhorn", 3)])
+def test_fused_half_inputs_compute_in_float32_and_return_their_dtype(variant, n_iter, dtype):
     g = torch.Generator().manual_seed(5)
     q, k, v = _qkv((2, 16, 16), torch.float32, g)
     mask = mask_patterns((2, 16, 16), g)["keys"]
     qh, kh, vh = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-    out = fused_attention(qh, kh, vh, variant, allowed=mask)
-    want = _plain(qh, kh, vh, variant, mask)  # the same rounded inputs, in float64
+    out = fused_attention(qh, kh, vh, variant, n_iter=n_iter, allowed=mask)
+    want = _plain(qh, kh, vh, variant, mask, n_iter=n_iter)  # the same rounded inputs, in float64
     assert out.dtype == dtype
     assert torch.allclose(out.double(), want, rtol=0, atol=2 * float(torch.finfo(dtype).eps) * (1 + float(want.abs().max())))
     out.float().square().sum().backward()
@@ -176,7 +183,7 @@ def test_layer_matches_torch_multihead_attention_with_masks():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("mask_kind", MASKS)
-@pytest.mark.parametrize("n_iter", [2, 3, 4, 7])
+@pytest.mark.parametrize("n_iter", [1, 2, 3, 4, 5, 7])
 @pytest.mark.parametrize("shape", [(2, 3, 9, 9), (4, 7, 5), (1, 40, 33)])
 def test_fused_sinkhorn_equals_the_eager_factored_path(shape, n_iter, mask_kind, dtype):
     # The log-domain passes against the factored multiplicative path (values and gradients of
@@ -220,17 +227,17 @@ def test_fused_sinkhorn_saves_linear_memory_and_takes_a_bias():
     assert torch.allclose(fused_attention(q, k, v, "sinkhorn", n_iter=4, bias=bias), want, rtol=0, atol=1e-12)
 
 
-def test_sinkhorn_layer_takes_the_fused_passes_past_the_matrix_budget(monkeypatch):
-    # With the budget at 0 the layer's need_weights=False path is the fused one: same output
-    # and parameter gradients as the matrix path, and a fraction of its saved memory.
-    import sinkflow.nn._fused as fused
+def test_sinkhorn_layer_without_weights_takes_the_fused_passes():
+    # need_weights=False: same output and parameter gradients as the matrix path (need_weights=True),
+    # and a fraction of what the factored path (forced here) saves.
+    import sinkflow.nn.functional as functional
 
     torch.manual_seed(2)
     x = torch.randn(2, 64, 16)
     pad = (torch.arange(64) >= 50).expand(2, 64)
     mha = MultiheadAttention(16, 2, batch_first=True, normalization="sinkhorn", n_iter=3)
-    factored, _ = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=False))
-    monkeypatch.setattr(fused, "SINKHORN_MATRIX_BYTES", 0)
+    with mock.patch.object(functional, "fused_preferred", lambda *args: None):
+        factored, _ = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=False))
     results = []
     for need in (True, False):
         mha.zero_grad()
@@ -243,16 +250,94 @@ def test_sinkhorn_layer_takes_the_fused_passes_past_the_matrix_budget(monkeypatc
     assert nbytes < factored / 2, (nbytes, factored)
 
 
+@pytest.mark.parametrize("normalization,n_iter,kind", [("softmax", 1, "softmax"), ("gaussian", 1, "gaussian"),
+                                                       ("sinkhorn", 3, "sinkhorn"), ("sinkhorn", 1, "softmax")])
+def test_layer_takes_the_fused_pass_exactly_when_the_weights_are_not_needed(normalization, n_iter, kind):
+    # A spy on the fused entry point of scaled_attention: one call per forward without weights,
+    # with the pass classified once (its kind), none when the weights are returned.
+    import sinkflow.nn.functional as functional
+
+    mha = MultiheadAttention(8, 2, batch_first=True, normalization=normalization, n_iter=n_iter)
+    x = torch.randn(2, 5, 8)
+    with mock.patch.object(functional, "fused_output", wraps=functional.fused_output) as spy:
+        mha(x, x, x, need_weights=False)
+        assert spy.call_count == 1 and spy.call_args.args[0] == kind
+        mha(x, x, x, need_weights=True)
+        assert spy.call_count == 1
+
+
+@pytest.mark.parametrize("p_v", [3, 4])
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("n_iter", [2, 3, 4, 5])
+def test_combined_sinkhorn_backward_equals_the_chain_of_passes(n_iter, mask_kind, p_v):
+    # The one-flash-backward gradients against the per-step chain (each pass its own flash
+    # backward, autograd between them), float64, with a float mask (bias) on the scores.
+    g = torch.Generator().manual_seed(10 * n_iter + len(mask_kind))
+    shape = (2, 2, 11, 8)
+    mask = mask_patterns(shape, g)[mask_kind]
+    q, k, v = _qkv(shape, torch.float64, g, p=4, p_v=p_v, scale=1.5)  # p_v = 3: padded values
+    bias = torch.randn(11, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(*shape[:-1], p_v, generator=g, dtype=torch.float64)
+    got = sinkhorn_passes(q, k, v, n_iter, allowed=mask, bias=bias)
+    want = sinkhorn_passes(q, k, v, n_iter, allowed=mask, bias=bias, chain=True)
+    assert torch.allclose(got, want, rtol=0, atol=1e-13)
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)  # the gradient of a sum is expanded (stride 0)
+
+
+@pytest.mark.parametrize("n_iter", [3, 4])
+def test_combined_sinkhorn_backward_falls_back_to_the_chain_past_its_range(monkeypatch, n_iter):
+    # Past FACTOR_LOG_LIMIT (forced: a limit below every factor) the chain runs (spied) and gives
+    # the combined pass's gradients; at small temperature (scores ~ 50) the factors stay in
+    # range (a row of S diag(b / S^T 1) sums to at most n) and both equal the solver's (float64).
+    import sinkflow
+    import sinkflow.nn._fused_sinkhorn as fs
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = _qkv((1, 2, 7, 6), torch.float64, g, p=4, scale=5.0)
+    w = torch.randn(1, 2, 7, 4, generator=g, dtype=torch.float64)
+    spy = mock.Mock(wraps=fs._chain_backward)
+    monkeypatch.setattr(fs, "_chain_backward", spy)
+    combined = _grads(sinkhorn_passes(q, k, v, n_iter), (q, k, v), w)
+    assert spy.call_count == 0
+    monkeypatch.setattr(fs, "FACTOR_LOG_LIMIT", {torch.float64: -math.inf})
+    chain = _grads(sinkhorn_passes(q, k, v, n_iter), (q, k, v), w)
+    assert spy.call_count == 1
+    want = _grads(sinkflow.sinkhorn(q @ k.transpose(-1, -2) / 2.0, n_iter=n_iter) @ v, (q, k, v), w)
+    for a, b, c in zip(combined, chain, want):
+        assert torch.allclose(a, c, rtol=0, atol=1e-10 * max(1.0, float(c.abs().max())))
+        assert torch.allclose(b, c, rtol=0, atol=1e-10 * max(1.0, float(c.abs().max())))
+
+
+@pytest.mark.parametrize("layout", ["unbatched", "batch_first=False"])
+def test_fused_sinkhorn_layer_unbatched_and_sequence_first(layout):
+    # The drop-in layouts through the fused passes: equal to the matrix path (need_weights=True).
+    torch.manual_seed(3)
+    mha = MultiheadAttention(8, 2, batch_first=False, normalization="sinkhorn", n_iter=3)
+    x = torch.randn(9, 8) if layout == "unbatched" else torch.randn(9, 2, 8)
+    pad = torch.arange(9) >= 7 if layout == "unbatched" else (torch.arange(9) >= 7).expand(2, 9)
+    causal = torch.ones(9, 9, dtype=torch.bool).triu(1)
+    outs, grads = [], []
+    for need in (True, False):
+        xi = x.clone().requires_grad_()
+        out = mha(xi, xi, xi, key_padding_mask=pad, attn_mask=causal, need_weights=need)[0]
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), xi)[0])
+    assert outs[1].shape == x.shape and torch.allclose(outs[1], outs[0], rtol=0, atol=1e-6)
+    assert torch.allclose(grads[1], grads[0], rtol=0, atol=1e-5)
+
+
 def test_fused_availability_and_refusals():
     q = k = v = torch.randn(2, 3, 4)
     assert fused_available("softmax") and fused_available("sinkhorn", 1) and fused_available("gaussian")
     assert fused_available("sinkhorn", 3) and not fused_available("unnormalized")
-    # Sinkhorn goes fused only past the factored path's matrix budget (float32: 4 bytes an entry)
-    side = math.isqrt(SINKHORN_MATRIX_BYTES // 4)
-    at, past = torch.empty(side, 1), torch.empty(side + 1, 1)
-    assert not fused_preferred("sinkhorn", 3, at, at) and fused_preferred("sinkhorn", 3, past, past)
-    assert fused_preferred("sinkhorn", 3, at.double(), at.double())  # 8 bytes an entry
-    assert fused_preferred("softmax", 1, q, k) and not fused_preferred("unnormalized", 1, past, past)
+    assert [fused_kind(*a) for a in [("sinkhorn", 1), ("sinkhorn", 2), ("gaussian", 1), ("skyformer", 1)]] == \
+        ["softmax", "sinkhorn", "gaussian", None]
+    short, long = torch.empty(4, 2), torch.empty(16384, 1)  # Sinkhorn fused at every length now
+    assert fused_preferred("sinkhorn", 3, short, short) == fused_preferred("sinkhorn", 3, long, long) == "sinkhorn"
+    assert fused_preferred("softmax", 1, q, k) == "softmax" and fused_preferred("unnormalized", 1, long, long) is None
     with pytest.raises(ValueError, match="no fused pass"):
         fused_attention(q, k, v, "unnormalized")
     with pytest.raises(TypeError, match="boolean"):

@@ -1,0 +1,276 @@
+r"""Sinkhorn(``n_iter``) attention in the log domain from fused flash passes, O(n (p + n_iter)) saved per head.
+
+The plan after ``N = n_iter`` half-steps is :math:`P_{ij} = \exp(C_{ij} + M_{ij} + F_i + G_j)`
+(:math:`C = q k^T / \sqrt p`, :math:`M` the mask): row steps
+:math:`f_t = -\mathrm{LSE}_j(C_{ij} + M_{ij} + g_{t-1,j})`, column steps
+:math:`g_t = \log b - \mathrm{LSE}_i(C_{ij} + M_{ij} + f_{t-1,i})`, :math:`g_0 = 0`; the
+potentials :math:`F, G` are the last of each. Every step is one flash pass (its log-sum-exp;
+a column step runs the kernel with ``q`` and ``k`` swapped). Each step's own matrix is the
+plan modulated by a rank-one factor,
+
+.. math:: P^{(t)}_{ij} = e^{C_{ij} + M_{ij} + r^t_i + c^t_j} = P_{ij}\, e^{r^t_i - F_i}\, e^{c^t_j - G_j},
+
+with :math:`(r^t, c^t) = (f_t, g_{t-1})` for a row step and :math:`(f_{t-1}, g_t - \log b)`
+for a column step.
+
+Forward: for odd ``N`` the last row step is the output pass's own normalization
+(:math:`P = \mathrm{softmax}_j(C + M + G)`, so :math:`Y = PV` is one SDPA-shaped pass with
+key bias :math:`G` and :math:`F = -\mathrm{LSE}`): ``N`` passes; for even ``N``,
+:math:`Y = e^{F + L} \odot \mathrm{softmax}_j(C + M + G) V`: ``N + 1`` passes.
+
+Backward (:class:`_SinkhornPasses`): the adjoints of the potentials run back through the
+steps; a step's adjoint :math:`\gamma` (:math:`-\partial L/\partial f_t` or
+:math:`-\partial L/\partial g_t`) gives :math:`\partial C \mathrel{+}= \gamma \odot P^{(t)}` and,
+to the potential it was computed from, a line sum of :math:`\gamma \odot P^{(t)}`: one forward
+flash pass each (``N - 1`` for odd ``N``, with the output's :math:`P^T [dY, \gamma_N]`;
+``N`` for even). Then all of :math:`\partial C` is the plan times a low-rank matrix,
+
+.. math:: \partial C = P \odot \big([\,dY \mid u_1 \dots u_r\,]\,[\,V \mid w_1 \dots w_r\,]^T - D 1^T\big),
+
+(the step factors above, :math:`D = dY \odot Y` summed for odd ``N``, else 0): ONE flash
+backward of head width :math:`p + r` gives ``dq``, ``dk`` and ``dv``. The factors
+:math:`e^{r^t - F}` grow where a column of the SoftMax all but vanishes (small temperature);
+past :data:`FACTOR_LOG_LIMIT` the kernel's rounding of the plan's exponent would be
+amplified, and the backward takes the chain of per-step flash backwards instead
+(:func:`_sinkhorn_chain`, autograd through :class:`_LogSumExp`; also the tests' oracle).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from sinkflow.nn._flash import CPU_FLASH, CPU_FLASH_BACKWARD, ExpAttention, as4d, bias_mask, one_width
+
+__all__ = ["FACTOR_LOG_LIMIT", "sinkhorn_passes"]
+
+# Largest log-factor of the combined backward (float32: e^30 ~ 1e13, the plan's exponent rounded
+# to eps |x| ~ 2e-6 relative); past it the per-step chain runs.
+FACTOR_LOG_LIMIT = {torch.float32: 30.0, torch.float64: 300.0}
+
+
+@dataclass(frozen=True)
+class _Lines:
+    """Admissible rows ``(B, H, n)`` and columns ``(B, H, m)`` (None: all), the float masks of the
+    row and column passes (None: padding only), and the column mass ``log b`` (``(B, H, 1)``)."""
+
+    rows: torch.Tensor | None
+    cols: torch.Tensor | None
+    row_mask: torch.Tensor | None
+    col_mask: torch.Tensor | None
+    log_b: torch.Tensor
+
+    def potential(self, L, rows: bool, shift=None):
+        """``shift - L`` on admissible lines, ``-inf`` on empty ones."""
+        x = -L if shift is None else shift - L
+        ok = self.rows if rows else self.cols
+        return x if ok is None else torch.where(ok, x, -math.inf)
+
+    def start(self, k):
+        """``g_0``: 0 on admissible columns."""
+        g = k.new_zeros(k.shape[:-1])
+        return g if self.cols is None else g.masked_fill(~self.cols, -math.inf)
+
+
+def _line_masks(allowed, bias, batch, n, m, dtype):
+    """Admissible rows and columns, and the float masks of the row and column passes (None when
+    the mask is key/query padding only: -inf biases on the lines then do it). ``-inf`` in
+    ``bias`` counts as masked."""
+    if allowed is None and bias is None:
+        return None, None, None, None
+    full = torch.ones((), dtype=torch.bool, device=(allowed if bias is None else bias).device)
+    full = full if allowed is None else full & allowed
+    full = torch.broadcast_to(full if bias is None else full & (bias > -math.inf), batch + (n, m))
+    rows, cols = full.any(-1), full.any(-2)
+    line_mask = allowed is not None and (allowed.dim() < 2 or 1 in allowed.shape[-2:])  # padding: rows x cols
+    if bias is None and (line_mask or bool(torch.equal(full, rows.unsqueeze(-1) & cols.unsqueeze(-2)))):
+        return rows, cols, None, None
+    drop = torch.zeros((), dtype=dtype, device=full.device) if bias is None else bias.to(dtype)
+    drop = torch.broadcast_to(drop, batch + (n, m)).masked_fill(~full, -math.inf)
+    return rows, cols, as4d(drop), as4d(drop.transpose(-1, -2))
+
+
+def _lines(allowed, bias, batch, n, m, dtype, device) -> _Lines:
+    rows, cols, row_mask, col_mask = _line_masks(allowed, bias, batch, n, m, dtype)
+    if rows is None:
+        return _Lines(None, None, None, None, torch.full((1, 1, 1), math.log(n / m), dtype=dtype, device=device))
+    rows, cols = as4d(rows.unsqueeze(-1)).squeeze(-1), as4d(cols.unsqueeze(-1)).squeeze(-1)
+    ratio = rows.sum(-1, keepdim=True).to(dtype) / cols.sum(-1, keepdim=True).clamp_min(1).to(dtype)
+    return _Lines(rows, cols, row_mask, col_mask, torch.log(ratio))
+
+
+def _lse(a, b, mask, key_pot, scale):
+    """``L_i = log sum_j exp(scale a_i.b_j + mask_ij + key_pot_j)``: one flash pass (its output unused)."""
+    return CPU_FLASH(a, b, b, attn_mask=bias_mask(key_pot, mask), scale=scale)[1]
+
+
+def _line_sums(a, b, mask, key_pot, out_pot, x, scale):
+    """``u_i = sum_j exp(scale a_i.b_j + mask_ij + key_pot_j + out_pot_i) x_j``: one flash pass (x: (B, H, m, w))."""
+    a, b, xw = one_width(a, b, x)
+    out, lse = CPU_FLASH(a, b, xw, attn_mask=bias_mask(key_pot, mask), scale=scale)[:2]
+    return torch.exp(out_pot + lse).unsqueeze(-1) * out[..., :x.shape[-1]]
+
+
+def _forward(q, k, v, n_iter, ln, scale):
+    """Output and the steps' ``(r^t, c^t)``; the plan's potentials ``F, G``."""
+    g, f, steps = ln.start(k), None, []
+    for t in range(1, n_iter + 1 - n_iter % 2):  # odd n_iter: the output pass makes the last row step
+        if t % 2:
+            f = ln.potential(_lse(q, k, ln.row_mask, g, scale), rows=True)
+            steps.append((f, g))
+        else:
+            L = _lse(k, q, ln.col_mask, f, scale)
+            g = ln.potential(L, rows=False, shift=ln.log_b)
+            steps.append((f, ln.potential(L, rows=False)))
+    out, L = CPU_FLASH(q, k, v, attn_mask=bias_mask(g, ln.row_mask), scale=scale)[:2]
+    if n_iter % 2:
+        f = ln.potential(L, rows=True)
+        steps.append((f, g))
+        y = out if ln.rows is None else out * ln.rows.unsqueeze(-1)  # a padded query's row pass is not masked
+    else:
+        y = torch.exp(f + L).unsqueeze(-1) * out  # f = -inf on empty rows
+    return y, steps, f, g
+
+
+def _log_factor(pot, base, ok):
+    """``pot - base`` on admissible lines, ``-inf`` elsewhere (both are ``-inf`` there)."""
+    d = pot - base
+    return d if ok is None else torch.where(ok, d, -math.inf)
+
+
+class _SinkhornPasses(torch.autograd.Function):
+    """``P V`` for the Sinkhorn(n_iter) plan of ``scale q k^T + M`` on 4-D tensors of one width (CPU)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, n_iter, ln, scale):
+        y, steps, F, G = _forward(q, k, v, n_iter, ln, scale)
+        ctx.n_iter, ctx.ln, ctx.scale = n_iter, ln, scale
+        ctx.save_for_backward(q, k, v, y, F, G, *(p for step in steps for p in step))
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        q, k, v, y, F, G, *pots = ctx.saved_tensors
+        steps = list(zip(pots[::2], pots[1::2]))  # dy of a sum is expanded (stride 0): the kernels misread it
+        dq, dk, dv = _combined_backward(ctx, dy.contiguous(), q, k, v, y, F, G, steps)
+        return dq, dk, dv, None, None, None
+
+
+def _reverse(ctx, dy, q, k, v, y, F, G, steps):
+    """The steps' adjoints ``gamma`` back to step 1 (``{t: gamma}``; odd N: step N's term is the plan's ``D``)."""
+    ln, scale, n_iter = ctx.ln, ctx.scale, ctx.n_iter
+    col_sums = lambda pots, x: _line_sums(k, q, ln.col_mask, pots[0], pots[1], x, scale)
+    row_sums = lambda pots, x: _line_sums(q, k, ln.row_mask, pots[1], pots[0], x, scale)
+    dF = torch.linalg.vecdot(dy, y)
+    if n_iter % 2:  # step N's matrix is the plan: its line sum rides on the output's P^T dY
+        u = col_sums((F, G), torch.cat([dy, -dF.unsqueeze(-1)], -1))
+        df, dg = None, torch.linalg.vecdot(v, u[..., :-1]) + u[..., -1]
+    else:
+        df, dg = dF, torch.linalg.vecdot(v, col_sums((F, G), dy))
+    gammas = {}
+    for t in range(n_iter - n_iter % 2, 0, -1):
+        if t % 2:  # row step: f_t = -L_t(g_{t-1})
+            gammas[t], df = -df, None
+            dg = col_sums(steps[t - 1], gammas[t].unsqueeze(-1))[..., 0] if t > 1 else None
+        else:  # column step: g_t = log b - L_t(f_{t-1})
+            gammas[t], dg = -dg, None
+            s = row_sums(steps[t - 1], gammas[t].unsqueeze(-1))[..., 0]
+            df = s if df is None else df + s
+    return gammas
+
+
+def _combined_backward(ctx, dy, q, k, v, y, F, G, steps):
+    """dq, dk, dv from one flash backward over the plan, the steps' terms as extra head columns."""
+    ln, n_iter = ctx.ln, ctx.n_iter
+    gammas = _reverse(ctx, dy, q, k, v, y, F, G, steps)
+    left, right, top = [], [], F.new_zeros(())
+    for t, gamma in gammas.items():
+        r, c = _log_factor(steps[t - 1][0], F, ln.rows), _log_factor(steps[t - 1][1], G, ln.cols)
+        top = torch.maximum(top, r.amax() + c.amax())
+        left.append(torch.exp(r) * gamma if t % 2 else torch.exp(r))
+        right.append(torch.exp(c) if t % 2 else torch.exp(c) * gamma)
+    if not float(top) <= FACTOR_LOG_LIMIT[q.dtype]:  # one host sync; NaN too
+        return _chain_backward(ctx, dy, q, k, v)
+    width, extra = q.shape[-1], len(left)
+    d_out = torch.cat([dy, torch.stack(left, -1)], -1)
+    values = torch.cat([v, torch.stack(right, -1)], -1)
+    out = one_width(y if n_iter % 2 else torch.zeros_like(y), width=width + extra)[0]  # D = dY.Y: step N's term
+    qw, kw = one_width(q, k, width=width + extra)
+    dq, dk, dv = CPU_FLASH_BACKWARD(d_out, qw, kw, values, out, (-F).contiguous(), 0.0, False,
+                                    attn_mask=bias_mask(G, ln.row_mask), scale=ctx.scale)
+    return dq[..., :width], dk[..., :width], dv[..., :width]
+
+
+def _chain_backward(ctx, dy, q, k, v):
+    """The gradients through the chain of per-step passes (autograd), recomputed."""
+    with torch.enable_grad():
+        inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+        y = _sinkhorn_chain(*inputs, ctx.n_iter, ctx.ln, ctx.scale)
+        return torch.autograd.grad(y, inputs, dy)
+
+
+class _LogSumExp(torch.autograd.Function):
+    r"""``L_i = logsumexp_j(scale q_i.k_j + mask_ij + g_j)`` on 4-D (B, H, n, p) tensors (CPU), one flash pass.
+
+    Backward: with values ``e_1`` and output gradient ``gamma e_1`` (and a zero output) the
+    flash backward gives :math:`\partial C_{ij} = \gamma_i P_{ij}`, its ``dq``, ``dk``, and
+    :math:`\partial g_j = \sum_i \gamma_i P_{ij}` as the first column of ``dv``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, g, mask, scale):
+        attn = bias_mask(g, mask)
+        lse = CPU_FLASH(q, k, k, attn_mask=attn, scale=scale)[1]
+        ctx.scale = scale
+        ctx.save_for_backward(q, k, attn, lse)
+        return lse
+
+    @staticmethod
+    def backward(ctx, gamma):
+        q, k, attn, lse = ctx.saved_tensors
+        e1 = torch.zeros_like(k)
+        e1[..., 0] = 1
+        g = torch.zeros_like(q)
+        g[..., 0] = gamma
+        dq, dk, dv = CPU_FLASH_BACKWARD(g, q, k, e1, torch.zeros_like(q), lse, 0.0, False,
+                                        attn_mask=attn, scale=ctx.scale)
+        return dq, dk, dv[..., 0], None, None
+
+
+def _sinkhorn_chain(q, k, v, n_iter, ln, scale):
+    """``P V`` as ``n_iter`` log-sum-exp passes and the output pass, each its own autograd node."""
+    g, f = ln.start(k), None
+    for t in range(n_iter):
+        if t % 2 == 0:
+            f = ln.potential(_LogSumExp.apply(q, k, g, ln.row_mask, scale), rows=True)
+        else:
+            g = ln.potential(_LogSumExp.apply(k, q, f, ln.col_mask, scale), rows=False, shift=ln.log_b)
+    return ExpAttention.apply(q, k, v, f, g, ln.row_mask, scale)
+
+
+def sinkhorn_passes(q, k, v, n_iter, allowed=None, bias=None, chain=False):
+    r"""Sinkhorn(``n_iter``) attention :math:`P V` of ``(..., n, p)`` tensors (CPU) from flash passes.
+
+    ``chain=True`` runs the per-step chain (its own backward for each pass) instead of the
+    combined backward: the reference of the tests.
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> from sinkflow.nn._fused_sinkhorn import sinkhorn_passes
+    >>> q, k, v = torch.randn(3, 2, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> P = sinkflow.sinkhorn(q @ k.transpose(-1, -2) / 2, n_iter=3)
+    >>> bool(torch.allclose(sinkhorn_passes(q, k, v, 3), P @ v))
+    True
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    batch, n, m, p_v = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
+    ln = _lines(allowed, bias, batch, n, m, q.dtype, q.device)
+    q, k, v = (as4d(t) for t in one_width(q, k, v))
+    y = (_sinkhorn_chain(q, k, v, n_iter, ln, scale) if chain
+         else _SinkhornPasses.apply(q, k, v, int(n_iter), ln, scale))
+    return y.reshape(*batch, *y.shape[-2:])[..., :p_v]
