@@ -62,7 +62,7 @@ docs/performance.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -394,6 +394,15 @@ def lowrank_attention_field(x: torch.Tensor, V: torch.Tensor, landmarks, *, norm
     ------
     NystromPositivityError
         When a normalization meets a non-positive approximate row or column mass.
+    ValueError
+        When ``x`` is not ``(n, d)`` with ``n >= 1``.
+
+    Notes
+    -----
+    The passes over the factor work in place, so the velocity carries no autograd graph (inputs
+    that require grad are read, not differentiated; :func:`sinkflow.particles.lazy_attention_field`
+    differentiates). float16 / bfloat16 input is computed in float32 and the velocity returned in
+    the input's dtype.
 
     Examples
     --------
@@ -405,6 +414,23 @@ def lowrank_attention_field(x: torch.Tensor, V: torch.Tensor, landmarks, *, norm
     >>> bool(torch.allclose(approx, exact, atol=1e-6))
     True
     """
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"x must be (n, d) with at least one particle, got shape {tuple(x.shape)}")
+    if x.dtype in (torch.float16, torch.bfloat16):  # no CPU eigh in half precision: float32 inside
+        f32 = (lambda t: t if t is None or not t.is_floating_point() else t.float())
+        r = lowrank_attention_field(x.float(), V.float(), landmarks, normalization=normalization, scores=scores,
+                                    method=method, W=f32(W), temperature=temperature, weights=f32(weights),
+                                    n_iter=n_iter, tol=tol, max_iter=max_iter, init_g=f32(init_g),
+                                    generator=generator, sampling=sampling, block_bytes=block_bytes)
+        return replace(r, velocity=r.velocity.to(x.dtype))
+    with torch.no_grad():  # in-place passes (products with out=): no autograd graph
+        return _lowrank_field(x, V, landmarks, normalization, scores, method, W, temperature, weights, n_iter,
+                              tol, max_iter, init_g, generator, sampling, block_bytes)
+
+
+def _lowrank_field(x, V, landmarks, normalization, scores, method, W, temperature, weights, n_iter, tol,
+                   max_iter, init_g, generator, sampling, block_bytes) -> LowRankField:
+    """:func:`lowrank_attention_field` on checked float32 / float64 input."""
     n = x.shape[0]
     if method == "segment_means":
         if weights is not None and not bool(torch.allclose(weights, weights.new_full((n,), 1.0 / n))):

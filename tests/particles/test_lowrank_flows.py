@@ -233,3 +233,26 @@ def test_farthest_points_do_not_depend_on_where_the_cloud_sits():
     z = torch.randn(5000, 2, generator=torch.Generator().manual_seed(0))
     assert torch.equal(farthest_point_indices(z + 1000.0, 64, generator=0), farthest_point_indices(z, 64, generator=0))
 
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float16, 4e-3), (torch.bfloat16, 3e-2)])
+def test_landmark_field_takes_half_precision_and_returns_it(dtype, rtol):
+    """Half input runs in float32 inside (no CPU eigh in half): the float32 field of the rounded input,
+    rounded once more (relative tolerance a few units of the dtype's rounding; measured 5e-4 / 2.5e-3)."""
+    x = torch.randn(60, 2, generator=torch.Generator().manual_seed(0)).to(dtype)
+    ref = lowrank_attention_field(x.float(), x.float(), 12).velocity
+    out = lowrank_attention_field(x, x, 12).velocity
+    assert out.dtype == dtype
+    assert float((out.float() - ref).abs().max()) <= rtol * float(ref.abs().max())
+
+
+def test_landmark_field_reads_tensors_that_require_grad():
+    x = torch.randn(60, 2, generator=torch.Generator().manual_seed(1))
+    leaf = x.clone().requires_grad_()
+    out = lowrank_attention_field(leaf, leaf, 12).velocity
+    assert torch.equal(out, lowrank_attention_field(x, x, 12).velocity) and not out.requires_grad
+
+
+def test_landmark_field_refuses_no_particles():
+    with pytest.raises(ValueError, match="at least one particle"):
+        lowrank_attention_field(torch.zeros(0, 2), torch.zeros(0, 2), 4)
