@@ -15,6 +15,10 @@ Examples::
     sinkflow validate digits --attention softmax sinkhorn gaussian --n-iter 1 3 5 9 \\
         --device cuda --full --seeds 0 1 2 3 4              # GPU, full sizes
 
+``--learn`` (listops, pathfinder): a CPU setting that learns clearly above the majority class
+(sizes in :mod:`sinkflow.nn.validation`); ``--data resolution=32`` and ``--epochs`` run it off
+the setting (the report says what changed).
+
 Full-size settings (``--full``; sizes in :mod:`sinkflow.nn.validation`): digits 60 epochs
 on all 1797 images; point clouds 8 shapes x 600 clouds x 512 points, dim 128, 40 epochs;
 retrieval 8000 sequences of length 1024 with two needles, 30 epochs. ``--amp`` adds

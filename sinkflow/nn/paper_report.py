@@ -278,6 +278,23 @@ def _learn_rows(report: dict) -> list[str]:
     return lines
 
 
+def _changed(report: dict) -> str:
+    """``", resolution 32, 3 epochs (the setting: ...)"`` where a run changed the task's ``--learn`` sizes."""
+    from sinkflow.nn.validation import TASKS
+
+    spec, size = TASKS[report["task"]].learn, report["config"]["size"]
+    if spec is None:
+        return ""
+    data = dict(spec.data)
+    pairs = [(k.replace("_", " "), v, data.get(k)) for k, v in size["data"]]
+    pairs += [("epochs", size["epochs"], spec.epochs), ("examples", size["n_samples"], spec.n_samples)]
+    changed = [(name, ours, theirs) for name, ours, theirs in pairs if ours != theirs]
+    if not changed:
+        return ""
+    ours = ", ".join(f"{name} {v}" for name, v, _ in changed)
+    return f", {ours} (the setting: {', '.join(f'{name} {v}' for name, _, v in changed)})"
+
+
 def _embedding(size: dict) -> tuple[str, ...]:
     """The embeddings' initialization where it differs from the official N(0, 0.02^2)."""
     std = size.get("embed_std")
@@ -315,7 +332,7 @@ def learn_markdown(report: dict) -> list[str]:
     target = LEARN_TARGET.get(report["task"])
     bar = "" if target is None else (f" The bar: median at least {100 * target['accuracy']:.0f}% and "
                                      f"{100 * target['margin']:.0f} points above the majority baseline.")
-    lines = [f"## {report['task']}: CPU, learns (`--learn`)", "",
+    lines = [f"## {report['task']}: CPU, learns (`--learn`){_changed(report)}", "",
              f"{report['description']}. Data: {data}; sequence length {size['seq_len']}; {cfg['n_train']} train / "
              f"{cfg['n_test']} test examples. Model: {size['depth']} layers, embedding {size['dim']}, FFN "
              f"{size['mlp_ratio'] * size['dim']}, {size['heads']} heads, {size['landmarks']} landmarks, mean pooling"

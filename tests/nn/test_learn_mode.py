@@ -120,3 +120,13 @@ def test_cli_learn_runs_one_tiny_step_with_a_data_override(tmp_path, monkeypatch
     rep = json.loads((tmp_path / "pathfinder_learn_resolution10.json").read_text())
     assert rep["mode"] == "learn" and rep["config"]["size"]["seq_len"] == 100 and dict(rep["config"]["size"]["data"])[
         "resolution"] == 10
+
+
+def test_a_run_off_the_setting_says_what_it_changed():
+    rep = _fake_learn("pathfinder", 0.55, 0.5)
+    assert learn_markdown(rep)[0] == "## pathfinder: CPU, learns (`--learn`)"
+    learn = TASKS["pathfinder"].learn
+    rep["config"]["size"]["data"] = [["resolution", 32] if k == "resolution" else [k, v] for k, v in learn.data]
+    rep["config"]["size"]["epochs"] = 3
+    assert learn_markdown(rep)[0] == (f"## pathfinder: CPU, learns (`--learn`), resolution 32, epochs 3 "
+                                      f"(the setting: resolution {dict(learn.data)['resolution']}, epochs {learn.epochs})")
