@@ -62,7 +62,7 @@ def test_learn_report_has_the_baseline_and_the_machine_per_run(task):
         assert run["wall_time"] > 0 and m["threads"] >= 1 and m["cpu"] and len(m["loadavg"]) == 3
     json.dumps(rep)
     lines = learn_markdown(rep)
-    assert lines[0] == f"## {task}: CPU, learns (`--learn`)"
+    assert lines[0].startswith(f"## {task}: CPU, learns (`--learn`), epochs 1, examples 40 (the setting: ")
     assert f"{100 * rep['baseline']['accuracy']:.1f}%" in "\n".join(lines)
 
 
