@@ -13,16 +13,19 @@ __all__ = ["paper_setting_markdown", "instability_page", "learn_markdown", "sear
 #: and lie ``margin`` above the majority baseline (the target's distance from chance).
 LEARN_TARGET = {"listops": {"accuracy": 0.25, "margin": 0.15}, "pathfinder": {"accuracy": 0.60, "margin": 0.10}}
 
+#: The paper's data, beside which a ``--learn`` run's generator parameters are stated.
+PAPER_DATA = {"listops": "LRA ListOps: depth up to 10, up to 10 arguments, 500 to 2,000 tokens",
+              "pathfinder": "LRA Pathfinder 32 x 32 (1,024 tokens), longer paths among distractor paths"}
+
 #: How every ``--learn`` run differs from the Skyformer paper's LRA setting (besides the sizes each row states).
 LEARN_DIFFERENCES = (
-    "data: shorter and shallower ListOps expressions, smaller Pathfinder images with shorter paths and fewer "
-    "distractors (each row states its generator parameters); a seeded 75/25 split of one generated set",
-    "model: narrower (the row's embedding, FFN 2x, 2 heads), fewer landmarks; no dropout; a LayerNorm and one "
-    "linear layer as the head (official: a two-layer MLP)",
+    "train/test: a seeded 75/25 split of one generated set of the stated size (LRA: fixed files, e.g. 96,000 "
+    "ListOps training expressions)",
+    "no dropout (official: 0.1); a LayerNorm and one linear layer as the head (official: a two-layer MLP)",
     "optimizer: AdamW at a constant learning rate, no warm-up (official: OneCycleLR, 50,000 steps), the row's "
     "batch and number of steps",
-    "padding mask as the official code (token 0 out of attention, features zeroed before the mean), except "
-    "Nyströmformer, which attends to every token",
+    "Nyströmformer attends to every token (its segment means cannot leave keys out; the others mask token 0 "
+    "as the official code)",
 )
 
 
@@ -345,7 +348,11 @@ def learn_markdown(report: dict) -> list[str]:
     lines += _learn_rows(report)
     lines += ["", "Test accuracy % after each epoch (median over seeds; first: initialization): "
               + "; ".join(f"{r['variant']} {_curve(report, r['variant'])}" for r in report["summary"]) + ".", "",
-              "Differences from the paper's setting: " + "; ".join(LEARN_DIFFERENCES + _embedding(size)) + ".", ""]
+              "Differences from the paper's setting: " + "; ".join(
+                  (f"data: {data} (paper: {PAPER_DATA.get(report['task'], '-')})",
+                   f"model: embedding {size['dim']}, FFN {size['mlp_ratio'] * size['dim']}, {size['landmarks']} "
+                   "landmarks (paper: 64, 128, 128)") + LEARN_DIFFERENCES
+                  + _embedding(size)) + ".", ""]
     return lines
 
 
