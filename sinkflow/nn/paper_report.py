@@ -344,7 +344,9 @@ def learn_markdown(report: dict) -> list[str]:
              f"{report['environment']['torch']}; {report['total_time']:.0f} s in all.", "",
              f"Majority baseline: the training set's most frequent class (class {base['class']}) scores "
              f"{100 * base['accuracy']:.1f}% on the test set (largest test class: {100 * base['test_majority']:.1f}%; "
-             f"chance {100 / size['n_classes']:.0f}%).{bar}", ""]
+             f"chance {100 / size['n_classes']:.0f}%).{bar}"
+             + (" This run is off the setting (the title says how): a learning curve at other sizes, not the "
+                "setting's rows." if _changed(report) else ""), ""]
     lines += _learn_rows(report)
     lines += ["", "Test accuracy % after each epoch (median over seeds; first: initialization): "
               + "; ".join(f"{r['variant']} {_curve(report, r['variant'])}" for r in report["summary"]) + ".", "",
