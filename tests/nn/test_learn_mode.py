@@ -130,3 +130,10 @@ def test_a_run_off_the_setting_says_what_it_changed():
     rep["config"]["size"]["epochs"] = 3
     assert learn_markdown(rep)[0] == (f"## pathfinder: CPU, learns (`--learn`), resolution 32, epochs 3 "
                                       f"(the setting: resolution {dict(learn.data)['resolution']}, epochs {learn.epochs})")
+
+
+def test_cli_data_override_names_an_unknown_key(tmp_path):
+    from sinkflow.cli import main
+
+    with pytest.raises(SystemExit, match="resolution"):  # the message lists the task's generator parameters
+        main(["validate", "pathfinder", "--learn", "--data", "radius=3", "--out", str(tmp_path)])
