@@ -226,3 +226,43 @@ def test_pathfinder_tokens_and_errors():
         pathfinder(3, path_length=0)
     with pytest.raises(ValueError):
         pathfinder_tokens(x + 2)
+
+
+def _old_checked_geometry(rng, labels, dash_fraction, draw, rounds=100):
+    """The generator's retry before it re-checked only the redrawn images: every round flood-fills all."""
+    from sinkflow.datasets._pathfinder import _draw_geometry, _markers_connected
+
+    paths, markers = _draw_geometry(rng, labels, **draw)
+    for _ in range(rounds):
+        connected = _markers_connected(paths, markers, draw["resolution"], dash_fraction, draw["marker_radius"])
+        bad = np.flatnonzero(connected != (labels == 1))
+        if not len(bad):
+            return paths, markers
+        paths[bad], markers[bad] = _draw_geometry(rng, labels[bad], **draw)
+    raise RuntimeError("no agreement")
+
+
+def test_pathfinder_retry_checks_only_redrawn_images_and_keeps_the_output(monkeypatch):
+    """Same images, labels and geometry as the re-check-everything retry (exact), and after the
+    first round the flood fill sees only the rejected images."""
+    from sinkflow.datasets import _pathfinder
+
+    params = dict(resolution=16, path_length=2, n_distractors=1, min_separation=1.5)  # paths close: retries
+    checked = []
+    real = _pathfinder._markers_connected
+
+    def counting(paths, *args):
+        checked.append(len(paths))
+        return real(paths, *args)
+
+    monkeypatch.setattr(_pathfinder, "_markers_connected", counting)
+    x, y, geo = pathfinder(100, seed=2, return_paths=True, **params)
+    new_checks = list(checked)
+    monkeypatch.setattr(_pathfinder, "_checked_geometry", _old_checked_geometry)
+    checked.clear()
+    x0, y0, geo0 = pathfinder(100, seed=2, return_paths=True, **params)
+    assert len(new_checks) >= 2, "the setting must make the generator retry"
+    assert new_checks[0] == 100 and all(k < 100 for k in new_checks[1:])
+    assert checked == [100] * len(new_checks)  # the old loop checked all images every round
+    assert np.array_equal(x, x0) and np.array_equal(y, y0)
+    assert np.array_equal(geo["vertices"], geo0["vertices"]) and np.array_equal(geo["markers"], geo0["markers"])

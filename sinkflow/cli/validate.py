@@ -8,11 +8,16 @@ epoch_time,instability}.png``; prints the summary as a markdown table.
 Examples::
 
     sinkflow validate digits --quick                       # CPU, < 2 min
+    sinkflow validate listops pathfinder --learn --attention softmax skyformer   # CPU, learns above chance
     sinkflow validate digits-mean pointclouds retrieval --quick --out validation/
     sinkflow validate listops --paper --attention softmax sinkhorn gaussian skyformer nystromformer \\
         --batch-size 1 --cost-steps 2 --decomposition-length 128    # CPU, the paper's setting
     sinkflow validate digits --attention softmax sinkhorn gaussian --n-iter 1 3 5 9 \\
         --device cuda --full --seeds 0 1 2 3 4              # GPU, full sizes
+
+``--learn`` (listops, pathfinder): a CPU setting that learns clearly above the majority class
+(sizes in :mod:`sinkflow.nn.validation`); ``--data resolution=32`` and ``--epochs`` run it off
+the setting (the report says what changed).
 
 Full-size settings (``--full``; sizes in :mod:`sinkflow.nn.validation`): digits 60 epochs
 on all 1797 images; point clouds 8 shapes x 600 clouds x 512 points, dim 128, 40 epochs;
@@ -43,6 +48,10 @@ def add_arguments(p) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="quick", action="store_true", help="small CPU sizes (default)")
     mode.add_argument("--full", dest="quick", action="store_false", help="full (GPU) sizes")
+    mode.add_argument("--learn", action="store_true",
+                      help="listops/pathfinder: a CPU setting chosen (a small documented search) to learn clearly "
+                           "above the majority class, the official padding mask, reduced lengths and model "
+                           "(sinkflow.nn.validation.TASKS[task].learn); reports the majority baseline")
     mode.add_argument("--paper", action="store_true",
                       help="listops/pathfinder at the Skyformer paper's setting on CPU: cost per training step and "
                            "instability over the first 20 steps (sinkflow.nn.paper); accuracy needs --full --device cuda")
@@ -60,6 +69,9 @@ def add_arguments(p) -> None:
                    help="--paper, listops: also take the Gaussian/SoftMax instability ratio apart on expressions "
                         "of at most this many tokens (sinkflow.nn.paper.instability_decomposition)")
     p.add_argument("--epochs", type=int, default=None, help="override the task's number of epochs")
+    p.add_argument("--data", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="listops/pathfinder: override generator parameters, e.g. --data resolution=32 (the report "
+                        "is then OUT/TASK_MODE_KEYVALUE.json)")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast on CUDA (normalizations stay float32)")
     p.add_argument("--no-kl", action="store_true", help="skip KL to the Sinkhorn projection (faster)")
     p.add_argument("--threads", type=int, default=None,
@@ -102,6 +114,14 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.paper:
         return _run_paper(args, out)
+    if args.learn:
+        from sinkflow.nn.validation import TASKS
+
+        bad = [t for t in args.tasks if TASKS[t].learn is None]
+        if bad:
+            print(f"--learn has settings for {', '.join(t for t in TASKS if TASKS[t].learn)} only, not {bad}",
+                  file=sys.stderr)
+            return 2
     for task in args.tasks:
         _run_task(args, task, out)
     return 0
@@ -129,10 +149,11 @@ def _run_task(args, task: str, out: Path) -> None:
 
     from sinkflow.nn.validation import run_validation
 
-    mode = "quick" if args.quick else "full"
+    mode = "learn" if args.learn else ("quick" if args.quick else "full")
     t0 = time.perf_counter()
     print(f"# {task} ({mode}, {args.device}, {torch.get_num_threads()} thread(s))", file=sys.stderr)
-    stem = out / f"{task}_{mode}"
+    overrides, suffix = _data_overrides(args.data, task, mode)
+    stem = out / f"{task}_{mode}{suffix}"
     path = stem.with_suffix(".json")
 
     def save(report):  # after every run, so a time limit still leaves results
@@ -142,12 +163,42 @@ def _run_task(args, task: str, out: Path) -> None:
 
     report = run_validation(task, args.attention, args.n_iter, args.seeds, device=args.device, quick=args.quick,
                             amp=args.amp, epochs=args.epochs, track_kl=not args.no_kl, progress=True,
-                            log=lambda line: print(line, file=sys.stderr), on_run=save)
+                            log=lambda line: print(line, file=sys.stderr), on_run=save, learn=args.learn,
+                            size_overrides=overrides)
     save(report)
     written = [path] + _paper_report(report, stem) + ([] if args.no_figures else _report_figures(report, stem))
     print(f"\n## {task} ({mode}, {args.device}): {time.perf_counter() - t0:.1f} s\n")
     print(summary_table(report))
     print("\nwritten: " + ", ".join(str(p) for p in written))
+
+
+def _data_overrides(pairs, task: str, mode: str) -> tuple[dict | None, str]:
+    """``--data KEY=VALUE ...`` as :func:`run_validation`'s ``size_overrides`` (the task's generator
+    parameters with these replaced; values parsed as int, then float) and the report name's suffix."""
+    if not pairs:
+        return None, ""
+    from sinkflow.nn.validation import TASKS
+
+    spec = TASKS[task]
+    size = {"learn": spec.learn, "quick": spec.quick, "full": spec.full}[mode]
+    params = dict(size.data)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in params:
+            raise SystemExit(f"--data {pair!r}: expected KEY=VALUE with KEY one of {sorted(params)} ({task}, {mode})")
+        try:
+            params[key] = int(value)
+        except ValueError:
+            params[key] = float(value)
+    changed = [(k, v) for k, v in params.items() if v != dict(size.data)[k]]
+    if not changed:
+        return None, ""
+    overrides = {"data": tuple(params.items())}
+    if "resolution" in params:
+        overrides["seq_len"] = params["resolution"] ** 2
+    elif "max_length" in params:
+        overrides["seq_len"] = params["max_length"] - 1
+    return overrides, "".join(f"_{k}{v}" for k, v in changed)
 
 
 def _paper_report(report: dict, stem: Path) -> list:

@@ -153,15 +153,20 @@ def _markers_connected(paths, markers, resolution, dash_fraction, marker_radius)
 def _checked_geometry(rng, labels, dash_fraction, draw, rounds=100):
     """Draw the geometry, then redraw every image whose flood fill disagrees with its label.
 
+    Each round flood-fills only the images drawn in the round before (an accepted image is
+    never checked again), so a retry costs the rejected images, not the whole set.
+
     Keeping ``min_separation`` between path centre lines does not keep a marker square
     (side ``2 marker_radius + 1``) off a neighbouring path: about 1% of negatives came out
     with their markers pixel-connected. Those images are drawn again (same label, so the
     classes stay balanced) until the flood fill on the undashed rendering agrees.
     """
     paths, markers = _draw_geometry(rng, labels, **draw)
+    bad = np.arange(len(labels))  # the images still to check: all at first, then only the redrawn ones
     for _ in range(rounds):
-        connected = _markers_connected(paths, markers, draw["resolution"], dash_fraction, draw["marker_radius"])
-        bad = np.flatnonzero(connected != (labels == 1))
+        connected = _markers_connected(paths[bad], markers[bad], draw["resolution"], dash_fraction,
+                                       draw["marker_radius"])
+        bad = bad[connected != (labels[bad] == 1)]
         if not len(bad):
             return paths, markers
         paths[bad], markers[bad] = _draw_geometry(rng, labels[bad], **draw)

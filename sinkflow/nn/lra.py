@@ -8,11 +8,13 @@ time per step, memory and instability score beside the papers' numbers (:data:`P
 and says where they disagree; :func:`report_markdown` and :func:`sinkflow.plots.training.plot_paper_comparison`
 turn that into the report's markdown and figure.
 
-Settings that differ from the paper, always (stated in every report): sequences are padded
-to a fixed length and padding is attended like any token (no masks, the same for every
-attention); train/test are a seeded split of one generated set; the number of steps is far
-below the paper's 50,000; quick mode also shrinks the data (shorter expressions, 10 x 10
-images) and the model.
+Settings that differ from the paper in quick and full mode (stated in every report): sequences
+are padded to a fixed length and padding is attended like any token (no masks, the same for
+every attention); train/test are a seeded split of one generated set; the number of steps is
+far below the paper's 50,000; quick mode also shrinks the data (shorter expressions, 10 x 10
+images) and the model. ``--learn`` (:data:`sinkflow.nn.paper_report.LEARN_DIFFERENCES`)
+applies the official padding mask, on shorter data and a smaller model chosen to learn on a
+CPU, and reports the majority baseline beside every accuracy.
 """
 
 from __future__ import annotations
@@ -54,12 +56,31 @@ def lra_data(task: str, n_samples: int, params: dict) -> tuple[Dataset, Dataset]
 
 
 def lra_model(data: Dataset, normalization: str, n_iter: int, dim: int, depth: int, heads: int, mlp_ratio: int,
-              landmarks: int) -> SequenceClassifier:
-    """The paper's LRA classifier shape: token embedding, learned positions, mean pooling."""
+              landmarks: int, mask: bool = False, embed_std: float | None = None) -> SequenceClassifier:
+    """The paper's LRA classifier shape: token embedding, learned positions, mean pooling.
+
+    ``mask=True`` applies the official code's padding mask (token 0 — ListOps padding,
+    Pathfinder's black pixels — out of attention, its features zeroed before pooling;
+    :class:`sinkflow.nn.paper.PaperLRAClassifier`); Nyströmformer, whose segment means cannot
+    leave keys out, then attends to every token as in the ``--paper`` rows. ``embed_std``
+    redraws the token and position embeddings from N(0, embed_std^2) (the official 0.02;
+    None: torch's N(0, 1) tokens and the package's 0.02 positions).
+    """
     vocab = len(LISTOPS_VOCAB) if data.name == "listops" else 256
-    return SequenceClassifier(vocab, data.inputs.shape[1], data.n_classes, dim=dim, heads=heads, depth=depth,
-                              normalization=normalization, n_iter=n_iter, mlp_ratio=mlp_ratio, pooling="mean",
-                              landmarks=landmarks)
+    shape = dict(dim=dim, heads=heads, depth=depth, normalization=normalization, n_iter=n_iter, mlp_ratio=mlp_ratio,
+                 pooling="mean", landmarks=landmarks)
+    if mask:
+        from sinkflow.nn.paper import PaperLRAClassifier
+
+        model = PaperLRAClassifier(vocab, data.inputs.shape[1], data.n_classes, pad_id=0,
+                                   attend_mask=normalization != "nystromformer", **shape)
+    else:
+        model = SequenceClassifier(vocab, data.inputs.shape[1], data.n_classes, **shape)
+    if embed_std is not None:
+        with torch.no_grad():
+            model.tokens.weight.normal_(0.0, embed_std)
+            model.pos.normal_(0.0, embed_std)
+    return model
 
 
 def _ratio(row, key):
@@ -155,6 +176,14 @@ def report_markdown(report: dict) -> str:
 
 
 def _markdown(report: dict, rows: list[dict]) -> str:
+    if report["mode"] == "learn":  # its own differences from the paper (masks on) and the majority baseline
+        from sinkflow.nn.paper_report import learn_markdown
+
+        lines = learn_markdown(report) + [_table(report, rows, with_setting=False), ""]
+        contradicted = _contradicted(rows)
+        lines.append("Contradicts the paper: " + ", ".join(contradicted) + "." if contradicted
+                     else "No variant contradicts the paper's claims on this run.")
+        return "\n".join(lines) + "\n"
     cfg, size = report["config"], report["config"]["size"]
     device = cfg["device"] + (f" ({report['environment']['gpu']})" if report["environment"].get("gpu") else "")
     contradicted = _contradicted(rows)
@@ -185,6 +214,15 @@ def write_paper_report(report: dict, stem) -> list:
     return [md]
 
 
+def _baseline_sentence(report: dict) -> str:
+    """The majority baseline of a report's split (absent from reports written before it was recorded)."""
+    base = report.get("baseline")
+    if base is None:
+        return " Majority baseline: not recorded in this report."
+    return (f" Majority baseline (the training set's most frequent class, on the test set): "
+            f"{100 * base['accuracy']:.1f}%.")
+
+
 def reproducing_page(reports: list[dict]) -> str:
     """The docs page "Reproducing the papers", its tables generated from validation reports.
 
@@ -194,11 +232,14 @@ def reproducing_page(reports: list[dict]) -> str:
     >>> reproducing_page([]).splitlines()[0]
     '# Reproducing the papers'
     """
-    from sinkflow.nn.paper_report import _patch_section, paper_setting_markdown
+    from sinkflow.nn.paper_report import (LEARN_TARGET, _patch_section, learn_markdown, paper_setting_markdown,
+                                          search_section)
 
     paper = [r for r in reports if r.get("mode") == "paper"]
+    learn = [r for r in reports if r.get("mode") == "learn"]
     studies = [r for r in reports if r.get("study") == "patch_size"]
-    runs = [r for r in reports if r.get("mode") != "paper" and "study" not in r]
+    searches = [r for r in reports if r.get("study") == "learn_search"]
+    runs = [r for r in reports if r.get("mode") not in ("paper", "learn") and "study" not in r]
     lines = ["# Reproducing the papers", "",
              "<!-- generated by `python -m sinkflow.nn.lra docs/data/*.json > docs/reproducing.md`; do not edit -->", "",
              "The Skyformer paper's comparisons on two Long Range Arena tasks, ListOps and Pathfinder, regenerated "
@@ -211,16 +252,26 @@ def reproducing_page(reports: list[dict]) -> str:
              "says so. The cost rows record the digest of the attention code they timed; when that code "
              "changes, the test suite asks for them to be re-measured (`--cost-only`, third command below). "
              "[Instability](instability.md) explains the instability numbers.", "",
+             "**CPU, learns** (`--learn`, second): a setting per task (`sinkflow.nn.validation.TASKS[task].learn`), "
+             "chosen by the small search whose table follows its rows, to learn clearly above the majority class "
+             "within minutes per run on one CPU thread; shorter data and a smaller model than the paper's, each "
+             "difference stated beside the numbers. The bar, on the median over seeds: " + "; ".join(
+                 f"{t} at least {100 * b['accuracy']:.0f}% and {100 * b['margin']:.0f} points above the majority "
+                 "baseline" for t, b in LEARN_TARGET.items()) + ".", "",
              "**Quick** (after): reduced data and model, CPU, at lengths 39 and 100. These check that the "
              "comparison runs end to end; they are not estimates of the paper's numbers, which need the full model, "
-             "50,000 steps and a GPU (`--full --device cuda`). Compare their accuracy with chance (10% on ListOps, "
-             "50% on Pathfinder) before reading anything into it.", "",
+             "50,000 steps and a GPU (`--full --device cuda`). Compare their accuracy with the majority "
+             "baseline each section states (the training set's most frequent class, scored on the test set; chance: "
+             "10% on ListOps, 50% on Pathfinder) before reading anything into it.", "",
              "```bash",
              "sinkflow validate listops --paper --attention softmax sinkhorn gaussian skyformer nystromformer \\",
              "    --batch-size 1 --cost-steps 2 --decomposition-length 128",
              "sinkflow validate pathfinder --paper --attention softmax sinkhorn gaussian skyformer nystromformer \\",
              "    --batch-size 1 --cost-steps 3",
              "sinkflow validate listops pathfinder --paper --cost-only --out docs/data   # cost rows on today's code",
+             "sinkflow validate listops pathfinder --learn --attention softmax skyformer",
+             "sinkflow validate pathfinder --learn --data resolution=32 --epochs 3 --attention softmax --seeds 0 \\",
+             "    --no-kl                                   # the 32 x 32 learning curve",
              "sinkflow validate listops pathfinder --quick --attention softmax sinkhorn gaussian skyformer nystromformer \\",
              "    --n-iter 3 --no-kl",
              "sinkflow validate listops pathfinder --full --device cuda --attention softmax sinkhorn gaussian skyformer \\",
@@ -228,6 +279,10 @@ def reproducing_page(reports: list[dict]) -> str:
              "```", ""]
     for report in paper:
         lines += [paper_setting_markdown(report)]
+    for report in learn:
+        lines += learn_markdown(report)
+    for study in searches:
+        lines += search_section(study)
     if runs:
         lines += ["Columns of the quick tables: test accuracy (median over seeds), instability score relative to "
                   "SoftMax, time per training step and its ratio to SoftMax, memory of one training step (CUDA: peak "
@@ -240,7 +295,8 @@ def reproducing_page(reports: list[dict]) -> str:
                   f"{report['description']}. Sequence length {size['seq_len']}, embedding {size['dim']}, "
                   f"{size['depth']} layers, {size['landmarks']} landmarks, {cfg['n_train']} training examples, "
                   f"{size['epochs']} epochs of batch {size['batch_size']}, seeds {cfg['seeds']}; torch "
-                  f"{report['environment']['torch']}; {report['total_time']:.0f} s in all.", "",
+                  f"{report['environment']['torch']}; {report['total_time']:.0f} s in all."
+                  + _baseline_sentence(report), "",
                   _table(report, rows, with_setting=True), ""]
         contradicted = _contradicted(rows)
         lines += [("Contradicts the paper here: " + ", ".join(contradicted) + ".") if contradicted

@@ -7,7 +7,26 @@ from __future__ import annotations
 
 from sinkflow.nn._paper_numbers import PAPER, _f
 
-__all__ = ["paper_setting_markdown", "instability_page"]
+__all__ = ["paper_setting_markdown", "instability_page", "learn_markdown", "search_section", "LEARN_TARGET", "LEARN_DIFFERENCES"]
+
+#: ``--learn``'s bar per task: the median test accuracy over seeds must reach ``accuracy``
+#: and lie ``margin`` above the majority baseline (the target's distance from chance).
+LEARN_TARGET = {"listops": {"accuracy": 0.25, "margin": 0.15}, "pathfinder": {"accuracy": 0.60, "margin": 0.10}}
+
+#: The paper's data, beside which a ``--learn`` run's generator parameters are stated.
+PAPER_DATA = {"listops": "LRA ListOps: depth up to 10, up to 10 arguments, 500 to 2,000 tokens",
+              "pathfinder": "LRA Pathfinder 32 x 32 (1,024 tokens), longer paths among distractor paths"}
+
+#: How every ``--learn`` run differs from the Skyformer paper's LRA setting (besides the sizes each row states).
+LEARN_DIFFERENCES = (
+    "train/test: a seeded 75/25 split of one generated set of the stated size (LRA: fixed files, e.g. 96,000 "
+    "ListOps training expressions)",
+    "no dropout (official: 0.1); a LayerNorm and one linear layer as the head (official: a two-layer MLP)",
+    "optimizer: AdamW at a constant learning rate, no warm-up (official: OneCycleLR, 50,000 steps), the row's "
+    "batch and number of steps",
+    "Nyströmformer attends to every token (its segment means cannot leave keys out; the others mask token 0 "
+    "as the official code)",
+)
 
 
 def _machine_line(m: dict) -> str:
@@ -233,4 +252,135 @@ def _patch_section(study: dict) -> list[str]:
                    "paper's direction does not show at this size."),
               "A patch size where both stay at chance says nothing about the claim; the quick mode is too short "
               "for 64 one-pixel tokens (`patch_size_study(quick=False)`: all images, 30 epochs).", ""]
+    return lines
+
+
+def _curve(report: dict, variant: str) -> str:
+    """Median over seeds of the test accuracy after each epoch (index 0: initialization), in %."""
+    import numpy as np
+
+    curves = [r["history"]["test_accuracy"] for r in report["runs"] if r["variant"] == variant]
+    k = min(len(c) for c in curves)
+    med = np.median(np.array([c[:k] for c in curves], dtype=float), axis=0)
+    return " ".join(f"{100 * v:.0f}" for v in med)
+
+
+def _learn_rows(report: dict) -> list[str]:
+    base, target = report["baseline"], LEARN_TARGET.get(report["task"])
+    lines = ["| variant | test accuracy % (median [min, max] over seeds) | majority baseline % | median - baseline, "
+             "points | meets the bar | wall s per run (median [min, max]) | ms per step |", "|---|---|---|---|---|---|---|"]
+    for r in report["summary"]:
+        acc = r["test_accuracy"]
+        walls = [run["wall_time"] for run in report["runs"] if run["variant"] == r["variant"]]
+        margin = acc["median"] - base["accuracy"]
+        ok = "-" if target is None else \
+            ("yes" if acc["median"] >= target["accuracy"] and margin >= target["margin"] else "no")
+        lines.append(f"| {r['variant']} | {100 * acc['median']:.1f} [{100 * acc['min']:.1f}, {100 * acc['max']:.1f}] | "
+                     f"{100 * base['accuracy']:.1f} | {100 * margin:+.1f} | {ok} | {sorted(walls)[len(walls) // 2]:.0f} "
+                     f"[{min(walls):.0f}, {max(walls):.0f}] | {_f(r['step_time']['median'] and 1e3 * r['step_time']['median'], '{:.1f}')} |")
+    return lines
+
+
+def _changed(report: dict) -> str:
+    """``", resolution 32, 3 epochs (the setting: ...)"`` where a run changed the task's ``--learn`` sizes."""
+    from sinkflow.nn.validation import TASKS
+
+    spec, size = TASKS[report["task"]].learn, report["config"]["size"]
+    if spec is None:
+        return ""
+    data = dict(spec.data)
+    pairs = [(k.replace("_", " "), v, data.get(k)) for k, v in size["data"]]
+    pairs += [("epochs", size["epochs"], spec.epochs), ("examples", size["n_samples"], spec.n_samples)]
+    changed = [(name, ours, theirs) for name, ours, theirs in pairs if ours != theirs]
+    if not changed:
+        return ""
+    ours = ", ".join(f"{name} {v}" for name, v, _ in changed)
+    return f", {ours} (the setting: {', '.join(f'{name} {v}' for name, _, v in changed)})"
+
+
+def _embedding(size: dict) -> tuple[str, ...]:
+    """The embeddings' initialization where it differs from the official N(0, 0.02^2)."""
+    std = size.get("embed_std")
+    if std is None:
+        return ("token embeddings N(0, 1), torch's default (official: N(0, 0.02^2); positions N(0, 0.02^2) as there)",)
+    return () if std == 0.02 else (f"token and position embeddings N(0, {std:g}^2) (official: N(0, 0.02^2))",)
+
+
+def _runs_machine(report: dict) -> str:
+    """Threads, CPU model and the range of the 1-minute load over a report's runs."""
+    ms = [r["machine"] for r in report["runs"] if r.get("machine")]
+    if not ms:
+        return "machine not recorded"
+    loads = [m["loadavg"][0] for m in ms]
+    return (f"{ms[0]['threads']} thread(s) per run, {ms[0]['cpu']} ({ms[0]['cores']} cores), 1-minute load "
+            f"{min(loads):.1f}-{max(loads):.1f} at the runs' starts")
+
+
+def learn_markdown(report: dict) -> list[str]:
+    """A ``--learn`` report (:func:`sinkflow.nn.validation.run_validation` with ``learn=True``) as markdown lines:
+    the accuracy rows beside the majority baseline, the bar, the learning curves and the differences from the paper.
+
+    Examples
+    --------
+    >>> from sinkflow.nn.paper_report import learn_markdown
+    >>> from sinkflow.nn.validation import run_validation
+    >>> r = run_validation("listops", ["softmax"], seeds=[0], learn=True, track_kl=False,
+    ...                    size_overrides=dict(n_samples=40, epochs=1, dim=8, landmarks=4))
+    >>> learn_markdown(r)[0].split(" (the setting")[0]   # the title says what the run changed
+    '## listops: CPU, learns (`--learn`), epochs 1, examples 40'
+    """
+    size, cfg, base = report["config"]["size"], report["config"], report["baseline"]
+    data = ", ".join(f"{k} {v}" for k, v in size["data"])
+    steps = size["epochs"] * -(-cfg["n_train"] // size["batch_size"])
+    target = LEARN_TARGET.get(report["task"])
+    bar = "" if target is None else (f" The bar: median at least {100 * target['accuracy']:.0f}% and "
+                                     f"{100 * target['margin']:.0f} points above the majority baseline.")
+    lines = [f"## {report['task']}: CPU, learns (`--learn`){_changed(report)}", "",
+             f"{report['description']}. Data: {data}; sequence length {size['seq_len']}; {cfg['n_train']} train / "
+             f"{cfg['n_test']} test examples. Model: {size['depth']} layers, embedding {size['dim']}, FFN "
+             f"{size['mlp_ratio'] * size['dim']}, {size['heads']} heads, {size['landmarks']} landmarks, mean pooling"
+             f"{', padding mask' if size.get('mask') else ''}. AdamW lr {size['lr']:g}, batch {size['batch_size']}, "
+             f"{size['epochs']} epochs ({steps} steps); seeds {cfg['seeds']}; {_runs_machine(report)}; torch "
+             f"{report['environment']['torch']}; {report['total_time']:.0f} s in all.", "",
+             f"Majority baseline: the training set's most frequent class (class {base['class']}) scores "
+             f"{100 * base['accuracy']:.1f}% on the test set (largest test class: {100 * base['test_majority']:.1f}%; "
+             f"chance {100 / size['n_classes']:.0f}%).{bar}"
+             + (" This run is off the setting (the title says how): a learning curve at other sizes, not the "
+                "setting's rows." if _changed(report) else ""), ""]
+    lines += _learn_rows(report)
+    lines += ["", "Test accuracy % after each epoch (median over seeds; first: initialization): "
+              + "; ".join(f"{r['variant']} {_curve(report, r['variant'])}" for r in report["summary"]) + ".", "",
+              "Differences from the paper's setting: " + "; ".join(
+                  (f"data: {data} (paper: {PAPER_DATA.get(report['task'], '-')})",
+                   f"model: embedding {size['dim']}, FFN {size['mlp_ratio'] * size['dim']}, {size['landmarks']} "
+                   "landmarks (paper: 64, 128, 128)") + LEARN_DIFFERENCES
+                  + _embedding(size)) + ".", ""]
+    return lines
+
+
+def search_section(study: dict) -> list[str]:
+    """The small search that chose the ``--learn`` settings (``docs/data/learn_search.json``) as a table.
+
+    Examples
+    --------
+    >>> from sinkflow.nn.paper_report import search_section
+    >>> search_section({"command": "c", "rows": [], "stopped": []})[0]
+    '## How the `--learn` settings were chosen'
+    """
+    lines = ["## How the `--learn` settings were chosen", "",
+             f"One run per row, seed 0, one thread ({study['command']}); every row has a 2-layer model, "
+             "2 heads, FFN 2x, batch 32, and the data and optimizer shown. The setting with the largest final test "
+             "accuracy per task was kept, then run over seeds (above). Chosen on the test split of seed 0, so "
+             "seed 0's row above is not an unbiased estimate; seeds 1 and 2 are new draws of the model.", "",
+             "| task | row | data | length | dim | mask | embeddings | lr | epochs | test accuracy % after each "
+             "epoch (first: init) | largest test class % | wall s (1-min load at the end) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in study["rows"]:
+        data = ", ".join(f"{k} {v}" for k, v in r["data"].items())
+        emb = "torch N(0, 1)" if r["embed_std"] is None else f"N(0, {r['embed_std']:g}^2)"
+        curve = " ".join(f"{100 * v:.0f}" for v in r["test_accuracy"])
+        lines.append(f"| {r['task']} | {r['note']} ({r['attention']}) | {data}; {r['n_samples']} examples | "
+                     f"{r['seq_len']} | {r['dim']} | {'yes' if r['mask'] else 'no'} | {emb} | {r['lr']:g} | "
+                     f"{r['epochs']} | {curve} | {100 * r['test_majority']:.1f} | {r['wall_time']:.0f} ({r['loadavg_end'][0]:.1f}) |")
+    lines += [""] + [f"Not run to the end: {s}." for s in study.get("stopped", [])] + [""]
     return lines

@@ -41,6 +41,17 @@ Tasks
     the first 20 optimizer steps of every run, ratio to SoftMax) and a comparison with the
     paper (``"paper_comparison"``).
 
+    learn (``--learn``; a CPU setting that learns clearly above the majority class in
+    minutes per run, picked from the small search in ``docs/data/learn_search.json``, never
+    toward the paper's numbers): the official padding mask (token 0 out of attention and
+    pooling), embedding 32, 2 layers, 32 landmarks, batch 32, constant learning rate.
+    ListOps of depth 4, at most 5 arguments and 11 to 63 tokens (4,000 expressions, 8
+    epochs, lr 3e-3, torch's N(0, 1) token embeddings); Pathfinder 12 x 12 with two 2-dash
+    paths and no distractor (3,000 images, 20 epochs, lr 2e-3, the official N(0, 0.02^2)
+    embeddings, without which the search's runs stayed near chance). Reports carry the
+    majority baseline (:func:`majority_baseline`) and every run's machine (threads, CPU,
+    load).
+
 ``sinkflow validate listops pathfinder --paper`` runs, on a CPU, what needs the paper's
 setting but no GPU: cost per training step and the instability score of the first 20 steps
 (:mod:`sinkflow.nn.paper`, docs/instability.md).
@@ -65,9 +76,11 @@ from sinkflow.nn.data import Dataset, digits, point_clouds, retrieval_sequences,
 from sinkflow.nn._cost import step_memory
 from sinkflow.nn.lra import PAPER, lra_data, lra_model, paper_comparison
 from sinkflow.nn.models import PatchViT, SequenceClassifier, SetClassifier
+from sinkflow.nn.paper import machine
 from sinkflow.nn.training import TrainConfig, train
 
-__all__ = ["TaskSize", "Task", "TASKS", "variant_label", "run_validation", "summarize", "PAPER_INSTABILITY_STEPS"]
+__all__ = ["TaskSize", "Task", "TASKS", "variant_label", "run_validation", "summarize", "majority_baseline",
+           "PAPER_INSTABILITY_STEPS"]
 
 #: Optimizer steps over which the Skyformer paper's instability score is recorded and
 #: averaged (its Appendix F: the first 20 steps of training).
@@ -92,6 +105,8 @@ class TaskSize:
     mlp_ratio: int = 2
     landmarks: int = 64
     data: tuple = ()  # generator parameters as (name, value) pairs
+    mask: bool = False  # LRA tasks: the official padding mask (token 0 left out of attention and features)
+    embed_std: float | None = None  # LRA tasks: token and position embeddings N(0, std^2) (official: 0.02)
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,7 @@ class Task:
     model: Callable[[TaskSize, Dataset, str, int], torch.nn.Module]
     quick: TaskSize
     full: TaskSize
+    learn: TaskSize | None = None  # ``--learn``: a CPU setting chosen to learn above the majority class
 
 
 def _digits_data(size: TaskSize, seed: int):
@@ -144,7 +160,8 @@ def _lra(task: str):
         return lra_data(task, size.n_samples, dict(size.data))
 
     def model(size: TaskSize, data: Dataset, normalization: str, n_iter: int):
-        return lra_model(data, normalization, n_iter, size.dim, size.depth, size.heads, size.mlp_ratio, size.landmarks)
+        return lra_model(data, normalization, n_iter, size.dim, size.depth, size.heads, size.mlp_ratio, size.landmarks,
+                         mask=size.mask, embed_std=size.embed_std)
     return data, model
 
 
@@ -173,14 +190,20 @@ TASKS: dict[str, Task] = {
                     quick=TaskSize(2000, 32, 6, batch_size=32, lr=3e-3, seq_len=39, n_classes=10, probe_size=16,
                                    depth=2, heads=2, mlp_ratio=2, landmarks=32,
                                    data=(("max_depth", 3), ("max_args", 4), ("min_length", 5), ("max_length", 40))),
-                    full=TaskSize(12000, epochs=5, seq_len=1999, n_classes=10, probe_size=16, **_PAPER_MODEL)),
+                    full=TaskSize(12000, epochs=5, seq_len=1999, n_classes=10, probe_size=16, **_PAPER_MODEL),
+                    learn=TaskSize(4000, 32, 8, batch_size=32, lr=3e-3, seq_len=63, n_classes=10, probe_size=16,
+                                   depth=2, heads=2, mlp_ratio=2, landmarks=32, mask=True,
+                                   data=(("max_depth", 4), ("max_args", 5), ("min_length", 10), ("max_length", 64)))),
     "pathfinder": Task("pathfinder", "LRA Pathfinder: do two markers lie on one dashed path? (Skyformer Table 1)",
                        *_lra("pathfinder"),
                        quick=TaskSize(1200, 32, 4, batch_size=32, lr=1e-3, seq_len=100, n_classes=2, probe_size=16,
                                       depth=2, heads=2, mlp_ratio=2, landmarks=32,
                                       data=(("resolution", 10), ("path_length", 2), ("n_distractors", 0))),
                        full=TaskSize(20000, epochs=10, seq_len=1024, n_classes=2, probe_size=16,
-                                     **{**_PAPER_MODEL, "lr": 2e-4})),
+                                     **{**_PAPER_MODEL, "lr": 2e-4}),
+                       learn=TaskSize(3000, 32, 20, batch_size=32, lr=2e-3, seq_len=144, n_classes=2, probe_size=16,
+                                      depth=2, heads=2, mlp_ratio=2, landmarks=32, mask=True,
+                                      embed_std=0.02, data=(("resolution", 12), ("path_length", 2), ("n_distractors", 0)))),
 }
 
 
@@ -202,7 +225,8 @@ def _variants(attentions, n_iters):
 def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3, 5), seeds=(0, 1, 2),
                    device: str = "cpu", quick: bool = True, amp: bool = False, epochs: int | None = None,
                    track_kl: bool = True, progress: bool = False, log: Callable[[str], None] | None = None,
-                   on_run: Callable[[dict], None] | None = None, size_overrides: dict | None = None) -> dict:
+                   on_run: Callable[[dict], None] | None = None, size_overrides: dict | None = None,
+                   learn: bool = False) -> dict:
     """Train every (attention, n_iter, seed) on ``task``; return a JSON-ready report.
 
     Parameters
@@ -231,12 +255,17 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
         so a run cut short by a time limit still leaves its results.
     size_overrides : dict, optional
         Replace fields of the task's :class:`TaskSize` (e.g. tiny sizes in tests).
+    learn : bool
+        The task's ``learn`` sizes (CPU, chosen to learn above the majority class: listops,
+        pathfinder); overrides ``quick``. The report's mode is then ``"learn"``.
 
     Returns
     -------
     dict
-        ``{"task", "mode", "complete", "config", "environment", "runs": [...], "summary": [...]}``; each
-        run holds a :meth:`TrainingHistory.as_dict` under ``"history"``.
+        ``{"task", "mode", "complete", "config", "environment", "baseline", "runs": [...], "summary": [...]}``;
+        each run holds a :meth:`TrainingHistory.as_dict` under ``"history"``, its wall time and
+        the machine's threads, CPU model and load before it (:func:`sinkflow.nn.paper.machine`);
+        ``"baseline"`` is :func:`majority_baseline` of the split.
 
     Examples
     --------
@@ -248,7 +277,11 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     spec = TASKS[task]
-    size = spec.quick if quick else spec.full
+    if learn and spec.learn is None:
+        raise ValueError(f"task {task!r} has no learn setting; tasks with one: "
+                         f"{', '.join(t for t, v in TASKS.items() if v.learn is not None)}")
+    mode = "learn" if learn else ("quick" if quick else "full")
+    size = {"learn": spec.learn, "quick": spec.quick, "full": spec.full}[mode]
     if epochs is not None:
         size = dataclasses.replace(size, epochs=int(epochs))
     if size_overrides:
@@ -256,7 +289,7 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
 
     def report(complete: bool) -> dict:
         out = {
-            "task": task, "description": spec.description, "mode": "quick" if quick else "full", "complete": complete,
+            "task": task, "description": spec.description, "mode": mode, "complete": complete,
             "config": {"size": dataclasses.asdict(size), "attentions": list(attentions),
                        "n_iters": [int(k) for k in n_iters], "seeds": [int(s) for s in seeds], "device": device,
                        "amp": amp, "n_train": len(train_data), "n_test": len(test_data)},
@@ -265,6 +298,7 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
                             "gpu": torch.cuda.get_device_name(0) if str(device).startswith("cuda") else None},
             "total_time": time.perf_counter() - t_start,
             "memory_method": memory_method[0],
+            "baseline": baseline,
             "runs": runs,
             "summary": summarize(runs),
         }
@@ -273,6 +307,7 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
         return out
 
     train_data, test_data = spec.data(size, 0)
+    baseline = majority_baseline(train_data.labels, test_data.labels)
     n_batches = -(-len(train_data) // size.batch_size)
     memory_method = [None]
     runs = []
@@ -291,6 +326,7 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
             cfg = TrainConfig(epochs=size.epochs, batch_size=size.batch_size, lr=size.lr, seed=seed, device=device,
                               amp=amp, probe_size=size.probe_size, track_kl=track_kl, progress=progress,
                               update_instability_steps=PAPER_INSTABILITY_STEPS if task in PAPER else 0)
+            env = machine()
             t0 = time.perf_counter()
             hist = train(model, train_data, test_data, cfg)
             wall = time.perf_counter() - t0
@@ -299,7 +335,7 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
             step_time = float(np.median(hist.epoch_time)) / n_batches if len(hist.epoch_time) else None
             run = {"attention": attention, "n_iter": n_iter, "variant": variant_label(attention, n_iter),
                    "seed": int(seed), "wall_time": wall, "step_time": step_time, "memory": memory,
-                   "history": hist.as_dict()}
+                   "machine": env, "history": hist.as_dict()}
             runs.append(run)
             if log is not None:
                 cd = hist.column_deviation
@@ -309,6 +345,27 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
             if on_run is not None:
                 on_run(report(False))
     return report(True)
+
+
+def majority_baseline(train_labels, test_labels) -> dict:
+    """What predicting one class gets: the training set's most frequent class and its test accuracy.
+
+    ``test_majority`` is the largest class share of the test set (no constant prediction
+    does better on it); an accuracy row means learning only clearly above both.
+
+    Examples
+    --------
+    >>> from sinkflow.nn.validation import majority_baseline
+    >>> majority_baseline([0, 1, 1, 2], [1, 0, 0, 0])
+    {'class': 1, 'accuracy': 0.25, 'test_majority': 0.75}
+    """
+    train_labels = np.asarray(train_labels, dtype=np.int64).ravel()
+    test_labels = np.asarray(test_labels, dtype=np.int64).ravel()
+    if not train_labels.size or not test_labels.size:
+        raise ValueError("majority_baseline needs non-empty train and test labels")
+    cls = int(np.bincount(train_labels).argmax())
+    return {"class": cls, "accuracy": float(np.mean(test_labels == cls)),
+            "test_majority": float(np.bincount(test_labels).max() / test_labels.size)}
 
 
 def _stats(values) -> dict:
