@@ -319,7 +319,7 @@ def _plateau_note(curve: dict, k: int) -> str:
 def _point_cloud_section(study: dict) -> list[str]:
     """The Sinkformers point-cloud study (:func:`sinkflow.nn.point_clouds.point_cloud_report`) beside ModelNet40."""
     s, paper = study["setting"], SINKFORMERS["modelnet40"]
-    lines = [f"## Sinkformers: point clouds (generated shapes, {s['size']}, CPU)", "",
+    lines = [f"## Sinkformers: point clouds (generated shapes, {s['size']}, {s['epochs']} epochs, CPU)", "",
              f"Set Transformer (a point-wise embedding of the coordinates and their norm, 2 ISABs with "
              f"{s['inducing']} inducing points, width {s['dim']}, {s['heads']} heads, PMA with one seed, dropout "
              f"{s['dropout']}) with SoftMax or Sinkhorn ({s['n_iter']} half-iterations) attention, on {len(s['classes'])} "
@@ -327,7 +327,8 @@ def _point_cloud_section(study: dict) -> list[str]:
              f"clouds per class of {s['n_points']} points, stretched per axis, noised, rotated about the vertical "
              f"axis. Adam lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs; a run's accuracy is the mean "
              f"test accuracy of its last {s['tail']} epochs; seeds {s['seeds']}, paired (same data, initialization "
-             f"and batches); `{study['command']}`{_machine_of(study)}. ModelNet40 (the paper's Table 1: 40 classes, "
+             f"and batches); `{study['command']}`{_machine_of(study)}"
+             + (f"; {study['note']}" if study.get("note") else "") + ". ModelNet40 (the paper's Table 1: 40 classes, "
              "1,000 points, width 256, 4 runs, 16 inducing points) cannot be downloaded here: compare the gap, "
              "not the accuracies.", "",
              "| attention | accuracy % (mean, 95% t-interval) | per seed | the paper's ModelNet40, median (mean) |",
@@ -341,11 +342,12 @@ def _point_cloud_section(study: dict) -> list[str]:
     p_mean = paper["sinkhorn"]["mean"] - paper["softmax"]["mean"]
     size = ("-" if lo != lo else "inside our interval" if 100 * lo <= p_med <= 100 * hi else
             "above our interval" if p_med > 100 * hi else "below our interval")
-    agree = "agrees" if lo > 0 else "disagrees" if hi < 0 else "is not resolved"
+    agree = ("agrees with the paper's" if lo > 0 else "is opposite to the paper's" if hi < 0 else
+             "is not resolved (the paper's sign is neither confirmed nor refuted)")
     lines += ["", f"Mean test accuracy (%) by epoch: {_curve_line(study['curve'], max(1, s['epochs'] // 8))}. "
               + _plateau_note(study["curve"], max(s["tail"], s["epochs"] // 8)), "",
               f"**Verdict.** Gap Sinkhorn - SoftMax: {100 * gap:+.1f} points {_ci(lo, hi)} (95% paired t-interval over "
               f"{len(s['seeds'])} seeds), {_direction(gap, lo, hi)}; the paper's ModelNet40 gap is {p_med:+.1f} points "
-              f"(medians; {p_mean:+.1f} in means) over {paper['runs']} runs. In direction ours {agree} with the "
-              f"paper's; in size the paper's gap is {size}.", ""]
+              f"(medians; {p_mean:+.1f} in means) over {paper['runs']} runs. Direction: ours {agree}; size: the "
+              f"paper's gap is {size}.", ""]
     return lines
