@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("studies", nargs="+", choices=list(STUDIES), help="which studies to run")
     p.add_argument("--full", action="store_true",
                    help="the documented setting (patch size: all 1,797 digits, 60 epochs, Sinkhorn(5); point "
-                        "clouds: 1,000 training clouds, 40 epochs); default: the quick one (about a minute a seed)")
+                        "clouds: 1,000 training clouds, 120 epochs); default: the quick one (about a minute a seed)")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds 0..N-1 (default 5)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--out", default="docs/data", help="folder of the JSON reports (default docs/data)")
