@@ -19,6 +19,7 @@ COMMANDS = {
     "nystrom-check": ("sinkflow.cli.nystrom_check", "check Skyformer's Nyström spectral-norm bound on random or given Q, K"),
     "validate": ("sinkflow.cli.validate", "train small Transformers per attention normalization; JSON report + figures"),
     "docs": ("sinkflow.cli.docs", "build the documentation with Sphinx (warnings are errors; --quick skips the gallery and notebooks)"),
+    "sinkformers": ("sinkflow.cli.sinkformers", "the Sinkformers paper's patch-size and point-cloud studies, over seeds (JSON)"),
     "sweep": ("sinkflow.cli.sweep", "run a parameter sweep from a TOML/JSON config (Dask or sequential, cached)"),
 }
 

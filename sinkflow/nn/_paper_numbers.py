@@ -5,7 +5,7 @@ sinkflow's reports are put beside, and how a missing number is printed.
 from __future__ import annotations
 
 
-__all__ = ["PAPER"]
+__all__ = ["PAPER", "SINKFORMERS"]
 
 
 #: Skyformer paper, Table 1 and Appendix F (2 layers, embedding 64, FFN 128, 2 heads, 128
@@ -24,3 +24,14 @@ PAPER = {
 
 def _f(v, fmt="{:.2f}"):
     return "-" if v is None else fmt.format(v)
+
+
+#: Sinkformers paper (Sander et al., AISTATS 2022). Table 1, ModelNet40 test accuracy in % over 4 runs
+#: (best, median, mean, worst) of the Set Transformer (2 ISABs, 16 inducing points, width 256, 4 heads, PMA) and
+#: its Sinkformer; its MNIST patch-size figure gives no table (5 seeds, patch sizes 1 to 28, one-layer one-head
+#: attention-only ViT, Sinkhorn with 5 iterations against SoftMax). The ModelNet40 digits were entered without
+#: a copy of the paper to check them against; the direction (Sinkformer ahead) is the paper's stated claim.
+SINKFORMERS = {
+    "modelnet40": {"softmax": {"best": 87.8, "median": 86.3, "mean": 85.8, "worst": 84.7},
+                   "sinkhorn": {"best": 89.1, "median": 88.4, "mean": 88.3, "worst": 88.1}, "runs": 4},
+}

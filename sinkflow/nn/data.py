@@ -97,6 +97,14 @@ def _rotations(rng: np.random.Generator, n: int) -> np.ndarray:
     return Q
 
 
+def _z_rotations(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Rotations about the z axis by uniform angles, shape (n, 3, 3)."""
+    c, s = np.cos(t := rng.uniform(0, 2 * math.pi, size=n)), np.sin(t)
+    R = np.zeros((n, 3, 3))
+    R[:, 0, 0], R[:, 0, 1], R[:, 1, 0], R[:, 1, 1], R[:, 2, 2] = c, -s, s, c, 1.0
+    return R
+
+
 def _sphere(rng, k):
     x = rng.normal(size=(k, 3))
     return x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -139,18 +147,39 @@ def _plane(rng, k):
     return np.concatenate([rng.uniform(-1, 1, size=(k, 2)), np.zeros((k, 1))], 1)
 
 
+def _ellipsoid(rng, k, axes=(1.0, 0.6, 0.3)):
+    """A sphere stretched to semi-axes ``axes`` (points uniform in direction, not in area)."""
+    return _sphere(rng, k) * np.asarray(axes)
+
+
+def _pyramid(rng, k):
+    """Square pyramid (base [-1, 1]^2 at z = -1, apex (0, 0, 1)), uniform in area over its five faces."""
+    base, side = 4.0, math.sqrt(5.0)  # areas: the square, each triangle (base 2, slant height sqrt 5)
+    face = rng.choice(5, size=k, p=np.array([base] + 4 * [side]) / (base + 4 * side))
+    x = np.concatenate([rng.uniform(-1, 1, size=(k, 2)), -np.ones((k, 1))], 1)
+    corners = np.array([[1, 1], [-1, 1], [-1, -1], [1, -1], [1, 1]], dtype=float)
+    s, t = np.sqrt(rng.uniform(size=k)), rng.uniform(size=k)  # uniform on a triangle: apex + s (edge point - apex)
+    tri = face > 0
+    a, b = corners[face[tri] - 1], corners[face[tri]]
+    edge = (1 - t[tri, None]) * a + t[tri, None] * b
+    x[tri] = np.concatenate([s[tri, None] * edge, (1 - 2 * s[tri])[:, None]], 1)
+    return x
+
+
 #: Shape name -> sampler ``(rng, k) -> (k, 3)`` points on the surface (before rotation).
 SHAPES = {"sphere": _sphere, "cube": _cube, "torus": _torus, "cylinder": _cylinder, "cone": _cone,
-          "octahedron": _octahedron, "helix": _helix, "plane": _plane}
+          "octahedron": _octahedron, "helix": _helix, "plane": _plane, "ellipsoid": _ellipsoid, "pyramid": _pyramid}
 
 
 def point_clouds(n_per_class: int = 100, n_points: int = 64, shapes=("sphere", "cube", "torus", "cylinder", "cone"),
-                 noise: float = 0.05, rotate: bool = True, seed: int = 0, dtype: torch.dtype = torch.float32) -> Dataset:
+                 noise: float = 0.05, rotate: bool | str = True, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 scale: tuple[float, float] = (0.8, 1.2)) -> Dataset:
     """Point clouds on random rotations of simple shapes, ``(N, n_points, 3)``.
 
     Each cloud: ``n_points`` samples on the shape's surface, anisotropic scaling by a
-    factor in [0.8, 1.2] per axis, Gaussian noise of standard deviation ``noise``, a
-    uniformly random rotation (if ``rotate``), centred and scaled to unit RMS radius.
+    factor drawn uniformly in ``scale`` per axis, Gaussian noise of standard deviation ``noise``, a
+    uniformly random rotation (``rotate=True``; ``"z"``: about the z axis only, the shapes stay
+    upright as ModelNet40's do; ``False``: none), centred and scaled to unit RMS radius.
 
     Examples
     --------
@@ -164,16 +193,20 @@ def point_clouds(n_per_class: int = 100, n_points: int = 64, shapes=("sphere", "
         raise ValueError(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
     if n_per_class < 1 or n_points < 1:
         raise ValueError("n_per_class and n_points must be positive")
+    if not 0 < scale[0] <= scale[1]:
+        raise ValueError(f"scale must be a range 0 < low <= high, got {scale}")
     rng = np.random.default_rng(seed)
     clouds, labels = [], []
     for label, name in enumerate(shapes):
         for _ in range(n_per_class):
-            x = SHAPES[name](rng, n_points) * rng.uniform(0.8, 1.2, size=3)
+            x = SHAPES[name](rng, n_points) * rng.uniform(*scale, size=3)
             clouds.append(x + noise * rng.normal(size=x.shape))
             labels.append(label)
     X = np.stack(clouds)
+    if rotate not in (True, False, "z"):
+        raise ValueError(f"rotate must be True, False or 'z', got {rotate!r}")
     if rotate:
-        X = np.einsum("nij,npj->npi", _rotations(rng, len(X)), X)
+        X = np.einsum("nij,npj->npi", (_z_rotations if rotate == "z" else _rotations)(rng, len(X)), X)
     X = X - X.mean(1, keepdims=True)
     X = X / np.sqrt((X**2).sum(-1).mean(-1))[:, None, None]
     perm = rng.permutation(len(X))

@@ -237,7 +237,7 @@ def reproducing_page(reports: list[dict]) -> str:
 
     paper = [r for r in reports if r.get("mode") == "paper"]
     learn = [r for r in reports if r.get("mode") == "learn"]
-    studies = [r for r in reports if r.get("study") == "patch_size"]
+    studies = [r for r in reports if r.get("study") in ("patch_size", "point_cloud")]
     searches = [r for r in reports if r.get("study") == "learn_search"]
     runs = [r for r in reports if r.get("mode") not in ("paper", "learn") and "study" not in r]
     lines = ["# Reproducing the papers", "",
