@@ -191,10 +191,18 @@ def _compute_column_sums(cfg: ColumnSumsConfig) -> dict:
         report = run_validation(cfg.task, cfg.attentions, cfg.n_iters, cfg.seeds, quick=cfg.quick, epochs=cfg.epochs,
                                 track_kl=False)
     report = {k: report[k] for k in ("task", "config", "runs")}
+    report["config"] = _without_none(report["config"])  # figure data hold arrays and text, not None
     for r in report["runs"]:
         r.pop("wall_time")
         r["history"] = {k: r["history"][k] for k in ("sorted_column_sums", "column_deviation", "test_accuracy")}
     return report
+
+
+def _without_none(tree):
+    """``tree`` (nested dicts) without its None entries."""
+    if not isinstance(tree, dict):
+        return tree
+    return {k: _without_none(v) for k, v in tree.items() if v is not None}
 
 
 def _plot_column_sums(data: dict, cfg: "ColumnSumsConfig"):
