@@ -274,18 +274,8 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     >>> rep["summary"][0]["variant"], len(rep["runs"][0]["history"]["loss"])
     ('softmax', 2)
     """
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
-    spec = TASKS[task]
-    if learn and spec.learn is None:
-        raise ValueError(f"task {task!r} has no learn setting; tasks with one: "
-                         f"{', '.join(t for t, v in TASKS.items() if v.learn is not None)}")
-    mode = "learn" if learn else ("quick" if quick else "full")
-    size = {"learn": spec.learn, "quick": spec.quick, "full": spec.full}[mode]
-    if epochs is not None:
-        size = dataclasses.replace(size, epochs=int(epochs))
-    if size_overrides:
-        size = dataclasses.replace(size, **size_overrides)
+    spec = TASKS.get(task)
+    mode, size = _task_size(task, spec, learn, quick, epochs, size_overrides)
 
     def report(complete: bool) -> dict:
         out = {
@@ -345,6 +335,22 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
             if on_run is not None:
                 on_run(report(False))
     return report(True)
+
+
+def _task_size(task: str, spec, learn: bool, quick: bool, epochs, size_overrides) -> tuple[str, TaskSize]:
+    """The mode (learn, quick or full) and the :class:`TaskSize` of a validation run, overrides applied."""
+    if spec is None:
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+    if learn and spec.learn is None:
+        raise ValueError(f"task {task!r} has no learn setting; tasks with one: "
+                         f"{', '.join(t for t, v in TASKS.items() if v.learn is not None)}")
+    mode = "learn" if learn else ("quick" if quick else "full")
+    size = {"learn": spec.learn, "quick": spec.quick, "full": spec.full}[mode]
+    if epochs is not None:
+        size = dataclasses.replace(size, epochs=int(epochs))
+    if size_overrides:
+        size = dataclasses.replace(size, **size_overrides)
+    return mode, size
 
 
 def majority_baseline(train_labels, test_labels) -> dict:

@@ -217,7 +217,7 @@ def test_point_cloud_verdict_follows_the_interval():
 
 def test_patch_trend_verdict_is_paired_by_seed():
     """Gap at patch 1 larger than at patch 4 in every seed by 4-5 points: 'grows as the patch shrinks'."""
-    from sinkflow.nn.paper_report import _patch_trend
+    from sinkflow.nn._study_report import _patch_trend
 
     def row(p, gaps):
         soft = [0.8, 0.7, 0.9, 0.85]
