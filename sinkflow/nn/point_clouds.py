@@ -270,24 +270,21 @@ class SetTransformer(nn.Module):
 def _run(train_data, test_data, normalization: str, seed: int, cfg: dict) -> np.ndarray:
     """Test accuracy after each epoch (index 0: initialization) of one seeded Adam run on cross-entropy.
 
-    Its own loop: :func:`sinkflow.nn.train` tracks the first attention matrix as self-attention,
-    and the ISAB's are rectangular.
+    The epochs of :func:`sinkflow.nn.train` (its seeded batches), without its attention probe:
+    that tracks the first attention matrix as self-attention, and the ISAB's are rectangular.
     """
-    from sinkflow.nn.training import evaluate
+    from sinkflow.nn.training import TrainConfig, _Run, evaluate
 
     torch.manual_seed(seed)
     model = SetTransformer(3, train_data.n_classes, cfg["dim"], cfg["heads"], cfg["inducing"], 2, normalization,
                            cfg["n_iter"] if normalization == "sinkhorn" else 1, True, cfg["dropout"])
     opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
-    gen, n = torch.Generator().manual_seed(seed), len(train_data)
+    run = _Run(model, opt, TrainConfig(batch_size=cfg["batch_size"], seed=seed), torch.device("cpu"),
+               torch.Generator().manual_seed(seed))
     curve = [evaluate(model, test_data)[1]]
     for _ in range(cfg["epochs"]):
         model.train()
-        for idx in torch.randperm(n, generator=gen).split(cfg["batch_size"]):
-            loss = F.cross_entropy(model(train_data.inputs[idx]), train_data.labels[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        run.epoch(train_data.inputs, train_data.labels)
         curve.append(evaluate(model, test_data)[1])
     return np.asarray(curve)
 

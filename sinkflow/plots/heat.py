@@ -263,11 +263,13 @@ def _log_axes(ax):
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _loglog_panel(ax, x, errors, slope, color, label):
-    mean = np.exp(np.log(errors).mean(1))
+def _loglog_panel(ax, x, errors, slope, color, label, center=None, alpha=0.4):
+    """Each seed's errors (columns of ``errors``) as dots and their ``center`` (default: the
+    geometric mean) as a line labelled with the fitted ``slope``, on log-log axes."""
+    center = np.exp(np.log(errors).mean(1)) if center is None else center
     for k in range(errors.shape[1]):
-        ax.plot(x, errors[:, k], ".", color=color, alpha=0.4, ms=4)
-    ax.plot(x, mean, "o-", color=color, ms=4, label=f"{label}: slope {slope:.2f}")
+        ax.plot(x, errors[:, k], ".", color=color, alpha=alpha, ms=4)
+    ax.plot(x, center, "o-", color=color, ms=4, label=f"{label}: slope {slope:.2f}")
     _log_axes(ax)
 
 

@@ -75,7 +75,7 @@ def compute_limits(cfg: LimitsConfig) -> dict:
 
 
 def plot_limits(data, cfg):
-    from sinkflow.plots.heat import _log_axes
+    from sinkflow.plots.heat import _log_axes, _loglog_panel
     from sinkflow.plots.style import COLORS, new_figure
 
     fig, axes = new_figure(3, 1, width=3.4, height=2.8)
@@ -88,10 +88,8 @@ def plot_limits(data, cfg):
     a.set_xlabel("$x$")
     a.set_title(rf"Sinkhorn mean field at $t = {cfg.t:g}$")
     a.legend()
-    for k in range(data["w2"].shape[1]):
-        b.plot(data["n"], data["w2"][:, k], ".", color=COLORS["sinkhorn"], alpha=0.35, ms=4)
-    b.plot(data["n"], data["w2_rms"], "o-", color=COLORS["sinkhorn"], ms=4, label=f"rms: slope {data['n_slope']:.2f}")
-    _log_axes(b)
+    _loglog_panel(b, data["n"], data["w2"], data["n_slope"], COLORS["sinkhorn"], "rms", center=data["w2_rms"],
+                  alpha=0.35)
     b.set_xlabel("$n$")
     b.set_ylabel(r"$W_2(\mu^n_t, \rho^\varepsilon_t)$")
     b.set_title(rf"particles $\to$ PDE ($\varepsilon = {cfg.eps_for_n:g}$; $-1/2$ expected)")
