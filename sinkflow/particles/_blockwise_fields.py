@@ -311,7 +311,8 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
     else:
         budget, tol_check = (int(n_iter), None) if n_iter is not None else (int(max_iter), float(tol))
     vel, f, g, done, row_err, col_err = _alternate(passes, g, a, budget, tol_check)
-    converged = True if tol_check is None else col_err <= tol_check
+    # run to tol: converged only if a row step met it (a budget spent on a column step has col_err ~ 0)
+    converged = True if tol_check is None else (done % 2 == 1 and col_err <= tol_check)
     return LazyField(from_torch(vel, numpy_out), from_torch(f, numpy_out), from_torch(g, numpy_out),
                      done, row_err, col_err, bool(converged))
 

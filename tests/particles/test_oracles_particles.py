@@ -53,7 +53,13 @@ def test_lazy_field_matches_the_log_domain_loop_at_extreme_scores(n_iter, kind):
     K, _, _ = sinkhorn_log(C, 1000 if n_iter is None else n_iter)
     res = lazy_attention_field(x, V, W, normalization="sinkhorn", scores=kind, temperature=tau, n_iter=n_iter,
                                tol=1e-13, max_iter=1000, block_bytes=3 * 14 * 8 * 4)  # blocks of 4 rows
-    assert res.converged
+    if n_iter is None:
+        # the plain alternation is slow here (row error 1e-5 to 9e-4 after 1,000 half-steps): the budget
+        # ends it and the field must say so (it reported True before); the comparison below is then of
+        # the same 1,000 half-steps
+        assert res.n_iter == 1000 and not res.converged and res.row_error > 1e-13
+    else:
+        assert res.converged
     assert np.isfinite(res.velocity).all()
     assert np.abs(res.velocity - K @ V).max() <= 1e-8 * np.abs(V).max()
 
