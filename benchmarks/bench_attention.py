@@ -8,7 +8,7 @@ Measured, interleaved, medians of ``--repeats`` after a warm-up, torch threads p
 * ``layer``: one :class:`sinkflow.nn.MultiheadAttention` (batch 8, n = 256, embed 64, 4 heads),
   loss = mean of the output, forward + backward;
 * ``model``: a training step (forward, backward, Adam step) of a one-block
-  :class:`sinkflow.nn.SequenceClassifier` (attention + MLP), the per-epoch cost the paper compares;
+  :class:`sinkflow.studies.SequenceClassifier` (attention + MLP), the per-epoch cost the paper compares;
 * reference rows: torch's fused ``scaled_dot_product_attention``, a plain ``torch.softmax``
   attention and a plain unrolled multiplicative Sinkhorn(3) (no checks, no error tracking),
   to separate the price of the normalization from the price of the solver's bookkeeping.
@@ -139,7 +139,7 @@ def _reference_step(kind, x, heads=4):
 
 
 def _model_step(normalization, n_iter, tokens, labels):
-    from sinkflow.nn import SequenceClassifier
+    from sinkflow.studies import SequenceClassifier
 
     torch.manual_seed(0)
     model = SequenceClassifier(64, tokens.shape[1], 8, dim=64, heads=4, normalization=normalization,
@@ -155,7 +155,7 @@ def _model_step(normalization, n_iter, tokens, labels):
 
 
 def _long_table(lengths, device, repeats) -> None:
-    from sinkflow.nn._cost import step_bytes
+    from sinkflow.studies._cost import step_bytes
 
     print(f"\nLayer step at long lengths (batch 1, embed 64, 4 heads), median of {repeats}, memory: "
           f"{'peak CUDA allocated' if device.type == 'cuda' else 'bytes saved for backward'}\n")
@@ -176,7 +176,7 @@ def _long_table(lengths, device, repeats) -> None:
 
 def _fused_table(lengths, device, repeats, eager_up_to=4096) -> None:
     """Fused SoftMax and Gaussian layer steps against torch's SDPA / MultiheadAttention and the eager path."""
-    from sinkflow.nn._cost import step_bytes
+    from sinkflow.studies._cost import step_bytes
 
     print(f"\nFused passes (issue 21): layer step, embedding 64, 4 heads, batch max(1, min(8, 8192 / n)), "
           f"{torch.get_num_threads()} thread(s), median of {repeats} (interleaved), load {_load()}; memory: "

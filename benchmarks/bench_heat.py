@@ -49,7 +49,7 @@ def _step_costs(run_steps, k: int = 6, repeats: int = 3) -> tuple[float, float]:
 def mean_field_rows(eps: float) -> None:
     """The grid PDE against the particles it is the limit of, measured in the same run."""
     import sinkflow
-    from sinkflow.heat._circle_stability import uniform_angles
+    from sinkflow.heat import uniform_angles
 
     print("| run | size | steps | total s | first step ms (setup, cold Sinkhorn) | ms / further step | ratio |")
     print("|---|---|---|---|---|---|---|", flush=True)

@@ -232,7 +232,8 @@ metastable clusters form. Compare the PDE's growth with the formula:
 """)
 
 code(r"""
-from sinkflow.heat import circle_growth_rate, fourier_amplitude, uniform_angles
+from sinkflow.clustering import circle_growth_rate, fourier_amplitude
+from sinkflow.heat import uniform_angles
 
 beta, k, theta = 5.0, 3, uniform_angles(128)
 rho = (1 + 1e-6 * np.cos(k * theta)) / (2 * np.pi)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from sinkflow.nn import MultiheadAttention
-from sinkflow.nn.validation import run_validation
+from sinkflow.studies.validation import run_validation
 from sinkflow.plots.style import style
 from sinkflow.plots.training import plot_accuracy_vs_n_iter, plot_column_sums, plot_instability
 
@@ -121,10 +121,10 @@ paper**: after 3 epochs the Gaussian-kernel model is far from trained (measured 
 its logits have barely moved; the verdict lines flag both. Run the full notebook before reading these numbers.
 
 The score here is a *proxy*: the mean squared change of the logits per squared change of the query and
-key weights under a small random perturbation of the trained model (`sinkflow.nn.instability_score`). The
+key weights under a small random perturbation of the trained model (`sinkflow.studies.instability_score`). The
 paper's own score follows the optimizer instead: over the first 20 training steps, the squared change of the
 token features per squared change of all the weights, divided by SoftMax's at the same step
-(`sinkflow.nn.update_instability`). `sinkflow validate listops` and `sinkflow validate pathfinder` measure that
+(`sinkflow.studies.update_instability`). `sinkflow validate listops` and `sinkflow validate pathfinder` measure that
 one, beside the paper's table ("Reproducing the papers" in the docs); the two scores need not agree.
 
 ## Exercises

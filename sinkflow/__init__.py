@@ -44,8 +44,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                       "HeatFlowResult",
                       "wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study",
                       "wasserstein2_to_grid",
-                      "mean_field_flow", "MeanFieldResult",
-                      "circle_growth_rate", "fastest_mode", "count_clusters", "angular_density"),
+                      "mean_field_flow", "MeanFieldResult"),
+    # clustering on the circle and the sphere: linear theory and cluster counts
+    "sinkflow.clustering": ("circle_growth_rate", "fastest_mode", "sphere_growth_rate", "count_clusters",
+                            "angular_density"),
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
     "sinkflow.sweeps": ("sweep", "SweepError"),
     "sinkflow.plots": ("plot_sweep",),

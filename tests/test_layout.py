@@ -3,7 +3,8 @@
 A module may import its own folder and the folders below it, never one above: every
 ``import sinkflow.X`` and ``from sinkflow.X import`` (at any depth of the module, lazy
 imports included), and every use of a public name of the root package (``sinkflow.name``,
-``from sinkflow import name``) resolved to the folder that defines it. No package attribute
+``from sinkflow import name``) resolved to the folder that defines it. Inside a folder, the
+modules import one another without a circle (lazy imports included). No package attribute
 shadows its own submodule, and every folder says what it is for and what it exports.
 """
 
@@ -25,8 +26,10 @@ FLOORS = (
     ("bounds",),  # stochasticity, Nystrom bounds
     ("particles",),  # fields, flows, energies
     ("heat",),  # the many-particle limit and its references
+    ("clustering",),  # clustering on the circle and the sphere: linear theory, cluster counts
     ("datasets",),  # generated data sets
-    ("nn",),  # torch modules, models, training, validations
+    ("nn",),  # torch attention layers and their kernels
+    ("studies",),  # models, training, tracking, the papers' validations and reports
     ("experiments",),  # seeded experiments for sweeps
     ("sweeps",),  # parameter grids
     ("plots",),  # figures: data -> matplotlib
@@ -116,3 +119,80 @@ def test_no_package_attribute_shadows_its_own_submodule(name):
         module = importlib.import_module(f"{name}.{info.name}")
         value = getattr(package, info.name)
         assert value is module, f"{name}.{info.name} is {value!r}, not the submodule"
+
+
+def _module_name(rel: Path) -> str:
+    parts = ("sinkflow", *rel.with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_targets(path: Path, modules: set[str]):
+    """Every sinkflow module that ``path`` imports (at any depth), resolved to a module of ``modules``."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                yield sub if sub in modules else (sinkflow._ORIGIN.get(alias.name, node.module)
+                                                  if node.module == "sinkflow" else node.module)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sinkflow":
+            if node.attr in sinkflow._ORIGIN:
+                yield sinkflow._ORIGIN[node.attr]
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """``module -> modules it imports`` over the package (the root ``sinkflow`` left out: its names are lazy)."""
+    files = {_module_name(p.relative_to(package)): p for p in sorted(package.rglob("*.py"))}
+    files.pop("sinkflow", None)
+    return {m: set(_module_targets(p, set(files) | {"sinkflow"})) - {m, "sinkflow"} for m, p in files.items()}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle_anywhere_in_the_package():
+    circles = import_circles(import_graph())
+    assert not circles, "modules that import one another in a circle:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_a_planted_lazy_circle(tmp_path):
+    package = tmp_path / "sinkflow"
+    (package / "studies").mkdir(parents=True)
+    (package / "studies" / "__init__.py").write_text("")
+    (package / "studies" / "a.py").write_text("from sinkflow.studies.b import f\n")
+    (package / "studies" / "b.py").write_text("def f():\n    from sinkflow.studies.c import g\n")
+    (package / "studies" / "c.py").write_text("import sinkflow.studies.a\n")
+    (package / "studies" / "d.py").write_text("from sinkflow.studies import a\n")
+    graph = import_graph(package)
+    assert graph["sinkflow.studies.d"] == {"sinkflow.studies.a"}
+    assert import_circles(graph) == [["sinkflow.studies.a", "sinkflow.studies.b", "sinkflow.studies.c"]]

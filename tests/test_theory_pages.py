@@ -152,7 +152,7 @@ k_sym, beta_sym = sp.symbols("k beta", positive=True)
 
 
 def test_mean_field_page_has_one_circle_row_per_normalization():
-    from sinkflow.heat._circle_stability import CIRCLE_NORMALIZATIONS
+    from sinkflow.heat import CIRCLE_NORMALIZATIONS
 
     assert sorted(CIRCLE_ROWS) == sorted(CIRCLE_NORMALIZATIONS)
 

@@ -1,7 +1,7 @@
 """``sinkflow sinkformers``: the Sinkformers paper's patch-size and point-cloud studies, as JSON reports.
 
 ``sinkflow sinkformers patch-size point-cloud --full --seeds 5 --out docs/data`` writes
-``docs/data/patch_size_full.json`` and ``docs/data/point_cloud_full.json``; ``python -m sinkflow.nn.lra
+``docs/data/patch_size_full.json`` and ``docs/data/point_cloud_full.json``; ``python -m sinkflow.studies.pages
 docs/data/*.json > docs/reproducing.md`` renders them with a verdict line each.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 __all__ = ["STUDIES", "add_arguments", "run"]
 
 #: Study name -> (report function ``module:function``, JSON stem).
-STUDIES = {"patch-size": ("sinkflow.nn.patch_study:patch_size_report", "patch_size"),
-           "point-cloud": ("sinkflow.nn.point_clouds:point_cloud_report", "point_cloud")}
+STUDIES = {"patch-size": ("sinkflow.studies.patch_study:patch_size_report", "patch_size"),
+           "point-cloud": ("sinkflow.studies.point_clouds:point_cloud_report", "point_cloud")}
 
 
 def add_arguments(p) -> None:

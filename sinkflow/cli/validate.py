@@ -1,7 +1,7 @@
 """``sinkflow validate TASK``: train small Transformers with each attention normalization and
 check the papers' claims (doubly stochastic drift, accuracy vs n_iter, time, instability).
 
-Writes ``OUT/TASK_MODE.json`` (the report of :func:`sinkflow.nn.validation.run_validation`,
+Writes ``OUT/TASK_MODE.json`` (the report of :func:`sinkflow.studies.validation.run_validation`,
 rewritten after every finished run with ``"complete": false`` until the task ends) and four figures ``OUT/TASK_MODE_{column_sums,accuracy_vs_n_iter,
 epoch_time,instability}.png``; prints the summary as a markdown table.
 
@@ -16,10 +16,10 @@ Examples::
         --device cuda --full --seeds 0 1 2 3 4              # GPU, full sizes
 
 ``--learn`` (listops, pathfinder): a CPU setting that learns clearly above the majority class
-(sizes in :mod:`sinkflow.nn.validation`); ``--data resolution=32`` and ``--epochs`` run it off
+(sizes in :mod:`sinkflow.studies.validation`); ``--data resolution=32`` and ``--epochs`` run it off
 the setting (the report says what changed).
 
-Full-size settings (``--full``; sizes in :mod:`sinkflow.nn.validation`): digits 60 epochs
+Full-size settings (``--full``; sizes in :mod:`sinkflow.studies.validation`): digits 60 epochs
 on all 1797 images; point clouds 8 shapes x 600 clouds x 512 points, dim 128, 40 epochs;
 retrieval 8000 sequences of length 1024 with two needles, 30 epochs. ``--amp`` adds
 bfloat16 autocast on CUDA (normalizations stay float32).
@@ -34,7 +34,7 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    from sinkflow.nn.validation import TASKS
+    from sinkflow.studies.validation import TASKS
 
     p.add_argument("tasks", nargs="+", choices=sorted(TASKS), metavar="TASK",
                    help=f"one or more of: {', '.join(sorted(TASKS))}")
@@ -51,10 +51,10 @@ def add_arguments(p) -> None:
     mode.add_argument("--learn", action="store_true",
                       help="listops/pathfinder: a CPU setting chosen (a small documented search) to learn clearly "
                            "above the majority class, the official padding mask, reduced lengths and model "
-                           "(sinkflow.nn.validation.TASKS[task].learn); reports the majority baseline")
+                           "(sinkflow.studies.validation.TASKS[task].learn); reports the majority baseline")
     mode.add_argument("--paper", action="store_true",
                       help="listops/pathfinder at the Skyformer paper's setting on CPU: cost per training step and "
-                           "instability over the first 20 steps (sinkflow.nn.paper); accuracy needs --full --device cuda")
+                           "instability over the first 20 steps (sinkflow.studies.paper); accuracy needs --full --device cuda")
     p.set_defaults(quick=True)
     p.add_argument("--batch-size", type=int, default=None,
                    help="--paper: batch of the cost and instability runs (default: the official 32 / 128, hours "
@@ -67,7 +67,7 @@ def add_arguments(p) -> None:
                    help="--paper: seeds of the instability runs (default: --seeds)")
     p.add_argument("--decomposition-length", type=int, default=None,
                    help="--paper, listops: also take the Gaussian/SoftMax instability ratio apart on expressions "
-                        "of at most this many tokens (sinkflow.nn.paper.instability_decomposition)")
+                        "of at most this many tokens (sinkflow.studies.paper.instability_decomposition)")
     p.add_argument("--epochs", type=int, default=None, help="override the task's number of epochs")
     p.add_argument("--data", nargs="+", default=None, metavar="KEY=VALUE",
                    help="listops/pathfinder: override generator parameters, e.g. --data resolution=32 (the report "
@@ -115,7 +115,7 @@ def run(args) -> int:
     if args.paper:
         return _run_paper(args, out)
     if args.learn:
-        from sinkflow.nn.validation import TASKS
+        from sinkflow.studies.validation import TASKS
 
         bad = [t for t in args.tasks if TASKS[t].learn is None]
         if bad:
@@ -147,7 +147,7 @@ def _run_task(args, task: str, out: Path) -> None:
     """One validation task: its JSON report (saved after every run), markdown and figures, and a summary."""
     import torch
 
-    from sinkflow.nn.validation import run_validation
+    from sinkflow.studies.validation import run_validation
 
     mode = "learn" if args.learn else ("quick" if args.quick else "full")
     t0 = time.perf_counter()
@@ -177,7 +177,7 @@ def _data_overrides(pairs, task: str, mode: str) -> tuple[dict | None, str]:
     parameters with these replaced; values parsed as int, then float) and the report name's suffix."""
     if not pairs:
         return None, ""
-    from sinkflow.nn.validation import TASKS
+    from sinkflow.studies.validation import TASKS
 
     spec = TASKS[task]
     size = {"learn": spec.learn, "quick": spec.quick, "full": spec.full}[mode]
@@ -205,7 +205,7 @@ def _paper_report(report: dict, stem: Path) -> list:
     """LRA tasks: the markdown and the figure beside the paper's numbers."""
     if "paper_comparison" not in report:
         return []
-    from sinkflow.nn.lra import write_paper_report
+    from sinkflow.studies.pages import write_paper_report
 
     written = write_paper_report(report, stem)
     try:
@@ -236,7 +236,7 @@ def _report_figures(report: dict, stem: Path) -> list:
 
 def _run_paper(args, out: Path) -> int:
     """``--paper``: the cost and instability report of each LRA task (``OUT/TASK_paper.json`` and ``.md``)."""
-    from sinkflow.nn.paper import OFFICIAL, refresh_cost, run_paper_setting
+    from sinkflow.studies.paper import OFFICIAL, refresh_cost, run_paper_setting
 
     bad = [t for t in args.tasks if t not in OFFICIAL]
     if bad:
@@ -265,7 +265,7 @@ def _run_paper(args, out: Path) -> int:
 
 def _write_paper(report: dict, path: Path) -> None:
     """A ``--paper`` report as JSON and markdown at ``path`` (``.json``, ``.md``); the markdown printed."""
-    from sinkflow.nn.paper_report import paper_setting_markdown
+    from sinkflow.studies.paper_report import paper_setting_markdown
 
     path.write_text(json.dumps(report, indent=1) + "\n")
     md = paper_setting_markdown(report)

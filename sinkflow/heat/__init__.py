@@ -7,8 +7,9 @@ time scale, :func:`heat_reference`, the barycentric map of a density);
 ``_distances.py`` W2, moment and KDE errors with fitted rates; ``_landmark_errors.py``
 how far a landmark flow strays from the exact one; ``_mean_field.py`` the mean-field PDE
 between particles and heat (:func:`mean_field_flow`, its velocity on a grid in
-``_grid_fields.py``, its semi-Lagrangian step in ``_remap.py``), and ``_circle_stability.py`` the linear theory of clustering on the
-circle and the sphere; :mod:`sinkflow.heat.symbolic` the sympy
+``_grid_fields.py``, on the circle in ``_circle_field.py``, its semi-Lagrangian step in ``_remap.py``;
+the linear theory of clustering on the circle and the sphere is one floor up, in :mod:`sinkflow.clustering`);
+:mod:`sinkflow.heat.symbolic` the sympy
 derivations used as test oracles (loaded on its own: it imports sympy).
 Start reading at ``_rescaled_flow.py``.
 """
@@ -38,10 +39,8 @@ from sinkflow.heat._grid_fields import (
 from sinkflow.heat._mean_field import (
     mean_field_flow, MeanFieldResult, EUCLIDEAN_NORMALIZATIONS, MANIFOLDS, flux_divergence, CFL,
 )
-from sinkflow.heat._circle_stability import (
-    CIRCLE_NORMALIZATIONS, CircleVelocity, circle_field, circle_growth_rate, fastest_mode, angular_density,
-    count_clusters, circle_energy, uniform_angles, fourier_amplitude, formation_time, particle_cluster_count,
-    sphere_growth_rate, STEP,
+from sinkflow.heat._circle_field import (
+    CIRCLE_NORMALIZATIONS, CircleVelocity, circle_field, uniform_angles, STEP,
 )
 
 __all__ = [
@@ -53,7 +52,5 @@ __all__ = [
     "nystrom_spectral_error", "heat_variance_errors", "symmetric_sinkhorn_scaling", "default_tol",
     "separable_apply", "EuclideanVelocity", "mean_field_flow", "MeanFieldResult", "EUCLIDEAN_NORMALIZATIONS",
     "MANIFOLDS", "flux_divergence", "CFL", "CIRCLE_NORMALIZATIONS", "CircleVelocity", "circle_field",
-    "circle_growth_rate", "fastest_mode", "angular_density", "count_clusters", "circle_energy",
-    "uniform_angles", "fourier_amplitude", "formation_time", "particle_cluster_count", "sphere_growth_rate",
-    "STEP",
+    "uniform_angles", "STEP",
 ]

@@ -1,10 +1,14 @@
-"""Torch attention with SoftMax, Sinkhorn or Gaussian-kernel normalization, small models,
-generated data, and training that tracks doubly stochasticity (docs/theory/training.md).
+"""Torch attention layers with SoftMax, Sinkhorn, Gaussian-kernel or any registered normalization.
 
-Layers: :mod:`~sinkflow.nn.functional` (attention on per-head tensors) ->
-:mod:`~sinkflow.nn.attention` (modules) -> :mod:`~sinkflow.nn.models` ->
-:mod:`~sinkflow.nn.data`, :mod:`~sinkflow.nn.tracking` -> :mod:`~sinkflow.nn.training` ->
-:mod:`~sinkflow.nn.validation` (the tasks behind ``sinkflow validate``).
+The drop-in :class:`MultiheadAttention` (``torch.nn.MultiheadAttention``'s arguments, defaults,
+parameter names and masks) and the functional attention it runs. Start reading at
+:mod:`~sinkflow.nn.functional` (attention on per-head tensors: :func:`scaled_attention`), then
+:mod:`~sinkflow.nn.attention` (the modules). The kernels behind them: ``_fused.py`` (the flash
+passes of SoftMax and the Gaussian kernel, chosen by ``fused_preferred``), ``_fused_sinkhorn.py``
+(Sinkhorn from fused passes), ``_flash.py`` (torch's flash kernels with log-sum-exp),
+``_factored_sinkhorn.py`` (the output from the SoftMax matrix and two scalings) and
+``_torch_compat.py`` (torch's mask and layout conventions). Models, training and the papers'
+validations built on these layers live one floor up, in :mod:`sinkflow.studies`.
 """
 
 from sinkflow.nn.attention import AttentionKernel, MultiheadAttention
@@ -14,25 +18,6 @@ from sinkflow.nn.functional import (
     register_normalization,
     scaled_attention,
 )
-from sinkflow.nn.models import AttentionBlock, PatchViT, SequenceClassifier, SetClassifier
-from sinkflow.nn.tracking import (
-    AttentionRecorder,
-    StochasticitySummary,
-    instability_score,
-    stochasticity_summary,
-    update_instability,
-)
-from sinkflow.nn.training import TrainConfig, TrainingHistory, evaluate, train
 
-__all__ = [
-    # attention modules
-    "MultiheadAttention", "AttentionKernel", "attention_weights", "scaled_attention",
-    "available_normalizations", "register_normalization",
-    # models
-    "AttentionBlock", "PatchViT", "SetClassifier", "SequenceClassifier",
-    # tracking
-    "AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score",
-    "update_instability",
-    # training
-    "TrainConfig", "TrainingHistory", "train", "evaluate",
-]
+__all__ = ["MultiheadAttention", "AttentionKernel", "attention_weights", "scaled_attention",
+           "available_normalizations", "register_normalization"]

@@ -68,7 +68,7 @@ class AttentionKernel(nn.Module):
 
     ``forward(q, k, v, mask, need_weights=True, bias=None) -> (output, weights)`` on per-head
     tensors (``bias``: an additive float mask); see :func:`scaled_attention`.
-    :class:`sinkflow.nn.AttentionRecorder` hooks these modules: while a forward hook is registered (on the kernel, or for all modules with
+    :class:`sinkflow.studies.AttentionRecorder` hooks these modules: while a forward hook is registered (on the kernel, or for all modules with
     ``torch.nn.modules.module.register_module_forward_hook``), the weights are formed even
     when the caller does not need them, so the hook sees them.
 

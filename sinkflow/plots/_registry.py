@@ -149,9 +149,10 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
 
 
 def _discover() -> None:
-    import sinkflow.plots as pkg
+    """Import every figure module of this folder (each registers its figures)."""
+    from pathlib import Path
 
-    for info in pkgutil.iter_modules(pkg.__path__):
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if info.name not in _NOT_FIGURE_MODULES and not info.name.startswith("_"):
             importlib.import_module(f"sinkflow.plots.{info.name}")
 

@@ -148,9 +148,10 @@ def _equal_clusters_energy(k: int, beta: float) -> float:
 
 def compute_clusters(cfg: ClustersConfig) -> dict:
     from sinkflow._backend import torch_threads
-    import sinkflow.heat._circle_stability as cs
+    import sinkflow.clustering as cs
+    from sinkflow.heat import uniform_angles
 
-    theta = cs.uniform_angles(cfg.cells)
+    theta = uniform_angles(cfg.cells)
     times = np.linspace(0, cfg.t_end, cfg.n_times)
     with torch_threads(1):
         r = sinkflow.mean_field_flow(_near_uniform(cfg, theta), theta, times, normalization=cfg.normalization,

@@ -1,6 +1,6 @@
 r"""Figures of full-model validations (docs/theory/training.md).
 
-Plot functions take a report of :func:`sinkflow.nn.validation.run_validation` (the JSON
+Plot functions take a report of :func:`sinkflow.studies.validation.run_validation` (the JSON
 written by ``sinkflow validate``):
 
 * :func:`plot_column_sums` — the Sinkformers RQ1 plot: sorted column sums of the probe
@@ -185,7 +185,7 @@ class ColumnSumsConfig:
 
 def _compute_column_sums(cfg: ColumnSumsConfig) -> dict:
     from sinkflow._backend import torch_threads
-    from sinkflow.nn.validation import run_validation
+    from sinkflow.studies.validation import run_validation
 
     with torch_threads(1):  # small models: one thread is fastest and deterministic
         report = run_validation(cfg.task, cfg.attentions, cfg.n_iters, cfg.seeds, quick=cfg.quick, epochs=cfg.epochs,
@@ -223,11 +223,11 @@ register(
 def plot_paper_comparison(report: dict, rows: list[dict] | None = None):
     """Bar chart of a Long Range Arena report: accuracy and instability ratio, ours beside the paper's.
 
-    ``rows`` defaults to :func:`sinkflow.nn.lra.paper_comparison` of the report.
+    ``rows`` defaults to :func:`sinkflow.studies.lra.paper_comparison` of the report.
     """
     import matplotlib.pyplot as plt
 
-    from sinkflow.nn.lra import paper_comparison
+    from sinkflow.studies.lra import paper_comparison
 
     rows = paper_comparison(report) if rows is None else rows
     names = [c["variant"] for c in rows]

@@ -24,7 +24,7 @@ def test_run_writes_the_report(tmp_path, monkeypatch):
         calls.append((seeds, kw))
         return {"study": "point_cloud", "wall_time": 0.0, "seeds": list(seeds)}
 
-    import sinkflow.nn.point_clouds as pc
+    import sinkflow.studies.point_clouds as pc
 
     monkeypatch.setattr(pc, "point_cloud_report", fake)
     args = build_parser(["sinkformers"]).parse_args(["sinkformers", "point-cloud", "--seeds", "2", "--out",

@@ -124,7 +124,8 @@ def test_scheme_choice_is_checked():
 
 
 def test_circle_energy_by_fft_matches_the_dense_double_sum():
-    from sinkflow.heat._circle_stability import circle_energy, uniform_angles
+    from sinkflow.clustering import circle_energy
+    from sinkflow.heat import uniform_angles
 
     rng = np.random.default_rng(3)
     for G, beta in ((64, 5.0), (257, 12.0)):
@@ -152,7 +153,8 @@ def test_one_equispaced_check_for_every_grid():
 
 def test_circle_remap_through_clustering_keeps_mass_and_sign_and_agrees_with_explicit():
     """beta = 5 from a near-uniform start to t = 15 and 20 (3 clusters have formed): the periodic remap against the explicit scheme."""
-    from sinkflow.heat._circle_stability import count_clusters, uniform_angles
+    from sinkflow.clustering import count_clusters
+    from sinkflow.heat import uniform_angles
 
     th = uniform_angles(128)
     rho = (1 + 1e-3 * np.cos(3 * th) + 5e-4 * np.cos(2 * th + 1)) / (2 * np.pi)

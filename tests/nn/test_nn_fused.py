@@ -10,7 +10,7 @@ import torch
 from oracles import mask_patterns
 
 from sinkflow.nn import MultiheadAttention, scaled_attention
-from sinkflow.nn._cost import saved_bytes
+from sinkflow.studies._cost import saved_bytes
 from sinkflow.nn._fused import fused_attention, fused_available, fused_kind, fused_preferred
 from sinkflow.nn._fused_sinkhorn import sinkhorn_passes
 

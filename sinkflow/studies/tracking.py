@@ -37,7 +37,7 @@ class AttentionRecorder:
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import AttentionRecorder, PatchViT
+    >>> from sinkflow.studies import AttentionRecorder, PatchViT
     >>> model = PatchViT(8, 2, 1, 10, dim=16)
     >>> with AttentionRecorder(model) as rec:
     ...     _ = model(torch.zeros(3, 1, 8, 8))
@@ -110,7 +110,7 @@ def stochasticity_summary(K: torch.Tensor, with_kl: bool = True) -> Stochasticit
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import stochasticity_summary
+    >>> from sinkflow.studies import stochasticity_summary
     >>> s = stochasticity_summary(torch.full((2, 4, 4), 0.25))
     >>> s.column_deviation, s.kl < 1e-12, s.sorted_column_sums.tolist()
     (0.0, True, [1.0, 1.0, 1.0, 1.0])
@@ -157,7 +157,7 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import PatchViT, instability_score
+    >>> from sinkflow.studies import PatchViT, instability_score
     >>> torch.manual_seed(0) and None
     >>> model = PatchViT(8, 2, 1, 10, dim=16)
     >>> instability_score(model, torch.rand(8, 1, 8, 8)) > 0
@@ -214,12 +214,12 @@ def update_instability(model: nn.Module, inputs, step, seed: int = 0) -> float:
     where ``step()`` moves all the trainable weights from :math:`W` to :math:`W^+` (e.g.
     ``optimizer.step``; the gradients must already be computed), :math:`x` is ``inputs`` (the
     batch of that step) and :math:`f` is ``model.features`` (the token embeddings after the
-    layers and the final LayerNorm, e.g. :meth:`sinkflow.nn.SequenceClassifier.features`).
+    layers and the final LayerNorm, e.g. :meth:`sinkflow.studies.SequenceClassifier.features`).
     Both evaluations run without gradients, in eval mode, with torch's random state reset to
     ``seed`` (random Nyström landmarks do not count). The paper computes :math:`\tau_i` for
     the first 20 steps of training from the same initialization and batches, divides each
     by SoftMax's :math:`\tau_i` and averages the 20 ratios
-    (:func:`sinkflow.nn.validation.summarize`, ``update_instability_ratio_to_softmax``).
+    (:func:`sinkflow.studies.validation.summarize`, ``update_instability_ratio_to_softmax``).
 
     Parameters
     ----------
@@ -239,7 +239,7 @@ def update_instability(model: nn.Module, inputs, step, seed: int = 0) -> float:
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import SequenceClassifier, update_instability
+    >>> from sinkflow.studies import SequenceClassifier, update_instability
     >>> torch.manual_seed(0) and None
     >>> model = SequenceClassifier(10, 12, 3, dim=16, pooling="mean")
     >>> x, y = torch.randint(0, 10, (4, 12)), torch.tensor([0, 1, 2, 0])

@@ -1,18 +1,22 @@
 """Markdown of the Sinkformers paper's own studies run by ``sinkflow sinkformers``: the
-patch-size study (:func:`sinkflow.nn.patch_study.patch_size_report`) and the point-cloud
-study (:func:`sinkflow.nn.point_clouds.point_cloud_report`), each with its verdict line
-(:func:`study_section`); :func:`sinkflow.nn.lra.reproducing_page` puts them on the page.
+patch-size study (:func:`sinkflow.studies.patch_study.patch_size_report`) and the point-cloud
+study (:func:`sinkflow.studies.point_clouds.point_cloud_report`), each with its verdict line
+(:func:`study_section`); :func:`sinkflow.studies.pages.reproducing_page` puts them on the page.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from sinkflow.nn._paper_numbers import SINKFORMERS, _f
-from sinkflow.nn.intervals import t_interval
-from sinkflow.nn.paper_report import _machine_line
+from sinkflow.studies._paper_numbers import SINKFORMERS, _f
+from sinkflow.studies.intervals import t_interval
 
 __all__ = ["study_section"]
+
+
+def _machine_line(m: dict) -> str:
+    load = ", ".join(f"{v:.1f}" for v in m["loadavg"])
+    return f"{m['threads']} thread(s), {m['cpu']} ({m['cores']} cores), load {load}"
 
 
 def _ci(lo, hi, scale: float = 100.0, fmt: str = "{:+.1f}") -> str:
@@ -72,8 +76,8 @@ def _patch_failed_runs(rows: list[dict], floor: float = 0.8) -> list[str]:
 
 def study_section(study: dict) -> list[str]:
     """A Sinkformers study report as markdown: the patch-size study
-    (:func:`sinkflow.nn.patch_study.patch_size_report`), or the point-cloud study
-    (:func:`sinkflow.nn.point_clouds.point_cloud_report`, ``study["study"] == "point_cloud"``)."""
+    (:func:`sinkflow.studies.patch_study.patch_size_report`), or the point-cloud study
+    (:func:`sinkflow.studies.point_clouds.point_cloud_report`, ``study["study"] == "point_cloud"``)."""
     if study.get("study") == "point_cloud":
         return _point_cloud_section(study)
     first = study["rows"][0]
@@ -120,7 +124,7 @@ def _plateau_note(curve: dict, k: int) -> str:
 
 
 def _point_cloud_section(study: dict) -> list[str]:
-    """The Sinkformers point-cloud study (:func:`sinkflow.nn.point_clouds.point_cloud_report`) beside ModelNet40."""
+    """The Sinkformers point-cloud study (:func:`sinkflow.studies.point_clouds.point_cloud_report`) beside ModelNet40."""
     s, paper = study["setting"], SINKFORMERS["modelnet40"]
     lines = [f"## Sinkformers: point clouds (generated shapes, {s['size']}, {s['epochs']} epochs, CPU)", "",
              f"Set Transformer (a point-wise embedding of the coordinates and their norm, 2 ISABs with "

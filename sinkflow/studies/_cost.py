@@ -55,7 +55,7 @@ def step_memory(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tup
 #: The modules that decide what an attention's training step costs: the normalizations, the
 #: attention layers and their fused passes, and the models of the cost rows.
 ATTENTION_CODE = ("attention/*.py", "nn/functional.py", "nn/attention.py", "nn/_fused.py",
-                  "nn/_factored_sinkhorn.py", "nn/_torch_compat.py", "nn/models.py", "nn/paper.py")
+                  "nn/_factored_sinkhorn.py", "nn/_torch_compat.py", "studies/models.py", "studies/paper.py")
 
 
 def _code_only(source: str) -> str:
@@ -87,7 +87,7 @@ def attention_code_digest(root=None) -> str:
 
     Examples
     --------
-    >>> from sinkflow.nn._cost import attention_code_digest
+    >>> from sinkflow.studies._cost import attention_code_digest
     >>> len(attention_code_digest())
     64
     """

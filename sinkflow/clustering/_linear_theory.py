@@ -1,4 +1,4 @@
-r"""Attention on the circle: the mean-field velocity, its linear stability, and cluster counts.
+r"""Clustering on the circle and the sphere: linear stability of the uniform state, and cluster counts.
 
 docs/theory/mean_field.md. Tokens :math:`x = (\cos\theta, \sin\theta)` on the unit circle
 under :func:`sinkflow.simulate` with ``manifold="sphere"``, :math:`Q = K = V = I` and
@@ -24,91 +24,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 from scipy.special import ive
 
 from sinkflow._backend import from_torch, to_torch
 from sinkflow._checks import check_number
-from sinkflow.heat._distances import equispaced_centres
-from sinkflow.heat._grid_fields import default_tol, symmetric_sinkhorn_scaling
+from sinkflow.heat._circle_field import CIRCLE_NORMALIZATIONS, uniform_angles
 
-__all__ = ["CIRCLE_NORMALIZATIONS", "CircleVelocity", "circle_field", "circle_growth_rate", "fastest_mode",
-           "angular_density", "count_clusters", "circle_energy", "uniform_angles", "fourier_amplitude", "formation_time",
-           "particle_cluster_count", "sphere_growth_rate", "STEP"]
-
-#: The normalizations of the attention dynamics on the circle (the names :func:`sinkflow.simulate` takes).
-CIRCLE_NORMALIZATIONS = ("softmax", "unnormalized", "sinkhorn")
-
-#: Largest step on the circle, in units of the field's time scale (1 for SoftMax and Sinkhorn).
-STEP = 0.05
-
-
-def uniform_angles(n_cells: int) -> np.ndarray:
-    """Cell centres :math:`2\\pi (i + 1/2) / G` of ``G`` equal cells on the circle."""
-    return 2 * np.pi * (np.arange(n_cells) + 0.5) / n_cells
-
-
-class CircleVelocity:
-    """Face velocities :math:`v[\\rho](\\theta_{i+1/2})` on ``G`` equal cells of the circle (periodic)."""
-
-    periodic = True
-
-    def __init__(self, theta: torch.Tensor, beta: float, normalization: str, tol: float, max_iter: int):
-        self.beta, self.temperature, self.normalization = beta, 1.0 / beta, normalization
-        self.tol, self.max_iter = tol, max_iter
-        # accuracy step: the normalized fields attract to a cluster at rate <= 1 and grow modes at
-        # rates <= 2/e; the unnormalized field is I_0(beta) times faster
-        self.step_cap = STEP / (float(ive(0, beta)) * math.exp(beta) if normalization == "unnormalized" else 1.0)
-        h = float(theta[1] - theta[0])
-        self.spacings = [h]
-        faces = theta + h / 2
-        # e^{beta (cos - 1)} <= 1: no overflow; the factor e^beta returns only for "unnormalized"
-        self.centre = torch.exp(beta * (torch.cos(theta[:, None] - theta[None]) - 1))
-        diff = theta[None] - faces[:, None]
-        self.face = torch.exp(beta * (torch.cos(diff) - 1))
-        self.face_sin = self.face * torch.sin(diff)
-
-    def kernel(self, a):
-        return self.centre @ a
-
-    def __call__(self, w: torch.Tensor, s=None):
-        info = (None, 0, 0.0, True)
-        a = w
-        if self.normalization == "sinkhorn":
-            info = symmetric_sinkhorn_scaling(self.kernel, w, s, tol=self.tol, max_iter=self.max_iter)
-            a = w * info[0]
-        drift = self.face_sin @ a
-        if self.normalization == "unnormalized":
-            return [drift * math.exp(self.beta)], info
-        mass = self.face @ a
-        return [torch.where(mass > 0, drift / mass.clamp_min(torch.finfo(a.dtype).tiny), 0.0)], info
-
-
-def _check_circle_grid(grid) -> np.ndarray:
-    theta = np.asarray(grid.detach().cpu() if hasattr(grid, "detach") else grid, dtype=float)
-    h = 2 * np.pi / max(theta.size, 1)
-    return equispaced_centres(theta, "the circle grid", min_size=8, spacing=h,
-                              hint=f" (angles) covering one turn (spacing 2 pi / G = {h:.6g}), e.g. "
-                                   "sinkflow.heat.uniform_angles(G)")
-
-
-def circle_field(grid, temperature, normalization: str, like: torch.Tensor, tol, max_iter):
-    """Checked :class:`CircleVelocity` for :func:`sinkflow.mean_field_flow` (internal)."""
-    if normalization not in CIRCLE_NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS} on the circle "
-                         f"(the names of simulate), got {normalization!r}")
-    if temperature is None:
-        raise ValueError("manifold='circle' needs temperature (tau = 1/beta of the scores beta cos(theta - phi))")
-    beta = 1.0 / float(check_number(temperature, "temperature", positive=True))
-    theta = _check_circle_grid(grid)
-    if 2 * np.pi / theta.size > 0.5 / math.sqrt(beta):
-        raise ValueError(f"the grid does not resolve the kernel e^(beta cos): spacing {2 * np.pi / theta.size:.3g} exceeds "
-                         f"1/(2 sqrt(beta)) = {0.5 / math.sqrt(beta):.3g}; use at least "
-                         f"{math.ceil(4 * np.pi * math.sqrt(beta))} angles")
-    tol = default_tol(like.dtype, None) if tol is None else float(tol)
-    field = CircleVelocity(torch.as_tensor(theta, dtype=like.dtype, device=like.device), beta, normalization, tol,
-                           max_iter)
-    return field, (theta.size,), theta
+__all__ = ["circle_growth_rate", "fastest_mode", "angular_density", "count_clusters", "circle_energy",
+           "fourier_amplitude", "formation_time", "particle_cluster_count", "sphere_growth_rate"]
 
 
 def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
@@ -128,7 +51,7 @@ def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
 
     Examples
     --------
-    >>> from sinkflow.heat import circle_growth_rate
+    >>> from sinkflow.clustering import circle_growth_rate
     >>> rates = circle_growth_rate([1, 2, 3, 4, 5], 5.0)
     >>> int(rates.argmax()) + 1   # beta = 5: the 3-periodic mode grows fastest under SoftMax
     3
@@ -150,7 +73,7 @@ def fastest_mode(beta: float, normalization: str = "softmax", k_max: int | None 
 
     Examples
     --------
-    >>> from sinkflow.heat import fastest_mode
+    >>> from sinkflow.clustering import fastest_mode
     >>> [fastest_mode(b) for b in (1.0, 5.0, 20.0)], fastest_mode(5.0, "sinkhorn")
     ([1, 3, 6], 4)
     """
@@ -192,7 +115,7 @@ def count_clusters(density, *, threshold: float = 3.0, bandwidth: float = 0.05) 
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat import angular_density, count_clusters
+    >>> from sinkflow.clustering import angular_density, count_clusters
     >>> theta = np.concatenate([np.full(50, 0.5), np.full(50, 2.5), np.full(50, 4.5)])
     >>> count_clusters(angular_density(theta))
     3
@@ -213,7 +136,7 @@ def circle_energy(density, beta: float) -> float:
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat import circle_energy
+    >>> from sinkflow.clustering import circle_energy
     >>> bool(np.isclose(circle_energy(np.full(64, 1 / (2 * np.pi)), 2.0), np.i0(2.0) / 4))   # uniform: I_0 / (2 beta)
     True
     """
@@ -247,7 +170,7 @@ def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: 
 
     Examples
     --------
-    >>> from sinkflow.heat import particle_cluster_count, fastest_mode
+    >>> from sinkflow.clustering import particle_cluster_count, fastest_mode
     >>> particle_cluster_count(8.0, seed=1), fastest_mode(8.0)
     (4, 4)
     """
@@ -279,7 +202,7 @@ def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
     Examples
     --------
     >>> import numpy as np
-    >>> from sinkflow.heat import sphere_growth_rate
+    >>> from sinkflow.clustering import sphere_growth_rate
     >>> int(np.argmax(sphere_growth_rate(np.arange(1, 8), 5.0))) + 1   # fastest harmonic at beta = 5
     3
     """

@@ -1,4 +1,4 @@
-"""The paper-setting CPU path (sinkflow.nn.paper): the official model's masks and pooling, its
+"""The paper-setting CPU path (sinkflow.studies.paper): the official model's masks and pooling, its
 optimizer schedule, the instability ratio against a plain re-implementation, the decomposition
 variants against closed forms, the cost rows, and the --paper CLI and docs page."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sinkflow.nn.lra import reproducing_page
-from sinkflow.nn.paper_report import paper_setting_markdown
-from sinkflow.nn.paper import (OFFICIAL, PaperSetting, _register_decomposition_variants, cost_rows,
+from sinkflow.studies.pages import reproducing_page
+from sinkflow.studies.paper_report import paper_setting_markdown
+from sinkflow.studies.paper import (OFFICIAL, PaperSetting, _register_decomposition_variants, cost_rows,
                                instability_rows, paper_batches, paper_model, paper_optimizer, run_paper_setting)
 
 TINY = PaperSetting("listops", batch_size=2, max_length=24)
@@ -144,7 +144,7 @@ def test_cli_paper_refuses_other_tasks_and_cuda(tmp_path, capsys):
 
 
 def test_residual_share_matches_direct_computation():
-    from sinkflow.nn.paper import residual_share
+    from sinkflow.studies.paper import residual_share
 
     setting = replace_len(24)
     torch.manual_seed(3)
@@ -160,7 +160,7 @@ def test_residual_share_matches_direct_computation():
 
 
 def test_instability_page_from_reports():
-    from sinkflow.nn.paper_report import _inside, instability_page
+    from sinkflow.studies.paper_report import _inside, instability_page
 
     quick = json.loads(open("docs/data/listops_quick.json").read())
     report = run_paper_setting("listops", ["softmax", "gaussian"], [0], cost_batch=1, cost_steps=1,

@@ -3,7 +3,7 @@ r"""The Sinkformers paper's patch-size study in shape, on the 8 x 8 digits the p
 The paper trains a one-layer, one-head, attention-only Transformer on MNIST cut into patches
 of decreasing size and reports that Sinkformer's advantage over SoftMax grows as the patch
 shrinks (more, smaller tokens). :func:`patch_size_study` trains
-:class:`sinkflow.nn.PatchViT` (one layer, one head, pre-LayerNorm, class token) with SoftMax
+:class:`sinkflow.studies.PatchViT` (one layer, one head, pre-LayerNorm, class token) with SoftMax
 and Sinkhorn attention on scikit-learn's digits at patch sizes 1, 2 and 4 (64, 16 and 4
 tokens), the same seeds for both, and gives per patch size the paired accuracy difference
 (Sinkhorn minus SoftMax) with a 95% Student-t confidence interval over the seeds.
@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sinkflow.nn.data import digits, split
-from sinkflow.nn.intervals import t_interval
-from sinkflow.nn.models import PatchViT
-from sinkflow.nn.training import TrainConfig, train
+from sinkflow.studies.data import digits, split
+from sinkflow.studies.intervals import t_interval
+from sinkflow.studies.models import PatchViT
+from sinkflow.studies.training import TrainConfig, train
 
 __all__ = ["patch_size_study", "patch_size_report"]
 
@@ -84,7 +84,7 @@ def patch_size_study(patch_sizes=(1, 2, 4), seeds=(0, 1, 2), *, quick: bool = Tr
 
     Examples
     --------
-    >>> from sinkflow.nn.patch_study import patch_size_study
+    >>> from sinkflow.studies.patch_study import patch_size_study
     >>> rows = patch_size_study((4,), seeds=(0,), epochs=1, dim=8)
     >>> rows[0]["tokens"], sorted(rows[0]["accuracy"]), len(rows[0]["curve"]["softmax"])
     (4, ['sinkhorn', 'softmax'], 2)
@@ -112,14 +112,14 @@ def patch_size_report(seeds=(0, 1, 2, 3, 4), *, quick: bool = True, n_iter: int 
 
     Examples
     --------
-    >>> from sinkflow.nn.patch_study import patch_size_report
+    >>> from sinkflow.studies.patch_study import patch_size_report
     >>> r = patch_size_report((0,), epochs=1, dim=8)
     >>> [row["tokens"] for row in r["rows"]], r["machine"]["threads"] >= 1
     ([64, 16, 4], True)
     """
     import time
 
-    from sinkflow.nn.paper import machine
+    from sinkflow.studies.paper import machine
 
     n_iter = n_iter or (3 if quick else 5)
     start, t0 = machine(), time.perf_counter()

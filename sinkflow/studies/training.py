@@ -3,9 +3,9 @@ r"""Seeded training loop that tracks doubly stochasticity, accuracy, loss and ti
 :func:`train` fits a classifier with Adam and cross-entropy and records, at epoch 0
 (initialization) and after every epoch, on a fixed probe batch of the test set: the
 attention matrices of the first attention layer summarized by
-:func:`sinkflow.nn.stochasticity_summary`, and the perturbation proxy
-:func:`sinkflow.nn.instability_score`; optionally, over the first optimizer steps, the
-Skyformer paper's instability score :func:`sinkflow.nn.update_instability`. The result is a
+:func:`sinkflow.studies.stochasticity_summary`, and the perturbation proxy
+:func:`sinkflow.studies.instability_score`; optionally, over the first optimizer steps, the
+Skyformer paper's instability score :func:`sinkflow.studies.update_instability`. The result is a
 :class:`TrainingHistory`.
 """
 
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sinkflow.nn.data import Dataset
-from sinkflow.nn.tracking import AttentionRecorder, instability_score, stochasticity_summary, update_instability
+from sinkflow.studies.data import Dataset
+from sinkflow.studies.tracking import AttentionRecorder, instability_score, stochasticity_summary, update_instability
 
 __all__ = ["TrainConfig", "TrainingHistory", "train", "evaluate"]
 
@@ -82,12 +82,12 @@ class TrainingHistory:
     epoch_time : numpy.ndarray (E,)
         Seconds of optimization per epoch (forward + backward + step; no evaluation).
     column_deviation, row_deviation, kl : numpy.ndarray (E + 1,)
-        :class:`~sinkflow.nn.StochasticitySummary` of the first attention layer on the probe batch.
+        :class:`~sinkflow.studies.StochasticitySummary` of the first attention layer on the probe batch.
     sorted_column_sums : numpy.ndarray (E + 1, n)
     instability : numpy.ndarray (E + 1,)
-        :func:`~sinkflow.nn.instability_score` (NaN when not computed).
+        :func:`~sinkflow.studies.instability_score` (NaN when not computed).
     update_instability : numpy.ndarray (S,)
-        :func:`~sinkflow.nn.update_instability` of the first ``S`` optimizer steps
+        :func:`~sinkflow.studies.update_instability` of the first ``S`` optimizer steps
         (``S = config.update_instability_steps``, fewer when training is shorter; empty when
         not recorded).
     """
@@ -132,8 +132,8 @@ def evaluate(model: nn.Module, data: Dataset, batch_size: int = 256, device="cpu
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import PatchViT, evaluate
-    >>> from sinkflow.nn.data import digits
+    >>> from sinkflow.studies import PatchViT, evaluate
+    >>> from sinkflow.studies.data import digits
     >>> loss, acc = evaluate(PatchViT(dim=16), digits().subset(slice(0, 100)))
     >>> 0 <= acc <= 1 and loss > 0
     True
@@ -189,8 +189,8 @@ def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: Tra
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import PatchViT, TrainConfig, train
-    >>> from sinkflow.nn.data import digits, split
+    >>> from sinkflow.studies import PatchViT, TrainConfig, train
+    >>> from sinkflow.studies.data import digits, split
     >>> tr, te = split(digits().subset(slice(0, 300)), 0.3)
     >>> torch.manual_seed(0) and None
     >>> hist = train(PatchViT(dim=16), tr, te, TrainConfig(epochs=2, track_kl=False))

@@ -26,7 +26,7 @@ Tasks
     8 classes, dim 32, 6 epochs. full: length 1024, 8000 sequences, two needles whose
     classes add modulo 4, dim 64, 30 epochs.
 ``listops``, ``pathfinder``
-    Long Range Arena tasks of the Skyformer paper (:mod:`sinkflow.nn.lra`, data from
+    Long Range Arena tasks of the Skyformer paper (:mod:`sinkflow.studies.lra`, data from
     :mod:`sinkflow.datasets`). full: the paper's model (2 layers, embedding 64, FFN 128,
     2 heads of dimension 32, mean pooling, 128 landmarks) on LRA-size data (ListOps
     lengths 500-2,000, 12,000 expressions, 5 epochs; Pathfinder 32 x 32, 20,000 images,
@@ -54,7 +54,7 @@ Tasks
 
 ``sinkflow validate listops pathfinder --paper`` runs, on a CPU, what needs the paper's
 setting but no GPU: cost per training step and the instability score of the first 20 steps
-(:mod:`sinkflow.nn.paper`, docs/instability.md).
+(:mod:`sinkflow.studies.paper`, docs/instability.md).
 
 Full-size settings are meant for a GPU: ``sinkflow validate TASK --full --device cuda``
 (optionally ``--amp`` for bfloat16 autocast; the normalizations stay float32).
@@ -72,12 +72,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from sinkflow.nn.data import Dataset, digits, point_clouds, retrieval_sequences, retrieval_vocab_size, split
-from sinkflow.nn._cost import step_memory
-from sinkflow.nn.lra import PAPER, lra_data, lra_model, paper_comparison
-from sinkflow.nn.models import PatchViT, SequenceClassifier, SetClassifier
-from sinkflow.nn.paper import machine
-from sinkflow.nn.training import TrainConfig, train
+from sinkflow.studies.data import Dataset, digits, point_clouds, retrieval_sequences, retrieval_vocab_size, split
+from sinkflow.studies._cost import step_memory
+from sinkflow.studies.lra import PAPER, lra_data, lra_model, paper_comparison
+from sinkflow.studies.models import PatchViT, SequenceClassifier, SetClassifier
+from sinkflow.studies.paper import machine
+from sinkflow.studies.training import TrainConfig, train
 
 __all__ = ["TaskSize", "Task", "TASKS", "variant_label", "run_validation", "summarize", "majority_baseline",
            "PAPER_INSTABILITY_STEPS"]
@@ -264,12 +264,12 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
     dict
         ``{"task", "mode", "complete", "config", "environment", "baseline", "runs": [...], "summary": [...]}``;
         each run holds a :meth:`TrainingHistory.as_dict` under ``"history"``, its wall time and
-        the machine's threads, CPU model and load before it (:func:`sinkflow.nn.paper.machine`);
+        the machine's threads, CPU model and load before it (:func:`sinkflow.studies.paper.machine`);
         ``"baseline"`` is :func:`majority_baseline` of the split.
 
     Examples
     --------
-    >>> from sinkflow.nn.validation import run_validation
+    >>> from sinkflow.studies.validation import run_validation
     >>> rep = run_validation("digits", ["softmax"], seeds=[0], epochs=1, track_kl=False)
     >>> rep["summary"][0]["variant"], len(rep["runs"][0]["history"]["loss"])
     ('softmax', 2)
@@ -361,7 +361,7 @@ def majority_baseline(train_labels, test_labels) -> dict:
 
     Examples
     --------
-    >>> from sinkflow.nn.validation import majority_baseline
+    >>> from sinkflow.studies.validation import majority_baseline
     >>> majority_baseline([0, 1, 1, 2], [1, 0, 0, 0])
     {'class': 1, 'accuracy': 0.25, 'test_majority': 0.75}
     """
@@ -401,10 +401,10 @@ def summarize(runs: list[dict]) -> list[dict]:
 
     ``update_instability_ratio_to_softmax`` is the Skyformer paper's instability ratio
     (Appendix F): per seed, the mean over the first optimizer steps of the variant's
-    :func:`sinkflow.nn.update_instability` divided by SoftMax's at the same step (same seed,
+    :func:`sinkflow.studies.update_instability` divided by SoftMax's at the same step (same seed,
     so same initialization and batches); the row holds the median over seeds (None without
     SoftMax runs or recorded steps). ``instability_ratio_to_softmax`` is the ratio of the
-    final perturbation proxies :func:`sinkflow.nn.instability_score`."""
+    final perturbation proxies :func:`sinkflow.studies.instability_score`."""
     rows = []
     order = list(dict.fromkeys(r["variant"] for r in runs))
     for variant in order:

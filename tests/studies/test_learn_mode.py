@@ -9,10 +9,11 @@ from collections import Counter
 import pytest
 import torch
 
-from sinkflow.nn.lra import lra_data, reproducing_page
-from sinkflow.nn.paper import PaperLRAClassifier
-from sinkflow.nn.paper_report import LEARN_TARGET, learn_markdown
-from sinkflow.nn.validation import TASKS, majority_baseline, run_validation
+from sinkflow.studies.lra import lra_data
+from sinkflow.studies.pages import reproducing_page
+from sinkflow.studies.paper import PaperLRAClassifier
+from sinkflow.studies.paper_report import LEARN_TARGET, learn_markdown
+from sinkflow.studies.validation import TASKS, majority_baseline, run_validation
 
 TINY = dict(n_samples=40, epochs=1, batch_size=8, dim=8, landmarks=4)
 
@@ -109,7 +110,7 @@ def test_cli_learn_refuses_tasks_without_a_learn_setting(tmp_path):
 def test_cli_learn_runs_one_tiny_step_with_a_data_override(tmp_path, monkeypatch):
     import dataclasses
 
-    from sinkflow.nn import validation
+    from sinkflow.studies import validation
 
     small = dataclasses.replace(TASKS["pathfinder"].learn, **TINY)
     monkeypatch.setitem(validation.TASKS, "pathfinder", dataclasses.replace(TASKS["pathfinder"], learn=small))

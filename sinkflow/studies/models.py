@@ -10,7 +10,7 @@ r"""Small Transformers for the validations, each with a pluggable attention norm
 
 All take ``normalization`` (``"softmax"``, ``"sinkhorn"``, ``"gaussian"``, ...) and
 ``n_iter``; their attention modules are :class:`sinkflow.nn.MultiheadAttention`, so
-:class:`sinkflow.nn.AttentionRecorder` captures their attention matrices.
+:class:`sinkflow.studies.AttentionRecorder` captures their attention matrices.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class AttentionBlock(nn.Module):
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import AttentionBlock
+    >>> from sinkflow.studies import AttentionBlock
     >>> block = AttentionBlock(16, heads=2, normalization="sinkhorn", mlp_ratio=2)
     >>> x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(0))
     >>> y = block(x)
@@ -119,7 +119,7 @@ class PatchViT(nn.Module):
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import PatchViT
+    >>> from sinkflow.studies import PatchViT
     >>> model = PatchViT(8, 2, 1, 10, dim=16, normalization="sinkhorn", n_iter=3)
     >>> model(torch.zeros(5, 1, 8, 8)).shape
     torch.Size([5, 10])
@@ -169,7 +169,7 @@ class SetClassifier(nn.Module):
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import SetClassifier
+    >>> from sinkflow.studies import SetClassifier
     >>> model = SetClassifier(3, 5, dim=16, heads=2)
     >>> x = torch.randn(4, 30, 3)
     >>> bool(torch.allclose(model(x), model(x[:, torch.randperm(30)]), atol=1e-5))
@@ -204,12 +204,12 @@ class SequenceClassifier(nn.Module):
     ``key_padding_mask`` is given. As in the Skyformer paper's LRA model, a final LayerNorm
     normalizes every token state before pooling; :meth:`features` returns these normalized
     token states (the "embedding after the layers" of the paper's instability score,
-    :func:`sinkflow.nn.update_instability`). ``landmarks`` sets the Nyström landmarks.
+    :func:`sinkflow.studies.update_instability`). ``landmarks`` sets the Nyström landmarks.
 
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn import SequenceClassifier
+    >>> from sinkflow.studies import SequenceClassifier
     >>> model = SequenceClassifier(48, 64, 8, dim=16, heads=2, normalization="gaussian")
     >>> model(torch.zeros(3, 64, dtype=torch.long)).shape
     torch.Size([3, 8])
@@ -250,7 +250,7 @@ class SequenceClassifier(nn.Module):
         Examples
         --------
         >>> import torch
-        >>> from sinkflow.nn import SequenceClassifier
+        >>> from sinkflow.studies import SequenceClassifier
         >>> model = SequenceClassifier(48, 64, 8, dim=16, pooling="mean")
         >>> model.features(torch.zeros(3, 64, dtype=torch.long)).shape
         torch.Size([3, 64, 16])

@@ -5,7 +5,7 @@ The Sinkformers paper classifies ModelNet40 point clouds with a Set Transformer 
 Sinkhorn. ModelNet40 cannot be downloaded here, so :func:`shape_classes` generates a stand-in:
 ``K`` shape classes (sphere, ellipsoid, cube, cylinder, cone, torus, square pyramid,
 octahedron), points sampled on each surface, stretched by a random factor per axis, noised,
-rotated by a random angle about the vertical axis, centred and scaled to unit RMS radius (:func:`sinkflow.nn.data.point_clouds`).
+rotated by a random angle about the vertical axis, centred and scaled to unit RMS radius (:func:`sinkflow.studies.data.point_clouds`).
 
 Blocks (``(batch, n, d)`` in, permutation-equivariant or -invariant in the points):
 
@@ -22,7 +22,7 @@ values (one query: every column gets the same mass).
 
 :func:`point_cloud_study` trains :class:`SetTransformer` with both normalizations on the same
 data, initialization and batch order per seed and reports the paired accuracy gap with a
-Student-t interval (:func:`sinkflow.nn.intervals.t_interval`).
+Student-t interval (:func:`sinkflow.studies.intervals.t_interval`).
 
 Differences from the official Sinkformer code (``michaelsdr/sinkformers``, ``set_transformer/``):
 there the Sinkhorn blocks use the transport plan itself (total mass 1, so each row sums to
@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sinkflow.nn.attention import MultiheadAttention
-from sinkflow.nn.data import Dataset, point_clouds
-from sinkflow.nn.intervals import t_interval
+from sinkflow.studies.data import Dataset, point_clouds
+from sinkflow.studies.intervals import t_interval
 
 __all__ = ["SHAPE_CLASSES", "shape_classes", "MAB", "SAB", "ISAB", "PMA", "SetTransformer", "point_cloud_study",
            "point_cloud_report"]
@@ -64,7 +64,7 @@ def shape_classes(n_per_class: int, n_points: int = 256, shapes=SHAPE_CLASSES, *
     n_per_class, n_points : int
         Clouds per class and points per cloud.
     shapes : sequence of str
-        Class names, keys of :data:`sinkflow.nn.data.SHAPES`; label ``i`` is ``shapes[i]``.
+        Class names, keys of :data:`sinkflow.studies.data.SHAPES`; label ``i`` is ``shapes[i]``.
     noise : float
         Standard deviation of the Gaussian noise added to every point (before normalization).
     scale : (float, float)
@@ -83,7 +83,7 @@ def shape_classes(n_per_class: int, n_points: int = 256, shapes=SHAPE_CLASSES, *
 
     Examples
     --------
-    >>> from sinkflow.nn.point_clouds import shape_classes
+    >>> from sinkflow.studies.point_clouds import shape_classes
     >>> d = shape_classes(3, 64, seed=1)
     >>> tuple(d.inputs.shape), d.n_classes, d.labels.bincount().tolist()
     ((24, 64, 3), 8, [3, 3, 3, 3, 3, 3, 3, 3])
@@ -115,7 +115,7 @@ class MAB(nn.Module):
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn.point_clouds import MAB
+    >>> from sinkflow.studies.point_clouds import MAB
     >>> mab = MAB(3, 5, 8, heads=2, normalization="sinkhorn")
     >>> mab(torch.randn(2, 4, 3), torch.randn(2, 9, 5)).shape
     torch.Size([2, 4, 8])
@@ -143,7 +143,7 @@ class SAB(nn.Module):
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn.point_clouds import SAB
+    >>> from sinkflow.studies.point_clouds import SAB
     >>> sab = SAB(3, 8, heads=2)
     >>> x, perm = torch.randn(2, 6, 3), torch.tensor([5, 0, 3, 1, 4, 2])
     >>> bool(torch.allclose(sab(x)[:, perm], sab(x[:, perm]), atol=1e-5))
@@ -165,7 +165,7 @@ class ISAB(nn.Module):
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn.point_clouds import ISAB
+    >>> from sinkflow.studies.point_clouds import ISAB
     >>> ISAB(3, 8, heads=2, inducing=4)(torch.randn(2, 10, 3)).shape
     torch.Size([2, 10, 8])
     """
@@ -189,7 +189,7 @@ class PMA(nn.Module):
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn.point_clouds import PMA
+    >>> from sinkflow.studies.point_clouds import PMA
     >>> PMA(8, heads=2, seeds=1)(torch.randn(2, 10, 8)).shape
     torch.Size([2, 1, 8])
     """
@@ -230,12 +230,12 @@ class SetTransformer(nn.Module):
         without the embedding both normalizations sat at chance for hundreds of steps here.
     radial : bool
         Append each point's norm :math:`\|x\|` to its coordinates (ours too): a rotation-invariant cue,
-        as :class:`sinkflow.nn.SetClassifier`'s ``radial_feature``.
+        as :class:`sinkflow.studies.SetClassifier`'s ``radial_feature``.
 
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn.point_clouds import SetTransformer
+    >>> from sinkflow.studies.point_clouds import SetTransformer
     >>> model = SetTransformer(n_classes=8, dim=16, heads=2, inducing=4, normalization="sinkhorn").eval()
     >>> x = torch.randn(3, 50, 3)
     >>> logits = model(x)
@@ -270,10 +270,10 @@ class SetTransformer(nn.Module):
 def _run(train_data, test_data, normalization: str, seed: int, cfg: dict) -> np.ndarray:
     """Test accuracy after each epoch (index 0: initialization) of one seeded Adam run on cross-entropy.
 
-    The epochs of :func:`sinkflow.nn.train` (its seeded batches), without its attention probe:
+    The epochs of :func:`sinkflow.studies.train` (its seeded batches), without its attention probe:
     that tracks the first attention matrix as self-attention, and the ISAB's are rectangular.
     """
-    from sinkflow.nn.training import TrainConfig, _Run, evaluate
+    from sinkflow.studies.training import TrainConfig, _Run, evaluate
 
     torch.manual_seed(seed)
     model = SetTransformer(3, train_data.n_classes, cfg["dim"], cfg["heads"], cfg["inducing"], 2, normalization,
@@ -328,7 +328,7 @@ def point_cloud_study(seeds=(0, 1, 2), *, size: str = "quick", n_iter: int = 7, 
 
     Examples
     --------
-    >>> from sinkflow.nn.point_clouds import point_cloud_study
+    >>> from sinkflow.studies.point_clouds import point_cloud_study
     >>> r = point_cloud_study((0, 1), n_train=2, n_test=2, n_points=16, epochs=1, dim=8, inducing=2, tail=1)
     >>> sorted(r["accuracy"]), len(r["accuracy"]["softmax"]), len(r["curve"]["sinkhorn"])
     (['sinkhorn', 'softmax'], 2, 2)
@@ -361,12 +361,12 @@ def point_cloud_report(seeds=(0, 1, 2, 3, 4), *, size: str = "quick", **study) -
 
     Examples
     --------
-    >>> from sinkflow.nn.point_clouds import point_cloud_report
+    >>> from sinkflow.studies.point_clouds import point_cloud_report
     >>> r = point_cloud_report((0,), n_train=1, n_test=1, n_points=8, epochs=1, dim=8, inducing=2, tail=1)
     >>> r["study"], r["size"], r["machine"]["threads"] >= 1
     ('point_cloud', 'quick', True)
     """
-    from sinkflow.nn.paper import machine
+    from sinkflow.studies.paper import machine
 
     start, t0 = machine(), time.perf_counter()
     result = point_cloud_study(tuple(seeds), size=size, **study)

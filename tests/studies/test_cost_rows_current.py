@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sinkflow.nn._cost import ATTENTION_CODE, _code_only, attention_code_digest
-from sinkflow.nn.paper import refresh_cost, run_paper_setting
+from sinkflow.studies._cost import ATTENTION_CODE, _code_only, attention_code_digest
+from sinkflow.studies.paper import refresh_cost, run_paper_setting
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = sorted((ROOT / "docs" / "data").glob("*_paper.json"))
@@ -31,7 +31,7 @@ def test_the_committed_cost_rows_timed_todays_attention_code():
     today = attention_code_digest()
     stale = [p.name for p in REPORTS if json.loads(p.read_text())["cost"].get("code_digest") != today]
     assert not stale, (f"the attention code changed since the cost rows of {stale} were measured: "
-                       f"re-run `{RERUN}`, then `python -m sinkflow.nn.lra docs/data/*.json > docs/reproducing.md`")
+                       f"re-run `{RERUN}`, then `python -m sinkflow.studies.pages docs/data/*.json > docs/reproducing.md`")
 
 
 def test_the_digest_ignores_docstrings_comments_and_blank_lines(tmp_path):

@@ -41,9 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sinkflow.datasets import LISTOPS_VOCAB, listops, listops_tokens, pathfinder, pathfinder_tokens
-from sinkflow.nn._cost import attention_code_digest, step_bytes
-from sinkflow.nn.models import SequenceClassifier
-from sinkflow.nn.tracking import update_instability
+from sinkflow.studies._cost import attention_code_digest, step_bytes
+from sinkflow.studies.models import SequenceClassifier
+from sinkflow.studies.tracking import update_instability
 
 __all__ = ["OFFICIAL", "PaperSetting", "PaperLRAClassifier", "paper_batches", "paper_model", "paper_optimizer",
            "machine", "cost_rows", "instability_rows", "instability_decomposition", "DECOMPOSITION",
@@ -99,13 +99,13 @@ class PaperSetting:
 
 
 class PaperLRAClassifier(SequenceClassifier):
-    """:class:`~sinkflow.nn.SequenceClassifier` as the official LRA model: padding mask from the tokens,
+    """:class:`~sinkflow.studies.SequenceClassifier` as the official LRA model: padding mask from the tokens,
     features zeroed on padding, mean over all positions, embedding dropout.
 
     Examples
     --------
     >>> import torch
-    >>> from sinkflow.nn.paper import PaperLRAClassifier
+    >>> from sinkflow.studies.paper import PaperLRAClassifier
     >>> model = PaperLRAClassifier(20, 12, 3, pad_id=0, dim=16, heads=2, depth=1, pooling="mean")
     >>> x = torch.tensor([[5] * 8 + [0] * 4])
     >>> bool(model.features(x)[0, 8:].abs().max() == 0)   # padded positions are zero
@@ -204,13 +204,13 @@ def cost_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 3
     """Time (median of ``steps`` training steps after one warm-up step) and memory of a training step.
 
     One row per (attention, seed): forward, backward and the AdamW step on the setting's
-    batch, memory by :func:`sinkflow.nn._cost.step_bytes` (CPU: bytes saved for backward),
+    batch, memory by :func:`sinkflow.studies._cost.step_bytes` (CPU: bytes saved for backward),
     and :func:`machine` read before the row. The attentions of a seed take their steps in
     turns (round robin), so a change of the machine's load falls on all of them alike.
 
     Examples
     --------
-    >>> from sinkflow.nn.paper import PaperSetting, cost_rows
+    >>> from sinkflow.studies.paper import PaperSetting, cost_rows
     >>> rows = cost_rows(PaperSetting("listops", batch_size=2, max_length=40), ["softmax"], seeds=[0], steps=1)
     >>> rows[0]["step_time"] > 0 and rows[0]["memory"] > 0
     True
@@ -261,7 +261,7 @@ def instability_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: 
 
     Examples
     --------
-    >>> from sinkflow.nn.paper import PaperSetting, instability_rows
+    >>> from sinkflow.studies.paper import PaperSetting, instability_rows
     >>> s = PaperSetting("listops", batch_size=2, max_length=24)
     >>> rows = instability_rows(s, ["softmax", "gaussian"], seeds=[0], steps=2)
     >>> rows[0]["ratio"]["median"], rows[1]["ratio"]["median"] > 0
@@ -285,7 +285,7 @@ def residual_share(setting: PaperSetting, attention: str, seed: int = 0) -> floa
 
     Examples
     --------
-    >>> from sinkflow.nn.paper import PaperSetting, residual_share
+    >>> from sinkflow.studies.paper import PaperSetting, residual_share
     >>> residual_share(PaperSetting("listops", batch_size=2, max_length=24), "softmax") > 0
     True
     """
@@ -360,7 +360,7 @@ def instability_decomposition(base: PaperSetting, seeds=(0, 1, 2), steps: int = 
 
     Examples
     --------
-    >>> from sinkflow.nn.paper import PaperSetting, instability_decomposition, DECOMPOSITION
+    >>> from sinkflow.studies.paper import PaperSetting, instability_decomposition, DECOMPOSITION
     >>> out = instability_decomposition(PaperSetting("listops", batch_size=2, max_length=24), seeds=[0], steps=2,
     ...                                 rows=DECOMPOSITION[:2])
     >>> [r["label"] for r in out]
@@ -401,7 +401,7 @@ def refresh_cost(report: dict, steps: int | None = None, log=None) -> dict:
 
     Examples
     --------
-    >>> from sinkflow.nn.paper import refresh_cost, run_paper_setting
+    >>> from sinkflow.studies.paper import refresh_cost, run_paper_setting
     >>> r = run_paper_setting("listops", ["softmax"], [0], cost_batch=1, cost_steps=1,
     ...                       instability_attentions=["softmax"], instability_batch=1, steps=1, max_length=16)
     >>> new = refresh_cost(r)
@@ -438,7 +438,7 @@ def run_paper_setting(task: str, attentions=("softmax", "sinkhorn", "gaussian", 
 
     Examples
     --------
-    >>> from sinkflow.nn.paper import run_paper_setting
+    >>> from sinkflow.studies.paper import run_paper_setting
     >>> r = run_paper_setting("listops", ["softmax", "gaussian"], [0], cost_batch=1, cost_steps=1,
     ...                       instability_attentions=["softmax", "gaussian"], instability_batch=1, steps=1,
     ...                       max_length=16)

@@ -54,7 +54,7 @@ def split(data: Dataset, test_fraction: float = 0.25, seed: int = 0) -> tuple[Da
 
     Examples
     --------
-    >>> from sinkflow.nn.data import retrieval_sequences, split
+    >>> from sinkflow.studies.data import retrieval_sequences, split
     >>> train, test = split(retrieval_sequences(100, length=16), 0.2)
     >>> len(train), len(test)
     (80, 20)
@@ -72,7 +72,7 @@ def digits(dtype: torch.dtype = torch.float32) -> Dataset:
 
     Examples
     --------
-    >>> from sinkflow.nn.data import digits
+    >>> from sinkflow.studies.data import digits
     >>> d = digits()
     >>> tuple(d.inputs.shape), d.n_classes, float(d.inputs.max())
     ((1797, 1, 8, 8), 10, 1.0)
@@ -183,7 +183,7 @@ def point_clouds(n_per_class: int = 100, n_points: int = 64, shapes=("sphere", "
 
     Examples
     --------
-    >>> from sinkflow.nn.data import point_clouds
+    >>> from sinkflow.studies.data import point_clouds
     >>> d = point_clouds(4, 32, seed=1)
     >>> tuple(d.inputs.shape), d.n_classes
     ((20, 32, 3), 5)
@@ -226,7 +226,7 @@ def retrieval_sequences(n: int = 1000, length: int = 256, n_classes: int = 8, vo
 
     Examples
     --------
-    >>> from sinkflow.nn.data import retrieval_sequences
+    >>> from sinkflow.studies.data import retrieval_sequences
     >>> d = retrieval_sequences(10, length=64, seed=0)
     >>> tuple(d.inputs.shape), d.n_classes, bool((d.inputs >= 32).sum(1).eq(2).all())
     ((10, 64), 8, True)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from sinkflow.nn.patch_study import _interval, patch_size_study
+from sinkflow.studies.patch_study import _interval, patch_size_study
 
 
 def test_one_half_iteration_is_softmax_so_the_paired_gap_is_zero():

@@ -1,4 +1,4 @@
-"""Set Transformer blocks, the generated shape classes and the point-cloud study (sinkflow.nn.point_clouds)."""
+"""Set Transformer blocks, the generated shape classes and the point-cloud study (sinkflow.studies.point_clouds)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from scipy import stats
 
-from sinkflow.nn.data import SHAPES
-from sinkflow.nn.intervals import t_interval
-from sinkflow.nn.point_clouds import ISAB, PMA, SAB, SHAPE_CLASSES, SetTransformer, point_cloud_study, shape_classes
+from sinkflow.studies.data import SHAPES
+from sinkflow.studies.intervals import t_interval
+from sinkflow.studies.point_clouds import ISAB, PMA, SAB, SHAPE_CLASSES, SetTransformer, point_cloud_study, shape_classes
 
 NORMS = [("softmax", 1), ("sinkhorn", 7)]
 
@@ -187,7 +187,7 @@ def test_study_pairs_by_seed_one_half_iteration_is_softmax():
 # --- the reports' verdicts ---------------------------------------------------------------------------------------
 
 def _study(acc_soft, acc_sink):
-    from sinkflow.nn.point_clouds import SHAPE_CLASSES as classes
+    from sinkflow.studies.point_clouds import SHAPE_CLASSES as classes
 
     diff = np.asarray(acc_sink) - np.asarray(acc_soft)
     return {"study": "point_cloud", "command": "point_cloud_study(...)", "wall_time": 1.0,
@@ -204,7 +204,7 @@ def _study(acc_soft, acc_sink):
 def test_point_cloud_verdict_follows_the_interval():
     """Gaps of +1..+3 points: Sinkhorn ahead, the paper's +2.1 inside; gaps around 0: unresolved, the paper's
     gap above the interval. The verdict line is routed through the reproducing page's study hook."""
-    from sinkflow.nn.lra import reproducing_page
+    from sinkflow.studies.pages import reproducing_page
 
     soft = [0.50, 0.60, 0.55, 0.52]
     ahead = reproducing_page([_study(soft, [s + d for s, d in zip(soft, (0.01, 0.02, 0.03, 0.02))])])
@@ -217,7 +217,7 @@ def test_point_cloud_verdict_follows_the_interval():
 
 def test_patch_trend_verdict_is_paired_by_seed():
     """Gap at patch 1 larger than at patch 4 in every seed by 4-5 points: 'grows as the patch shrinks'."""
-    from sinkflow.nn._study_report import _patch_trend
+    from sinkflow.studies._study_report import _patch_trend
 
     def row(p, gaps):
         soft = [0.8, 0.7, 0.9, 0.85]

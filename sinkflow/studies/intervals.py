@@ -30,7 +30,7 @@ def t_interval(values, level: float = 0.95) -> tuple[float, float, float]:
 
     Examples
     --------
-    >>> from sinkflow.nn.intervals import t_interval
+    >>> from sinkflow.studies.intervals import t_interval
     >>> mean, lo, hi = t_interval([0.1, 0.2, 0.3])
     >>> round(mean, 6), round(lo, 4), round(hi, 4)
     (0.2, -0.0484, 0.4484)

@@ -1,0 +1,20 @@
+"""Clustering of attention dynamics on the circle and the sphere: the linear theory of the uniform
+state and the clusters particles form (docs/theory/mean_field.md).
+
+Tokens on the circle (or on :math:`S^2`) under :func:`sinkflow.simulate` with ``manifold="sphere"`` and
+:math:`Q = K = V = I` leave the uniform state along its fastest-growing Fourier mode (spherical
+harmonic on :math:`S^2`) and form that many clusters before they merge. Start reading at
+``_linear_theory.py``: the growth rates :func:`circle_growth_rate` and :func:`sphere_growth_rate`,
+the predicted count :func:`fastest_mode`, the formation time, and the cluster counts of particles
+(:func:`particle_cluster_count`) and of densities (:func:`angular_density`, :func:`count_clusters`).
+The mean-field velocity on a circle grid that :func:`sinkflow.mean_field_flow` integrates stays in
+:mod:`sinkflow.heat` (``_circle_field.py``), one floor down.
+"""
+
+from sinkflow.clustering._linear_theory import (
+    angular_density, circle_energy, circle_growth_rate, count_clusters, fastest_mode, formation_time,
+    fourier_amplitude, particle_cluster_count, sphere_growth_rate,
+)
+
+__all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formation_time", "fourier_amplitude",
+           "angular_density", "count_clusters", "circle_energy", "particle_cluster_count"]
