@@ -192,12 +192,12 @@ def _fixed_iterations(C, f, g, a, b, mask, n_iter, state, inplace, record):
         P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, n_iter, None, state, inplace, record)
         return P, f, g, state
     # Differentiable: the first (SoftMax) step by autograd, the rest hand-differentiated.
+    f0, g0 = f, g
     P1, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, 1, None, state, False, record)
     P, f, g = _UnrolledSinkhorn.apply(P1, C.detach(), f.detach(), g.detach(), a, b, mask, n_iter - 1, state, record)
     if state.get("fallbacks"):
         # A log-domain step re-exponentiated C: differentiating through P alone would divide
-        # by underflowed line sums. Redo the solve under plain autograd.
+        # by underflowed line sums. Redo the solve under plain autograd, from the same start.
         state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": False, "accelerate": False}
-        f, g = torch.zeros_like(f), torch.zeros_like(g)
-        P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, n_iter, None, state, False, record)
+        P, f, g, _ = _iterate(C, 1.0, f0, g0, a, b, mask, n_iter, None, state, False, record)
     return P, f, g, state

@@ -93,6 +93,18 @@ def test_fixed_n_iter_from_a_warm_start_counts_from_the_given_g(n_iter):
     assert np.abs(solve_sinkhorn(C, n_iter=n_iter, init_g=g0).attention - ref).max() <= 1e-12
 
 
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_warm_start_survives_the_autograd_redo(dtype, atol):
+    # Scores x100 make the differentiable loop re-exponentiate, which redoes the solve under
+    # plain autograd: the redo must start from init_g too (it restarted cold, off by 0.13).
+    rng = np.random.default_rng(2)
+    C, g0 = 100 * rng.normal(size=(12, 17)), rng.normal(size=17)
+    ref, _, _ = sinkhorn_log(C, 4, g0=g0)
+    scores = torch.tensor(C, dtype=dtype, requires_grad=True)
+    res = solve_sinkhorn(scores, n_iter=4, init_g=torch.tensor(g0, dtype=dtype))
+    assert np.abs(res.attention.detach().double().numpy() - ref).max() <= atol
+
+
 # ---------------------------------------------------------------------------------------
 # Birkhoff-Hopf: tight on 2 x 2 kernels, and far below 1 on flat kernels
 
