@@ -71,8 +71,10 @@ def _predicted_steps(history, tol, window=None):
     now, before = min(history[-window:]), min(history[-2 * window:-window])
     if now >= before:
         return math.inf
-    rate = (now / before) ** (1.0 / window)
-    return math.log(tol / now) / math.log(rate)
+    # The log of the rate per half-step, not the log of its window-th root: a ratio within
+    # 1e-15 of 1 has a root that rounds to 1 (log 0). now < before keeps the ratio below 1.
+    log_rate = math.log(now / before) / window
+    return math.log(tol / now) / log_rate
 
 
 def _max_over_batch(e: torch.Tensor) -> torch.Tensor:

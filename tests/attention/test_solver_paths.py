@@ -173,6 +173,22 @@ def test_the_plain_loop_stops_on_a_stall_with_a_warning():
     assert not res.converged and res.n_iter < 5_000  # predicted not to make it: no 20,000 spins
 
 
+@pytest.mark.parametrize("seed, warm", [(0, False), (8, False), (4, True)])
+def test_a_stall_whose_rate_rounds_to_one_is_reported_not_divided_by(seed, warm):
+    # Cold x1000 scores, uneven weights, plain loop: the best error of one window of 25
+    # half-steps is below the previous one's by a ratio whose 25th root rounds to 1
+    # (ZeroDivisionError in the rate's logarithm before).
+    rng = np.random.default_rng(seed)
+    C = 1000 * rng.normal(size=(12, 9))
+    a, b = rng.uniform(0.1, 1, size=12), rng.uniform(0.1, 1, size=9)
+    a, b = a / a.sum(), b / b.sum()
+    g0 = rng.normal(size=9)
+    with pytest.warns(SinkhornWarning, match="stalled"):
+        res = solve_sinkhorn(C, a=a, b=b, init_g=g0 if warm else None, epsilon_scaling=False)
+    assert not res.converged and res.n_iter <= 100
+    assert res.marginal_error == pytest.approx(marginal_error(res.attention, res.a, res.b))
+
+
 def test_an_exhausted_budget_warns_and_flags():
     C = 1e3 * sinkflow.gaussian_scores(*np.random.default_rng(5).normal(size=(2, 30, 2)))
     with pytest.warns(SinkhornWarning, match="max_iter=5"):
