@@ -346,3 +346,62 @@ def test_fused_availability_and_refusals():
         fused_attention(q, k, v, bias=torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="share p"):
         fused_attention(q, torch.randn(2, 3, 5), v)
+
+
+def _log_sinkhorn_output(q, k, v, n_iter):
+    """The Sinkhorn(n_iter) output written from its formula in the log domain (float64, no mask)."""
+    C = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    n, m = C.shape[-2:]
+    f, g = C.new_zeros(C.shape[:-1]), C.new_zeros(C.shape[:-2] + (m,))
+    for t in range(n_iter):
+        if t % 2 == 0:
+            f = -torch.logsumexp(C + g.unsqueeze(-2), -1)
+        else:
+            g = math.log(n / m) - torch.logsumexp(C + f.unsqueeze(-1), -2)
+    return torch.exp(C + f.unsqueeze(-1) + g.unsqueeze(-2)) @ v
+
+
+@pytest.mark.parametrize("factor, seed", [(100, 4), (200, 1)])
+@pytest.mark.parametrize("n_iter", [2, 3, 5])
+def test_cold_float32_fused_gradients_are_within_10x_of_the_eager_path(factor, seed, n_iter):
+    # Scores x100 and x200 (a spread of 600 to 1,600): the combined backward's potentials carry
+    # eps |C| in the exponent and its steps' terms cancel (450x the eager error, 1e-3, before).
+    # Oracle: the log-domain formula in float64 through autograd.
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(3, 1, 2, 12, 8, generator=g, dtype=torch.float64)
+    q = q * factor
+    w = torch.randn(1, 2, 12, 8, generator=g, dtype=torch.float64)
+
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad((_log_sinkhorn_output(*inputs, n_iter) * w).sum(), inputs[:2])
+    f32 = [t.float() for t in (q, k, v)]
+    got = {}
+    for need_weights in (False, True):
+        out = lambda q, k, v: scaled_attention(q, k, v, "sinkhorn", n_iter=n_iter, need_weights=need_weights)[0]
+        inputs = [t.clone().requires_grad_() for t in f32]
+        ds = torch.autograd.grad((out(*inputs) * w.float()).sum(), inputs[:2])
+        got[need_weights] = max(float((d.double() - r).norm() / r.norm()) for d, r in zip(ds, want))
+    assert got[True] < 1e-3  # the eager path (the matrix)
+    assert got[False] <= 10 * got[True]
+
+
+@pytest.mark.parametrize("mask_kind", MASKS)
+def test_eager_backward_of_the_fused_pass_equals_its_combined_backward(monkeypatch, mask_kind):
+    # The backward that cold scores take (forced: a score range limit below every spread), with
+    # masks and a float mask, against the combined backward (float64).
+    import sinkflow.nn._fused_sinkhorn as fs
+
+    g = torch.Generator().manual_seed(len(mask_kind))
+    shape = (2, 2, 9, 7)
+    mask = mask_patterns(shape, g)[mask_kind]
+    q, k, v = _qkv(shape, torch.float64, g, p=4, p_v=3, scale=1.5)
+    bias = torch.randn(9, 7, generator=g, dtype=torch.float64)
+    w = torch.randn(*shape[:-1], 3, generator=g, dtype=torch.float64)
+    combined = _grads(sinkhorn_passes(q, k, v, 3, allowed=mask, bias=bias), (q, k, v), w)
+    spy = mock.Mock(wraps=fs._eager_backward)
+    monkeypatch.setattr(fs, "_eager_backward", spy)
+    monkeypatch.setattr(fs, "SCORE_RANGE_LIMIT", {torch.float64: -math.inf})
+    eager = _grads(sinkhorn_passes(q, k, v, 3, allowed=mask, bias=bias), (q, k, v), w)
+    assert spy.call_count == 1
+    for a, b in zip(eager, combined):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
