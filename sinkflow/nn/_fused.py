@@ -146,8 +146,10 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant="
     allowed : bool tensor broadcastable to (..., n, m), optional
         ``True`` where query ``i`` may attend to key ``j`` (sinkflow's convention).
     bias : float tensor broadcastable to (..., n, m), optional
-        Added to the scores (torch's additive ``attn_mask``; ``-inf`` drops an entry). Not
-        differentiated.
+        Added to the scores (torch's additive ``attn_mask``; ``-inf`` drops an entry), read
+        as :func:`sinkflow.nn.scaled_attention` reads it: for Sinkhorn and the Gaussian
+        kernel an entry whose exponential underflows (``-1e9``) is masked too, and NaN or
+        ``+inf`` is refused (ValueError). Not differentiated.
 
     Returns
     -------
@@ -165,10 +167,14 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant="
     >>> bool(torch.allclose(fused_attention(q, k, v, "gaussian"), eager, atol=1e-6))
     True
     """
+    from sinkflow.nn.functional import _split_bias  # the one reading of a float mask (functional imports this module)
+
     kind = fused_kind(variant, n_iter, q.device)
     if kind is None:
         raise ValueError(f"no fused pass for {get_attention(variant).name!r} with n_iter={n_iter} on "
                          f"{q.device.type}; see fused_available")
+    _check(q, k, v, allowed, bias)
+    allowed, bias = _split_bias(get_attention(variant), allowed, bias, compute_dtype(q, k))
     return fused_output(kind, q, k, v, n_iter, allowed, bias)
 
 

@@ -112,6 +112,23 @@ def test_fused_with_an_additive_bias_is_the_biased_formula(variant):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("variant, n_iter", [("sinkhorn", 3), ("sinkhorn", 4), ("gaussian", 1), ("softmax", 1)])
+def test_fused_reads_a_float_mask_as_scaled_attention_does(variant, n_iter):
+    # -1e9 on a key is a masked key (its exponential underflows): the formula with that key
+    # masked out (a Sinkhorn column step brought it back with full weight before, 0.3 off);
+    # NaN and +inf are refused, not passed through.
+    g = torch.Generator().manual_seed(7)
+    q, k, v = _qkv((2, 6, 8), torch.float64, g)
+    bias = torch.zeros(8, dtype=torch.float64)
+    bias[[2, 5]] = -1e9
+    want = _plain(q, k, v, variant, allowed=bias == 0, n_iter=n_iter)
+    got = fused_attention(q, k, v, variant, n_iter=n_iter, bias=bias)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="NaN or \\+inf"):
+            fused_attention(q, k, v, variant, n_iter=n_iter, bias=torch.tensor([0.0, bad] * 4, dtype=torch.float64))
+
+
 def test_gaussian_fused_is_exact_at_large_norms_and_another_value_width():
     # |q|^2 / (2 sqrt p) ~ 450 would overflow exp in float32 if the row factor were applied
     # outside the pass; p_v != p takes the zero-padding path; non-contiguous heads as in a layer.
