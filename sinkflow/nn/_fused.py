@@ -122,11 +122,14 @@ def _check(q, k, v, allowed, bias):
 
 
 def _attn_mask(allowed, bias, dtype):
-    """One ``attn_mask`` for SDPA from a boolean mask and an additive bias (None if neither)."""
+    """One ``attn_mask`` for SDPA from a boolean mask and an additive bias (None if neither), at
+    least 2-D: SDPA reads the last two dimensions as (queries, keys), a 1-D mask is over keys."""
     if bias is None:
-        return allowed
-    bias = bias.to(dtype)
-    return bias if allowed is None else bias.masked_fill(~allowed, -math.inf)
+        mask = allowed
+    else:
+        bias = bias.to(dtype)
+        mask = bias if allowed is None else bias.masked_fill(~allowed, -math.inf)
+    return mask if mask is None or mask.dim() >= 2 else mask.reshape((1,) * (2 - mask.dim()) + mask.shape)
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant="softmax", *, n_iter: int = 1,

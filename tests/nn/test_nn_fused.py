@@ -129,6 +129,22 @@ def test_fused_reads_a_float_mask_as_scaled_attention_does(variant, n_iter):
             fused_attention(q, k, v, variant, n_iter=n_iter, bias=torch.tensor([0.0, bad] * 4, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("variant, n_iter", VARIANTS + [("sinkhorn", 3)])
+@pytest.mark.parametrize("kind", ["mask", "bias", "scalar bias"])
+def test_fused_takes_a_mask_of_fewer_than_two_dimensions(variant, n_iter, kind):
+    # Broadcastable masks (documented): a 1-D mask is over keys, a 0-D bias a constant. SDPA
+    # reads its mask's last two dimensions (IndexError before, SoftMax and Sinkhorn n_iter = 1).
+    g = torch.Generator().manual_seed(8)
+    q, k, v = _qkv((2, 3, 6, 6), torch.float64, g)
+    keys = torch.tensor([True, True, False, True, True, False])
+    extra = {"mask": {"mask": keys}, "bias": {"bias": torch.where(keys, 0.0, -math.inf).double()},
+             "scalar bias": {"bias": torch.tensor(0.5, dtype=torch.float64)}}[kind]
+    scalar = kind == "scalar bias"
+    want = _plain(q, k, v, variant, None if scalar else keys, extra["bias"] if scalar else None, n_iter)
+    got = scaled_attention(q, k, v, variant, n_iter=n_iter, need_weights=False, **extra)[0]
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+
+
 def test_gaussian_fused_is_exact_at_large_norms_and_another_value_width():
     # |q|^2 / (2 sqrt p) ~ 450 would overflow exp in float32 if the row factor were applied
     # outside the pass; p_v != p takes the zero-padding path; non-contiguous heads as in a layer.
