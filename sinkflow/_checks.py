@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_number", "check_seed", "check_choice"]
+__all__ = ["check_number", "check_seed", "check_choice", "check_numpy_float"]
 
 
 def _is_torch(value: Any, cls: str) -> bool:
@@ -29,18 +29,18 @@ def check_seed(seed: Any, name: str = "seed"):
     return check_number(seed, name, integer=True, positive=True, allow_zero=True)
 
 
-def _real_scalar(value: Any, name: str):
-    """``value`` as a Python int or float; TypeError for anything but a real number."""
+def _real_scalar(value: Any, name: str, what: str):
+    """``value`` as a Python int or float; TypeError (it must be ``what``) for anything but a real number."""
     tensor = _is_torch(value, "Tensor")
     if tensor or isinstance(value, np.ndarray):
         real = (not (value.dtype.is_complex or str(value.dtype) == "torch.bool") if tensor
                 else value.dtype.kind in "iuf")
         if value.ndim != 0 or not real:
-            raise TypeError(f"{name} must be a real number, got an array of shape {tuple(value.shape)} "
+            raise TypeError(f"{name} must be {what}, got an array of shape {tuple(value.shape)} "
                             f"and dtype {value.dtype}")
         value = value.item()
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
+        raise TypeError(f"{name} must be {what}, got {value!r}")
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
@@ -72,7 +72,7 @@ def check_number(value: Any, name: str, *, integer: bool = False, positive: bool
     if value is None and allow_none:
         return None
     if type(value) not in (int, float):  # fast path for plain numbers (bool is not int here)
-        value = _real_scalar(value, name)
+        value = _real_scalar(value, name, "an integer" if integer else "a real number")
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
         raise ValueError(f"{name} must be finite, got {value!r}")
     if integer and not isinstance(value, int):
@@ -82,6 +82,26 @@ def check_number(value: Any, name: str, *, integer: bool = False, positive: bool
                  else (">= 0" if allow_zero else "positive"))
         raise ValueError(f"{name} must be {bound}, got {value!r}")
     return value
+
+
+def check_numpy_float(x: Any, name: str) -> None:
+    """Refuse array_like input (not a tensor) of a non-floating dtype, naming its numpy dtype, before
+    a conversion to torch would name a torch dtype the caller never had.
+
+    Examples
+    --------
+    >>> from sinkflow._checks import check_numpy_float
+    >>> check_numpy_float([[1, 2]], "x0")
+    Traceback (most recent call last):
+    ...
+    TypeError: x0 must have a floating dtype, got numpy int64; convert explicitly (e.g. x.astype(float)) so precision is your choice.
+    """
+    if _is_torch(x, "Tensor"):
+        return
+    dtype = np.asarray(x).dtype
+    if not np.issubdtype(dtype, np.floating):
+        raise TypeError(f"{name} must have a floating dtype, got numpy {dtype}; convert explicitly "
+                        "(e.g. x.astype(float)) so precision is your choice.")
 
 
 def check_choice(value: Any, name: str, choices) -> None:

@@ -216,8 +216,21 @@ def test_the_reported_strings_fail_clearly():
         sinkflow.sinkhorn(C, tol="1e-6")
     with pytest.raises(TypeError, match="temperature must be a real number, got '0.5'"):
         sinkflow.gaussian_scores(X, X, temperature="0.5")
-    with pytest.raises(TypeError, match="^n must be a real number, got '64'"):
+    with pytest.raises(TypeError, match="^n must be an integer, got '64'"):
         sinkflow.random_particles("64", 2)
+
+
+def test_counts_and_integer_arrays_are_named_as_the_caller_gave_them():
+    # A count is an integer, not "a real number"; an integer numpy array is numpy int64, not
+    # the torch dtype of an internal conversion.
+    with pytest.raises(TypeError, match="^steps must be an integer, got '10'"):
+        sinkflow.simulate(X, steps="10")
+    with pytest.raises(TypeError, match="x0 must have a floating dtype, got numpy int64"):
+        sinkflow.simulate(np.arange(10).reshape(5, 2))
+    with pytest.raises(TypeError, match="x0 must have a floating dtype, got torch.int64"):
+        sinkflow.simulate(torch.arange(10).reshape(5, 2))
+    with pytest.raises(TypeError, match="scores must have a floating dtype, got numpy int64"):
+        sinkflow.sinkhorn(np.ones((3, 3), dtype=np.int64))
 
 
 def test_numpy_scalars_and_zero_dim_tensors_are_numbers():

@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
+from sinkflow._checks import check_numpy_float
 from sinkflow.attention._result import SinkhornWarning, SinkhornResult
 from sinkflow.attention._tolerances import _compute_dtype, _resolve_tolerance
 from sinkflow.attention._log_steps import _masked_softmax
@@ -77,9 +78,7 @@ _MASK_HINT = "use a mask (True = admissible) to exclude entries"
 
 
 def _prepare(scores, mask, a, b, init_g=None):
-    if not isinstance(scores, torch.Tensor) and not np.issubdtype(np.asarray(scores).dtype, np.floating):
-        raise TypeError(f"scores must have a floating dtype, got numpy {np.asarray(scores).dtype}; convert "
-                        "explicitly (e.g. x.astype(float)) so precision is your choice.")
+    check_numpy_float(scores, "scores")
     C, numpy_out = leading(scores, "scores", mask, a, b, init_g)  # torch out if any input is torch
     check_float(C, "scores")
     if C.ndim < 2:

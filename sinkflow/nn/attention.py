@@ -106,7 +106,9 @@ class AttentionKernel(nn.Module):
     def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0, landmarks: int = 64):
         super().__init__()
         _model_variant(normalization)
-        if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
+        if isinstance(n_iter, bool) or not isinstance(n_iter, int):
+            raise TypeError(f"n_iter must be an integer (Sinkhorn half-iterations), got {n_iter!r}")
+        if n_iter < 1:
             raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")

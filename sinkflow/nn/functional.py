@@ -151,6 +151,13 @@ def register_normalization(name: str, fn: Callable, *, overwrite: bool = False) 
     register_attention(name, heads=heads, overwrite=overwrite)
 
 
+def _empty_attention(q, k, v, need_weights):
+    """Attention of an empty sequence: an empty matrix, and zeros for queries without keys (torch's result)."""
+    dtype = compute_dtype(q, k)
+    K = q.to(dtype) @ k.to(dtype).transpose(-1, -2)  # (..., n, m) with no entries
+    return (K @ v.to(dtype)).to(v.dtype), (K if need_weights else None)
+
+
 def _model_variant(name):
     try:
         return get_attention(name)
@@ -207,6 +214,8 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     """
     variant = _model_variant(normalization)
     mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        return _empty_attention(q, k, v, need_weights and variant.normalize is not None)
     if variant.normalize is None:
         return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
     fusable = not need_weights and not (dropout > 0 and training) and (bias is None or not bias.requires_grad)

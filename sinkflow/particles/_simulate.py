@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, check_seed, from_torch, leading
-from sinkflow._checks import check_choice
+from sinkflow._checks import check_choice, check_numpy_float
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
@@ -298,6 +298,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     >>> bool(np.all(np.diff(traj.monitors["energy"]) <= 0))   # F^inf decreases (W_V = W = I)
     True
     """
+    check_numpy_float(x0, "x0")
     X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
     check_choice(manifold, "manifold", MANIFOLDS)
     _check_positions(X, manifold)

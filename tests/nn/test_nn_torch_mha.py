@@ -408,3 +408,31 @@ def test_half_precision_float_masks_under_autocast():
         _, w = mha(x, x, x, key_padding_mask=torch.zeros(2, 6, dtype=torch.float16).masked_fill(pad, torch.finfo(torch.float16).min))
         _, w_bool = mha(x, x, x, key_padding_mask=pad)
     assert w.dtype == torch.float32 and torch.equal(w, w_bool) and (w[1, :, 4:] == 0).all()
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "sinkhorn", "gaussian", "skyformer", "nystromformer"])
+@pytest.mark.parametrize("lengths", [(0, 0), (3, 0)])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_an_empty_sequence_gives_torchs_empty_result(normalization, lengths, need_weights):
+    # No queries, or queries without keys: torch returns an empty output (zeros for queries
+    # without keys) and empty weights; Sinkhorn divided by the zero key count before.
+    n, m = lengths
+    ref, _ = _pair(16, 4, batch_first=True)
+    torch.manual_seed(0)
+    ours = MultiheadAttention(16, 4, batch_first=True, normalization=normalization).eval()
+    ours.load_state_dict(ref.state_dict())
+    query, key = torch.randn(2, n, 16, requires_grad=True), torch.randn(2, m, 16)
+    want_out, want_w = ref(query, key, key, need_weights=need_weights)
+    out, w = ours(query, key, key, need_weights=need_weights)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    if w is not None:
+        assert need_weights and w.shape == want_w.shape
+    out.sum().backward()
+    assert query.grad.shape == query.shape and not query.grad.any()
+
+
+def test_n_iter_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="n_iter must be an integer"):
+        MultiheadAttention(16, 4, n_iter="3")
+    with pytest.raises(ValueError, match="n_iter"):
+        MultiheadAttention(16, 4, n_iter=0)
