@@ -81,12 +81,15 @@ def test_kept_and_recomputed_factors_give_the_same_field(monkeypatch, normalizat
     assert recomputed.row_error == pytest.approx(kept.row_error, rel=1e-6, abs=1e-12)
 
 
-def _dense_nystrom_field(x, V, idx, tau, a, n_iter, normalization, scores):
-    """The same scalings on the dense Nystrom matrix L pinv(A) L^T of the kernel exp(-|x_i - x_j|_W^2 / (2 tau))."""
-    z = x @ torch.linalg.cholesky(W.to(x.dtype)) / tau ** 0.5
+def _dense_nystrom_field(x, V, idx, tau, a, n_iter, normalization, scores, restore=False, metric=W):
+    """The same scalings on the dense Nystrom matrix L pinv(A) L^T of the kernel exp(-|x_i - x_j|_W^2 / (2 tau))
+    (``restore``: plus the diagonal that makes it exact there, 1 - G~_ii >= 0)."""
+    z = x @ torch.linalg.cholesky(metric.to(x.dtype)) / tau ** 0.5
     G = torch.exp(-torch.cdist(z, z) ** 2 / 2)
     Gt = G[:, idx] @ torch.linalg.pinv(G[idx][:, idx], rtol=torch.finfo(x.dtype).eps ** 0.5, hermitian=True) @ G[idx]
-    half_sq = 0.5 * ((x @ W.to(x.dtype)) * x).sum(1) / tau if scores == "dot" else torch.zeros_like(x[:, 0])
+    if restore:
+        Gt = Gt + torch.diag((1 - torch.diagonal(Gt)).clamp_min(0))
+    half_sq = 0.5 * ((x @ metric.to(x.dtype)) * x).sum(1) / tau if scores == "dot" else torch.zeros_like(x[:, 0])
     pw = a * torch.exp(half_sq)  # e^{x_i^T W x_j / tau} a_j = e^{half_sq_i} G_ij pw_j
     if normalization == "none":
         return torch.exp(half_sq)[:, None] * (Gt @ (pw[:, None] * V))
@@ -123,6 +126,25 @@ def test_few_landmarks_match_a_dense_nystrom_reimplementation(monkeypatch, cache
                                   scores=scores,
                                   weights=a.to(dtype), n_iter=n_iter, block_bytes=8000).velocity
     torch.testing.assert_close(got, exact, rtol=0, atol=tol * float(exact.abs().max()))
+
+
+@pytest.mark.parametrize("cache_bytes", [lowrank_fields.CACHE_BYTES, 0])
+def test_the_fallback_restores_the_exact_diagonal(monkeypatch, cache_bytes):
+    # 400 normal points, 8 uniform landmarks, n_iter 5: a column mass of the plain Nystrom matrix
+    # is not positive, so the solve is redone on G~ + diag(1 - G~_ii); against that matrix written
+    # out densely (half the restored diagonal moved the velocity by 3%).
+    monkeypatch.setattr(lowrank_fields, "CACHE_BYTES", cache_bytes)
+    rng = np.random.default_rng(5)
+    x = torch.tensor(rng.normal(size=(400, 2)))
+    idx = torch.tensor(rng.choice(400, 8, replace=False))
+    a = torch.full((400,), 1 / 400, dtype=x.dtype)
+    restored = []
+    restore = lowrank_fields._NystromKernel.restore_diagonal
+    monkeypatch.setattr(lowrank_fields._NystromKernel, "restore_diagonal", lambda K: restored.append(restore(K)))
+    got = lowrank_attention_field(x, x, idx, n_iter=5, block_bytes=8000).velocity
+    assert len(restored) == 1  # the plain Nystrom scaling was undefined
+    want = _dense_nystrom_field(x, x, idx, 1.0, a, 5, "sinkhorn", "dot", restore=True, metric=torch.eye(2))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-9 * float(want.abs().max()))
 
 
 @pytest.mark.parametrize("cache_bytes", [lowrank_fields.CACHE_BYTES, 0])
