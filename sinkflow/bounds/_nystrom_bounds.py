@@ -103,6 +103,10 @@ def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, metho
     lows, highs, errs = np.full(trials, np.nan), np.full(trials, np.nan), np.empty(trials)
     for t in progress_bar(range(trials), enabled=progress, desc=f"Nyström draws (m={m})", leave=False):
         J = sample_landmarks(N, m, generator=rng)
+        if inverse == "pinv":
+            # G M^+ G^T is the projection onto the span of the landmarks' columns: repeats change
+            # nothing and cost O(m^3) (m = 10,000 for N = 400: 13 minutes; at most N^3 now).
+            J = np.unique(J)
         G = Cbar[:, J]
         if inverse == "pinv":
             W = np.linalg.pinv(Cbar[np.ix_(J, J)], rcond=_pinv_rtol(torch.float64), hermitian=True)
@@ -116,11 +120,19 @@ def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, metho
     return errs, lows, highs
 
 
-def _check_landmarks_fit(m, N):
-    if m > N:
-        warnings.warn(f"landmarks={m} exceeds the N = {N} stacked queries and keys: the draws with replacement "
-                      "repeat points (as the theorem allows; its landmark count often exceeds N). Pass the N "
-                      "indices themselves for the exact lifted kernel.", UserWarning, stacklevel=3)
+def _check_landmarks_fit(m, N, inverse):
+    """Landmarks beyond the N stacked points: the pseudo-inverse keeps the distinct ones (exact once all N
+    are drawn); the iterative inverse of a block of m > N repeated points is refused (O(m^3) per draw)."""
+    if m <= N:
+        return
+    if inverse != "pinv":
+        raise ValueError(f"landmarks={m} exceeds the N = {N} stacked queries and keys: the iterative inverse "
+                         f"of an {m} x {m} block of repeated points costs O(m^3) per draw; take m <= N, or "
+                         "inverse='pinv' (which keeps the distinct landmarks, exact once all N are drawn)")
+    warnings.warn(f"landmarks={m} exceeds the N = {N} stacked queries and keys: the draws with replacement "
+                  "repeat points (as the theorem allows; its landmark count often exceeds N). Repeats change "
+                  "nothing (the pseudo-inverse keeps the distinct landmarks), and a draw that holds all N "
+                  "points is the exact lifted kernel (error 0).", UserWarning, stacklevel=3)
 
 
 def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pinv", n_iter: int = 6,
@@ -133,7 +145,10 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     K : array (n_k, p)
         One head (loop over heads yourself).
     landmarks : int
-        ``m``, drawn uniformly with replacement from the ``N = n_q + n_k`` stacked points.
+        ``m``, drawn uniformly with replacement from the ``N = n_q + n_k`` stacked points. The
+        pseudo-inverse keeps the distinct ones (repeats do not change its estimate), so
+        ``m > N`` costs at most what ``N`` does, and a draw holding all ``N`` points is the
+        exact kernel; the iterative inverse refuses ``m > N`` (ValueError).
     trials : int
         Independent draws.
     inverse, n_iter, gamma :
@@ -158,7 +173,7 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     trials = _check_trials(trials)
     _check_inverse(inverse)
     Cbar, n_q, _ = _lifted64(Q, K)
-    _check_landmarks_fit(m, Cbar.shape[0])
+    _check_landmarks_fit(m, Cbar.shape[0], inverse)
     rng = np.random.default_rng(check_seed(seed))
     errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma), rng, method, progress)
     return NystromErrors(errs, lows, highs, spectral_norm(Cbar[:n_q, n_q:], method=method),
@@ -260,6 +275,10 @@ class NystromCheck:
         verdict = "holds" if self.bound_holds else "fails"
         applies = "m >= m required: the theorem applies" if self.theorem_applies else \
             "m < m required: the theorem promises nothing here"
+        N = self.n_queries + self.n_keys
+        if self.m_required > N:
+            applies += (f"; m required exceeds the N = {N} stacked points (draws with replacement), where "
+                        f"m >= {N} distinct landmarks is already the exact kernel")
         return "\n".join([
             f"kernelized attention: n_q={self.n_queries}, n_k={self.n_keys}, p={self.dim}; "
             f"Nyström ({self.inverse}) with m={self.landmarks} landmarks, {self.trials} draws",
@@ -295,7 +314,8 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
     Q : array (n_q, p)
     K : array (n_k, p)
     landmarks : int
-        Number of landmarks ``m`` (uniform with replacement over the stacked points).
+        Number of landmarks ``m`` (uniform with replacement over the ``N`` stacked points;
+        ``m > N`` as in :func:`nystrom_errors`: a warning, the distinct ones kept).
     eps, delta : float
         Accuracy (:math:`\lambda = \varepsilon\|C\|_2`) and failure probability.
     trials : int
@@ -336,7 +356,7 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
     loewner_tol = check_number(loewner_tol, "loewner_tol", positive=True, allow_zero=True)
     Cbar, n_q, p = _lifted64(Q, K)
     N = Cbar.shape[0]
-    _check_landmarks_fit(m, N)
+    _check_landmarks_fit(m, N, inverse)
     norm_C = spectral_norm(Cbar[:n_q, n_q:], method=method)
     norm_Cbar = spectral_norm(Cbar, symmetric=True, method=method)
     lam = float(eps) * norm_C

@@ -373,6 +373,33 @@ def test_bad_input_gets_a_clear_error():
         sinkflow.kernelized_attention_matrix(np.ones((2, 2), dtype=int), K[:, :2])
 
 
+def test_landmarks_beyond_the_stacked_points_cost_what_the_points_do(monkeypatch):
+    # The pseudo-inverse estimate G M^+ G^T projects onto the span of the landmarks' columns, so
+    # repeated landmarks change nothing (checked here on a draw with repeats); the check keeps the
+    # distinct ones (it inverted an m x m block: 13 minutes for m = 10,000, N = 400), and with
+    # every point drawn the lifted kernel is exact.
+    Q, K = _data(6, 3, 0.5, 2)
+    Cbar = np.exp(-0.5 * np.square(np.concatenate([Q, K])[:, None] - np.concatenate([Q, K])[None]).sum(-1)
+                  / math.sqrt(3))
+    J = np.array([0, 3, 3, 7, 0, 11, 7])
+    approx = lambda J: Cbar[:, J] @ np.linalg.pinv(Cbar[np.ix_(J, J)], hermitian=True) @ Cbar[:, J].T
+    assert np.abs(approx(J) - approx(np.unique(J))).max() <= 1e-10
+    blocks = []
+    pinv = np.linalg.pinv
+    monkeypatch.setattr(np.linalg, "pinv", lambda M, *a, **kw: blocks.append(M.shape[0]) or pinv(M, *a, **kw))
+    with pytest.warns(UserWarning, match="exceeds the N = 12 .* distinct landmarks"):
+        res = sinkflow.nystrom_check(Q, K, 600, trials=3)
+    assert max(blocks) <= 12 and res.max_error <= 1e-9 * res.norm_C
+    with pytest.raises(ValueError, match="iterative inverse .* O\\(m\\^3\\)"):
+        sinkflow.nystrom_check(Q, K, 13, trials=1, inverse="iterative")
+
+
+def test_a_required_count_beyond_the_stacked_points_is_said():
+    Q, K = _data(10, 4, 0.5, 3)
+    res = sinkflow.nystrom_check(Q, K, 4, trials=2)
+    assert res.m_required > 20 and "m required exceeds the N = 20 stacked points" in res.summary()
+
+
 # --------------------------------------------------------------------------- CLI
 def test_cli_random_data_and_npy_files(tmp_path, capsys):
     assert main(["nystrom-check", "--n", "24", "--p", "8", "--landmarks", "6", "--trials", "4"]) == 0
