@@ -56,16 +56,31 @@ def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
     >>> int(rates.argmax()) + 1   # beta = 5: the 3-periodic mode grows fastest under SoftMax
     3
     """
+    rate, beta = _scaled_rate(k, beta, normalization)
+    if normalization == "unnormalized":
+        if beta > _LOG_MAX:
+            raise OverflowError(f"the unnormalized growth rate carries e^beta, beyond float64 for beta > {_LOG_MAX:.1f} "
+                                f"(got {beta:g}); fastest_mode(beta, 'unnormalized') still ranks the modes")
+        rate = rate * math.exp(beta)
+    return float(rate) if rate.ndim == 0 else rate
+
+
+_LOG_MAX = math.log(np.finfo(float).max)  # 709.78: e^beta overflows float64 beyond
+
+
+def _scaled_rate(k, beta, normalization):
+    """``(lambda_k, beta)`` checked, with the unnormalized rate divided by its common factor e^beta."""
     if normalization not in CIRCLE_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
     beta = float(check_number(beta, "beta", positive=True))
     k = np.asarray(k, dtype=float)
     if np.any(k < 1) or np.any(k != np.round(k)):
         raise ValueError("k must be a positive integer (k = 0 is the mass, which does not grow)")
-    ik, i0 = ive(k, beta), ive(0, beta)  # scaled by e^-beta: the ratios are exact
-    c = {"unnormalized": math.exp(beta), "softmax": 1 / i0, "sinkhorn": 1 / (i0 + ik)}[normalization]
-    rate = k ** 2 * ik * c / beta
-    return float(rate) if rate.ndim == 0 else rate
+    ik = ive(k, beta)  # scaled by e^-beta: the ratios are exact
+    if normalization == "unnormalized":
+        return k ** 2 * ik / beta, beta
+    i0 = ive(0, beta)
+    return k ** 2 * ik / (i0 if normalization == "softmax" else i0 + ik) / beta, beta
 
 
 def fastest_mode(beta: float, normalization: str = "softmax", k_max: int | None = None) -> int:
@@ -78,7 +93,7 @@ def fastest_mode(beta: float, normalization: str = "softmax", k_max: int | None 
     ([1, 3, 6], 4)
     """
     k_max = k_max or int(4 * math.sqrt(max(float(beta), 1.0))) + 4
-    rates = np.atleast_1d(circle_growth_rate(np.arange(1, k_max + 1), beta, normalization))
+    rates = np.atleast_1d(_scaled_rate(np.arange(1, k_max + 1), beta, normalization)[0])  # any beta: no e^beta
     return int(np.argmax(rates)) + 1
 
 

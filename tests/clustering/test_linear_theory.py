@@ -67,6 +67,27 @@ def test_fastest_mode_is_the_argmax_of_the_bessel_rates():
     assert fastest_mode(5.0, "softmax") == 3  # the 3-periodic state of Bruno, Pasqualotto and Agazzi at beta = 5
 
 
+@pytest.mark.parametrize("beta", [709.0, 710.0, 800.0, 5000.0])
+def test_rates_and_fastest_modes_past_the_overflow_of_e_beta(beta):
+    # The unnormalized rate's e^beta overflows float64 past 709.78: it was evaluated for every
+    # normalization (OverflowError for SoftMax and Sinkhorn). Oracle: mpmath's Bessel functions.
+    import mpmath
+
+    ks = np.arange(1, int(4 * math.sqrt(beta)) + 5)
+    I = [mpmath.besseli(int(k), beta) for k in ks]
+    I0 = mpmath.besseli(0, beta)
+    want = {"softmax": [k * k * i / (beta * I0) for k, i in zip(ks, I)],
+            "sinkhorn": [k * k * i / (beta * (I0 + i)) for k, i in zip(ks, I)],
+            "unnormalized": [k * k * i / beta for k, i in zip(ks, I)]}
+    for normalization, rates in want.items():
+        assert fastest_mode(beta, normalization) == ks[int(np.argmax([float(r / rates[0]) for r in rates]))]
+        if normalization == "unnormalized" and beta > 709.8:
+            with pytest.raises(OverflowError, match="beyond float64 for beta > 709.8"):
+                circle_growth_rate(ks, beta, normalization)
+            continue
+        np.testing.assert_allclose(circle_growth_rate(ks, beta, normalization), [float(r) for r in rates], rtol=1e-10)
+
+
 def test_fastest_mode_predicts_the_metastable_cluster_count_of_particles():
     """12 runs (4 betas x 3 seeds, n = 256, i.i.d. uniform starts), counted at twice the formation time."""
     hits = [particle_cluster_count(beta, seed) == fastest_mode(beta) for beta in (3.0, 5.0, 8.0, 12.0) for seed in range(3)]
