@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from sinkflow.nn.attention import AttentionKernel, MultiheadAttention
-from sinkflow.bounds._stochasticity import kl_to_sinkhorn, marginal_errors, sorted_column_sums
+from sinkflow.bounds._stochasticity import kl_to_sinkhorn
 
 __all__ = ["AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score",
            "update_instability"]
@@ -83,16 +83,22 @@ class AttentionRecorder:
 class StochasticitySummary:
     """Doubly-stochasticity of a batch of square attention matrices (means over the batch).
 
+    With a mask, each matrix is measured on its ``n'`` admissible rows and ``m'`` admissible
+    columns (those with an admissible entry) against sinkflow's masked marginals: rows sum
+    to 1, columns to ``n' / m'`` (the mass of the rows spread over the columns; 1 unmasked).
+
     Attributes
     ----------
     column_deviation : float
-        Mean of :math:`|\\sum_i K_{ij} - 1|` over keys and matrices.
+        Mean of :math:`|\\sum_i K_{ij} - n'/m'|` over admissible keys and matrices.
     row_deviation : float
-        Same for row sums (0 for SoftMax and odd Sinkhorn ``n_iter``).
+        Same for row sums against 1 (0 for SoftMax and odd Sinkhorn ``n_iter``).
     kl : float
-        Mean :math:`\\mathrm{KL}(K \\| \\mathrm{Sinkhorn}(K))` per row (NaN when not computed).
+        Mean generalized :math:`\\mathrm{KL}(K \\| \\mathrm{Sinkhorn}(K))` per row (:func:`sinkflow.kl_to_sinkhorn`;
+        NaN when not computed).
     sorted_column_sums : numpy.ndarray, shape (m,)
-        Column sums sorted increasingly, averaged over matrices (the paper's curve).
+        Admissible column sums over their target ``n'/m'``, sorted increasingly, averaged over
+        matrices (the paper's curve; a position no matrix has columns for is NaN).
     """
 
     column_deviation: float
@@ -101,11 +107,13 @@ class StochasticitySummary:
     sorted_column_sums: np.ndarray
 
 
-def stochasticity_summary(K: torch.Tensor, with_kl: bool = True) -> StochasticitySummary:
+def stochasticity_summary(K: torch.Tensor, with_kl: bool = True, *, mask: torch.Tensor | None = None) -> StochasticitySummary:
     """Summarize how doubly stochastic attention matrices ``K (..., n, n)`` are.
 
     Computed in float64 on the matrices' device (the KL needs a converged Sinkhorn
-    projection, tolerance 1e-9).
+    projection, tolerance 1e-9). ``mask`` (bool, broadcastable to ``K``, ``True`` =
+    admissible, as the attention took it) measures a padded batch on its real tokens: a
+    padded key's empty column is not a deviation (see :class:`StochasticitySummary`).
 
     Examples
     --------
@@ -114,15 +122,32 @@ def stochasticity_summary(K: torch.Tensor, with_kl: bool = True) -> Stochasticit
     >>> s = stochasticity_summary(torch.full((2, 4, 4), 0.25))
     >>> s.column_deviation, s.kl < 1e-12, s.sorted_column_sums.tolist()
     (0.0, True, [1.0, 1.0, 1.0, 1.0])
+    >>> keys = torch.tensor([True, True, True, False])   # key 3 padded: 4 rows over 3 columns
+    >>> s = stochasticity_summary(torch.tensor([[1 / 3] * 3 + [0.0]] * 4), mask=keys)
+    >>> round(s.column_deviation, 12), s.sorted_column_sums.tolist()[:3]
+    (0.0, [1.0, 1.0, 1.0])
     """
     K = K.detach().to(torch.float64)
     if K.ndim < 2 or K.shape[-1] != K.shape[-2]:
         raise ValueError(f"attention matrices must be square (self-attention), got shape {tuple(K.shape)}")
+    if mask is not None and (not torch.is_tensor(mask) or mask.dtype != torch.bool):
+        raise TypeError(f"mask must be a boolean tensor (True = admissible), got {getattr(mask, 'dtype', type(mask))}")
+    full = torch.ones((), dtype=torch.bool, device=K.device) if mask is None else mask.to(K.device)
+    try:
+        full = torch.broadcast_to(full, K.shape).reshape(-1, *K.shape[-2:])
+    except RuntimeError:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to K {tuple(K.shape)}") from None
     K = K.reshape(-1, *K.shape[-2:])
-    # Uniform weights on square matrices: column error = mean_j |col sum_j - 1|, rows likewise.
-    row, col = marginal_errors(K)
+    rows, cols = full.any(-1), full.any(-2)
+    n_rows, n_cols = rows.sum(-1, keepdim=True).to(K.dtype), cols.sum(-1, keepdim=True).clamp_min(1).to(K.dtype)
+    target = n_rows / n_cols  # the column mass of a masked doubly stochastic matrix
+    col_sums = K.sum(-2)
+    col = ((col_sums - target).abs() * cols).sum(-1) / n_cols[:, 0]
+    row = ((K.sum(-1) - 1).abs() * rows).sum(-1) / n_rows[:, 0].clamp_min(1)
     kl = float(kl_to_sinkhorn(K).mean()) if with_kl else float("nan")
-    return StochasticitySummary(float(col.mean()), float(row.mean()), kl, sorted_column_sums(K).mean(0).cpu().numpy())
+    curve = torch.where(cols, col_sums / target, torch.inf).sort(-1).values
+    curve = torch.nanmean(curve.masked_fill(torch.isinf(curve), torch.nan), 0)
+    return StochasticitySummary(float(col.mean()), float(row.mean()), kl, curve.cpu().numpy())
 
 
 def _attention_parameters(model: nn.Module):

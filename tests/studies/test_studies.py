@@ -35,6 +35,7 @@ def _fake_report(task, inst_ratio, acc, time_ratio):
              "memory_ratio_to_softmax": 0.5}]
     return {"task": task, "summary": rows}
 
+from sinkflow.nn import MultiheadAttention
 from sinkflow.studies import (
     AttentionRecorder,
     PatchViT,
@@ -86,6 +87,32 @@ def test_stochasticity_summary_of_known_matrices():
     s = stochasticity_summary(collapsed[None], with_kl=False)
     assert s.column_deviation == pytest.approx(1.5)  # (3 + 1 + 1 + 1) / 4
     np.testing.assert_array_equal(s.sorted_column_sums, [0, 0, 0, 4])
+
+
+def test_stochasticity_summary_of_a_padded_batch_takes_the_mask():
+    # Converged Sinkhorn attention on a padded batch (2 of 6 keys padded in the first sequence):
+    # measured on its real tokens it is doubly stochastic (rows 1, real columns n'/m' = 6/4);
+    # without the mask the padded keys' empty columns read as a deviation of 1/3.
+    torch.manual_seed(0)
+    mha = MultiheadAttention(8, 2, batch_first=True, normalization="sinkhorn", n_iter=201, dtype=torch.float64)
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[0, 4:] = True
+    w = mha(x, x, x, key_padding_mask=pad, average_attn_weights=False)[1]
+    s = stochasticity_summary(w, mask=~pad[:, None, None, :])
+    assert s.column_deviation < 1e-12 and s.row_deviation < 1e-12 and 0 <= s.kl < 1e-12
+    np.testing.assert_allclose(s.sorted_column_sums, np.ones(6), atol=1e-12)
+    unmasked = stochasticity_summary(w, with_kl=False)
+    assert unmasked.column_deviation == pytest.approx((4 * 0.5 + 2 * 1) / 6 / 2, abs=1e-12)
+    # By hand: every query on key 0 of 3 real keys: column sums (4, 0, 0) against 4/3.
+    collapsed = torch.zeros(4, 4, dtype=torch.float64)
+    collapsed[:, 0] = 1.0
+    s = stochasticity_summary(collapsed, with_kl=False, mask=torch.tensor([True, True, True, False]))
+    assert s.column_deviation == pytest.approx((8 / 3 + 4 / 3 + 4 / 3) / 3)
+    np.testing.assert_allclose(s.sorted_column_sums[:3], [0, 0, 3])
+    assert np.isnan(s.sorted_column_sums[3])
+    with pytest.raises(TypeError, match="mask must be a boolean"):
+        stochasticity_summary(collapsed, mask=torch.ones(4))
 
 
 def test_instability_score_restores_the_weights_and_is_reproducible():
