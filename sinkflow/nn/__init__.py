@@ -6,8 +6,9 @@ parameter names and masks) and the functional attention it runs. Start reading a
 :mod:`~sinkflow.nn.attention` (the modules). The kernels behind them: ``_fused.py`` (the flash
 passes of SoftMax and the Gaussian kernel, chosen by ``fused_preferred``), ``_fused_sinkhorn.py``
 (Sinkhorn from fused passes), ``_flash.py`` (torch's flash kernels with log-sum-exp),
-``_factored_sinkhorn.py`` (the output from the SoftMax matrix and two scalings) and
-``_torch_compat.py`` (torch's mask and layout conventions). Models, training and the papers'
+``_factored_sinkhorn.py`` (the output from the SoftMax matrix and two scalings),
+``_float_mask.py`` (how a float mask is read) and ``_torch_compat.py`` (torch's mask and layout
+conventions). Models, training and the papers'
 validations built on these layers live one floor up, in :mod:`sinkflow.studies`.
 """
 

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkflow.attention._variants import AttentionVariant, _exponential, _sinkhorn, _softmax, compute_dtype, get_attention
+from sinkflow.nn._float_mask import split_bias
 from sinkflow.nn._flash import ExpAttention, as4d, flash_with_lse, one_width
 from sinkflow.nn._fused_sinkhorn import sinkhorn_passes
 
@@ -170,14 +171,12 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variant="
     >>> bool(torch.allclose(fused_attention(q, k, v, "gaussian"), eager, atol=1e-6))
     True
     """
-    from sinkflow.nn.functional import _split_bias  # the one reading of a float mask (functional imports this module)
-
     kind = fused_kind(variant, n_iter, q.device)
     if kind is None:
         raise ValueError(f"no fused pass for {get_attention(variant).name!r} with n_iter={n_iter} on "
                          f"{q.device.type}; see fused_available")
     _check(q, k, v, allowed, bias)
-    allowed, bias = _split_bias(get_attention(variant), allowed, bias, compute_dtype(q, k))
+    allowed, bias = split_bias(get_attention(variant), allowed, bias, compute_dtype(q, k))
     return fused_output(kind, q, k, v, n_iter, allowed, bias)
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from sinkflow.attention._variants import _sinkhorn as _builtin_sinkhorn
 from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
+from sinkflow.nn._float_mask import split_bias as _split_bias
 from sinkflow.nn._fused import fused_output, fused_preferred
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 
@@ -84,33 +85,6 @@ def _scores(q, k, variant, bias=None):
         # forward and backward; same scores as dot_scores(q, k, temperature=sqrt(p)) up to rounding.
         scores = dot_scores(q32 * (1.0 / math.sqrt(p)), k32)
     return scores if bias is None else scores + bias
-
-
-def _split_bias(variant, mask, bias, dtype):
-    """An additive ``bias`` as (boolean mask, finite bias or None): its ``-inf`` entries become
-    masked entries and, except for SoftMax, so do those whose exponential underflows to 0 in
-    ``dtype``; output-only variants refuse what remains."""
-    if bias is None:
-        return mask, None
-    if not torch.is_tensor(bias) or not bias.is_floating_point():
-        raise TypeError(f"bias must be a floating-point tensor (an additive mask), got {getattr(bias, 'dtype', type(bias))}")
-    bias = bias.to(dtype)
-    softmax_like = variant.normalize is not None and variant.normalization == "row"  # torch's result: only -inf masks
-    dead = torch.isneginf(bias) if softmax_like else bias.exp() == 0
-    flags = [(torch.isnan(bias) | torch.isposinf(bias)).any(), dead.any(), ((bias != 0) & ~dead).any()]
-    bad, any_dead, kept = torch.stack(flags).tolist()  # one synchronization
-    if bad:
-        raise ValueError("bias (a float mask) must not hold NaN or +inf")
-    if any_dead:
-        mask = ~dead if mask is None else mask & ~dead
-    if not kept:
-        return mask, None
-    bias = bias.masked_fill(dead, 0.0) if any_dead else bias
-    if variant.normalize is None:
-        raise ValueError(f"normalization {variant.name!r} computes its output without a score matrix: a float mask "
-                         "may only hold 0 and -inf (or values whose exponential underflows, e.g. -1e9); "
-                         "pass a boolean mask")
-    return mask, bias
 
 
 def available_normalizations() -> tuple[str, ...]:

@@ -54,7 +54,7 @@ def step_memory(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tup
 
 #: The modules that decide what an attention's training step costs: the normalizations, the
 #: attention layers and their fused passes, and the models of the cost rows.
-ATTENTION_CODE = ("attention/*.py", "nn/functional.py", "nn/attention.py", "nn/_fused.py",
+ATTENTION_CODE = ("attention/*.py", "nn/functional.py", "nn/_float_mask.py", "nn/attention.py", "nn/_fused.py",
                   "nn/_factored_sinkhorn.py", "nn/_torch_compat.py", "studies/models.py", "studies/paper.py")
 
 
