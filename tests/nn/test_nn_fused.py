@@ -418,17 +418,18 @@ def test_cold_float32_fused_gradients_are_within_10x_of_the_eager_path(factor, s
     assert got[False] <= 10 * got[True]
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("mask_kind", MASKS)
-def test_eager_backward_of_the_fused_pass_equals_its_combined_backward(monkeypatch, mask_kind):
+def test_eager_backward_of_the_fused_pass_equals_its_combined_backward(monkeypatch, mask_kind, with_bias):
     # The backward that cold scores take (forced: a score range limit below every spread), with
-    # masks and a float mask, against the combined backward (float64).
+    # masks, with and without a float mask, against the combined backward (float64).
     import sinkflow.nn._fused_sinkhorn as fs
 
     g = torch.Generator().manual_seed(len(mask_kind))
     shape = (2, 2, 9, 7)
     mask = mask_patterns(shape, g)[mask_kind]
     q, k, v = _qkv(shape, torch.float64, g, p=4, p_v=3, scale=1.5)
-    bias = torch.randn(9, 7, generator=g, dtype=torch.float64)
+    bias = torch.randn(9, 7, generator=g, dtype=torch.float64) if with_bias else None
     w = torch.randn(*shape[:-1], 3, generator=g, dtype=torch.float64)
     combined = _grads(sinkhorn_passes(q, k, v, 3, allowed=mask, bias=bias), (q, k, v), w)
     spy = mock.Mock(wraps=fs._eager_backward)
