@@ -36,6 +36,8 @@ GAUSSIAN_NORMALIZATIONS = ("softmax", "sinkhorn")
 GAUSSIAN_SCORES = ("dot", "gaussian")
 #: Relative tolerance on the symmetry and positive semi-definiteness of an input covariance.
 COV_TOL = 1e-10
+#: A moment this many times the largest initial one (at least 1) counts as a blow-up.
+BLOW_UP = 1e12
 
 
 @dataclass(frozen=True)
@@ -249,11 +251,19 @@ def _solve(m0, S0, times, rhs, rtol, atol):
     t_end = float(times[-1])
     if t_end == 0:
         return np.broadcast_to(y0, (times.size, y0.size)).copy(), 0
-    sol = solve_ivp(rhs, (0.0, t_end), y0, method="DOP853", t_eval=times, rtol=rtol, atol=atol)
+    limit = BLOW_UP * max(float(np.abs(y0).max()), 1.0)
+
+    def blow_up(_, y):
+        return limit - np.abs(y).max()
+
+    blow_up.terminal = True
+    sol = solve_ivp(rhs, (0.0, t_end), y0, method="DOP853", t_eval=times, rtol=rtol, atol=atol, events=blow_up)
     if sol.status != 0 or not np.all(np.isfinite(sol.y)):
-        t_last = sol.t[-1] if sol.t.size else 0.0
-        raise FloatingPointError(f"the moment ODE stopped at t = {t_last:.6g} before t = {t_end:g} ({sol.message}); "
-                                 "the covariance blows up in finite time (e.g. SoftMax with W_V = I expands): "
+        t_last = float(np.asarray(sol.t)[-1]) if np.size(sol.t) else 0.0
+        if sol.status == 1:
+            t_last = float(sol.t_events[0][0])
+        raise FloatingPointError(f"the moment ODE stopped at t = {t_last:.6g} before t = {t_end:g} ({sol.message}): "
+                                 "the moments blow up in finite time (e.g. SoftMax with W_V = I expands); "
                                  "ask for earlier times")
     return sol.y.T, sol.nfev
 
