@@ -261,20 +261,21 @@ def test_bad_inputs_are_named():
 @pytest.mark.slow
 @pytest.mark.parametrize("normalization", ["softmax", "sinkhorn"])
 def test_sampling_rate_up_to_1e5_particles_with_landmarks(normalization):
-    """Landmark fields (400 Nyström landmarks, W_Q = W_K for a PSD kernel), n = 10^3 ... 10^5."""
+    """Landmark fields (200 Nyström landmarks, W_Q = W_K for a PSD kernel), n = 10^3 ... 10^5, 2 seeds."""
     ns = np.array([1_000, 10_000, 100_000])
     r = sinkflow.gaussian_moment_flow(M0, S0, [1.0], normalization=normalization, W_Q=WQ, W_K=WQ, W_V=WV,
                                       temperature=TAU)
     err = []
     for n in ns:
         e = []
-        for seed in range(3):
+        for seed in range(2):
             x0 = np.random.default_rng(seed).multivariate_normal(M0, S0, size=n)
             X = sinkflow.simulate(x0, normalization, W_Q=WQ, W_K=WQ, W_V=WV, h=0.1, steps=10, integrator="rk4",
-                                  temperature=TAU, landmarks=400, save_every=10).final
+                                  temperature=TAU, landmarks=200, save_every=10).final
             e.append(np.linalg.norm(X.mean(0) - r.means[-1]) + np.linalg.norm(np.cov(X.T, bias=True) - r.covs[-1]))
         err.append(np.sqrt(np.mean(np.square(e))))
     slope = np.polyfit(np.log(ns), np.log(err), 1)[0]
+    print(normalization, slope, err)
     assert -0.7 < slope < -0.35, (slope, err)
 
 
