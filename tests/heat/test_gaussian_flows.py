@@ -89,7 +89,7 @@ def test_sampled_particles_converge_at_the_sampling_rate(normalization):
     ns = np.array([16, 64, 256])
     err = _rms_errors(normalization, ns, seeds=8)
     slope = np.polyfit(np.log(ns), np.log(err), 1)[0]
-    assert -0.75 < slope < -0.3, (slope, err)  # measured -0.52 (SoftMax), -0.54 (Sinkhorn)
+    assert -0.75 < slope < -0.3, (slope, err)  # measured -0.52 (SoftMax), -0.52 (Sinkhorn)
 
 
 def test_isotropic_softmax_closed_form_and_its_blow_up():
@@ -209,8 +209,8 @@ def test_mean_field_flow_2d_correlated(layer):
     r = heat_layer_flow(m, S, [0.2], layer, eps)
     mu, C = _grid_moments(grid.final, [a, a])
     assert np.abs(mu - r.means[-1]).max() < 1e-5
-    assert np.abs(C - r.covs[-1]).max() < 1.5e-2  # measured 6.8e-3 (Sinkhorn): the explicit scheme's O(dx^2)
-    assert abs(C[0, 1] - r.covs[-1][0, 1]) < 1e-3  # the correlation, which the isotropic kernel's bias spares
+    assert np.abs(C - r.covs[-1]).max() < 1.5e-2  # measured 6.8e-3 (Sinkhorn), 1.2e-2: the explicit scheme's O(dx^2)
+    assert abs(C[0, 1] - r.covs[-1][0, 1]) < 1e-3  # measured 1e-4, 3e-5: the isotropic kernel's bias spares it
 
 
 def test_softmax_gaussian_scores_against_a_plain_field():
