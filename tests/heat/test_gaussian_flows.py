@@ -275,8 +275,7 @@ def test_sampling_rate_up_to_1e5_particles_with_landmarks(normalization):
             e.append(np.linalg.norm(X.mean(0) - r.means[-1]) + np.linalg.norm(np.cov(X.T, bias=True) - r.covs[-1]))
         err.append(np.sqrt(np.mean(np.square(e))))
     slope = np.polyfit(np.log(ns), np.log(err), 1)[0]
-    print(normalization, slope, err)
-    assert -0.7 < slope < -0.35, (slope, err)
+    assert -0.7 < slope < -0.35, (slope, err)  # measured -0.45 (SoftMax), -0.47 (Sinkhorn)
 
 
 @pytest.mark.slow
