@@ -130,6 +130,20 @@ def test_sinkhorn_slope_matches_pot_plan():
     np.testing.assert_allclose(v(x), barycentres @ WV.T, atol=1e-7)
 
 
+def test_sinkhorn_slope_from_the_schroedinger_system_in_sympy():
+    """1D: plan e^{-(x^2 + y^2)/(2s) + a x y - q (x^2 + y^2)/2}; the x-marginal must be N(0, s), which fixes q."""
+    sp = pytest.importorskip("sympy")
+    x, s, a, q = sp.symbols("x s a q", positive=True)
+    log_marginal = (a * x) ** 2 / (2 * (1 / s + q))  # log of int e^{-c y^2/2 + b y} dy, up to a constant: b^2 / (2c)
+    exponent = sp.expand(-(1 / s + q) * x ** 2 / 2 + log_marginal)
+    q_star = [r for r in sp.solve(sp.Eq(exponent.coeff(x, 2), -1 / (2 * s)), q) if r.subs({s: 1, a: 1}) > 0][0]
+    slope = sp.lambdify((s, a), a / (1 / s + q_star))  # E[y | x] = a x / (1/s + q)
+    for s_val, a_val in [(0.3, 0.5), (2.0, 1.7), (0.05, 10.0)]:
+        assert abs(sinkhorn_slope(np.array([[s_val]]), np.array([[a_val]]))[0, 0] - slope(s_val, a_val)) < 1e-12
+    S = np.diag([0.3, 2.0])  # isotropic A on a diagonal S: each axis is the 1D plan
+    np.testing.assert_allclose(np.diag(sinkhorn_slope(S, 0.5 * np.eye(2))), [slope(0.3, 0.5), slope(2.0, 0.5)], rtol=1e-12)
+
+
 def _multihead_field(x, w, As, Vs):
     """sum_h W_V^h (SoftMax barycentre of the weighted particles under scores x^T A_h y)."""
     out = np.zeros_like(x)
