@@ -44,7 +44,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                       "HeatFlowResult",
                       "wasserstein2", "moment_errors", "kde_l1", "fit_loglog_slope", "convergence_study",
                       "wasserstein2_to_grid",
-                      "mean_field_flow", "MeanFieldResult"),
+                      "mean_field_flow", "MeanFieldResult",
+                      "gaussian_moment_flow", "GaussianMomentFlow", "gaussian_attention_field", "AffineField"),
     # clustering on the circle and the sphere: linear theory and cluster counts
     "sinkflow.clustering": ("circle_growth_rate", "fastest_mode", "sphere_growth_rate", "count_clusters",
                             "angular_density"),

@@ -8,6 +8,7 @@ time scale, :func:`heat_reference`, the barycentric map of a density);
 how far a landmark flow strays from the exact one; ``_mean_field.py`` the mean-field PDE
 between particles and heat (:func:`mean_field_flow`, its velocity on a grid in
 ``_grid_fields.py``, on the circle in ``_circle_field.py``, its semi-Lagrangian step in ``_remap.py``;
+``_gaussian_flows.py`` its closed form for a Gaussian (:func:`gaussian_moment_flow`, the moment ODE);
 the linear theory of clustering on the circle and the sphere is one floor up, in :mod:`sinkflow.clustering`);
 :mod:`sinkflow.heat.symbolic` the sympy
 derivations used as test oracles (loaded on its own: it imports sympy).
@@ -39,6 +40,9 @@ from sinkflow.heat._grid_fields import (
 from sinkflow.heat._mean_field import (
     mean_field_flow, MeanFieldResult, EUCLIDEAN_NORMALIZATIONS, MANIFOLDS, flux_divergence, CFL,
 )
+from sinkflow.heat._gaussian_flows import (
+    GAUSSIAN_NORMALIZATIONS, AffineField, GaussianMomentFlow, gaussian_attention_field, gaussian_moment_flow,
+)
 from sinkflow.heat._circle_field import (
     CIRCLE_NORMALIZATIONS, CircleVelocity, circle_field, uniform_angles, STEP,
 )
@@ -52,5 +56,6 @@ __all__ = [
     "nystrom_spectral_error", "heat_variance_errors", "symmetric_sinkhorn_scaling", "default_tol",
     "separable_apply", "EuclideanVelocity", "mean_field_flow", "MeanFieldResult", "EUCLIDEAN_NORMALIZATIONS",
     "MANIFOLDS", "flux_divergence", "CFL", "CIRCLE_NORMALIZATIONS", "CircleVelocity", "circle_field",
-    "uniform_angles", "STEP",
+    "uniform_angles", "STEP", "GAUSSIAN_NORMALIZATIONS", "AffineField", "GaussianMomentFlow",
+    "gaussian_attention_field", "gaussian_moment_flow",
 ]
