@@ -17,7 +17,7 @@ import torch
 from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free, re-exported here)
 
 __all__ = ["to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
-           "compute_dtype", "lift_half", "exp_floor", "torch_threads"]
+           "compiling", "require", "compute_dtype", "lift_half", "exp_floor", "torch_threads"]
 
 
 @contextlib.contextmanager
@@ -100,11 +100,36 @@ def lift_half(*tensors):
                  for t in tensors)
 
 
+def compiling() -> bool:
+    """Whether torch.compile is tracing: a Python branch on tensor data would break its graph."""
+    return torch.compiler.is_compiling()
+
+
+def require(ok: torch.Tensor, error: type[Exception], message: str) -> None:
+    """Raise ``error(message)`` unless the boolean tensor ``ok`` is True.
+
+    Eager: one synchronization and the given exception. Under torch.compile: an assertion op in
+    the graph (``torch._assert_async``, a RuntimeError with the same message), so the check
+    stays and the graph does not break.
+    """
+    if compiling():
+        torch._assert_async(ok, message)
+    elif not bool(ok):
+        raise error(message)
+
+
 def check_finite(x: torch.Tensor, name: str, hint: str = "") -> None:
+    """ValueError naming ``name`` when ``x`` holds NaN or inf (an assertion op under torch.compile)."""
+    if x.numel() == 0:
+        return
+    if compiling():
+        message = f"{name} has non-finite entries (NaN or inf)" + (f"; {hint}" if hint else "")
+        require(torch.isfinite(x).all(), ValueError, message)
+        return
     # Fast path: one reduction (isfinite(x).all() was 50x slower than a sum on CPU). A NaN or
     # inf anywhere makes the sum non-finite; a sum that merely overflows falls through to the
     # exact check below and passes.
-    if x.numel() == 0 or bool(torch.isfinite(x.sum())):
+    if bool(torch.isfinite(x.sum())):
         return
     if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, from_torch, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, from_torch, require, to_torch
 
 __all__ = ["iterative_inverse", "newton_schulz_pinv"]
 
@@ -66,8 +66,8 @@ def _iterative_inverse(a, n_iter, gamma, init="official"):
         raise ValueError(f"init must be one of {_INITS}, got {init!r}")
     r = a + gamma * _eye_like(a)
     d = r.sum(-1)
-    if not bool((d > 0).all()):
-        raise ValueError("iterative_inverse needs positive row sums of M + gamma I (a kernel block with gamma > 0)")
+    require((d > 0).all(), ValueError,
+            "iterative_inverse needs positive row sums of M + gamma I (a kernel block with gamma > 0)")
     s = d.rsqrt()
     Z = _newton_schulz(s[..., :, None] * r * s[..., None, :], n_iter, init)
     return s[..., :, None] * Z * s[..., None, :]

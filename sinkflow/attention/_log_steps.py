@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import torch
 
-from sinkflow._backend import exp_floor
+from sinkflow._backend import compiling, exp_floor
 
 __all__ = []
 
@@ -41,7 +41,7 @@ def _row_softmax(T, mask):
 
 
 def _row_step_log(C, scale, g, mask):
-    if scale == 1.0 and not bool(g.detach().any()):
+    if scale == 1.0 and not compiling() and not bool(g.detach().any()):  # (a sync: not under torch.compile)
         return _row_softmax(C, mask)  # cold start: SoftMax of the scores, no shifted copy
     T = torch.add(g[..., None, :], C, alpha=scale) if scale != 1.0 else C + g[..., None, :]
     return _row_softmax(T, mask)

@@ -59,7 +59,7 @@ import warnings
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, compiling, from_torch, leading, to_torch
 from sinkflow._checks import check_numpy_float
 from sinkflow.attention._result import SinkhornWarning, SinkhornResult
 from sinkflow.attention._tolerances import _compute_dtype, _resolve_tolerance
@@ -148,9 +148,9 @@ def _exclude_empty_lines(mask, a, b):
     column step cannot take that mass back (its factor ``b_j / c_j`` is kept at 1 where
     ``b_j = 0``). Excluded like a masked line, it is absent from every step (log-domain,
     multiplicative, Newton, epsilon-scaling schedule) and from the gradients. One sync when
-    no weight is zero.
+    no weight is zero (none under torch.compile: the lines of weight 0 are then always excluded).
     """
-    if bool(torch.minimum(a.amin(), b.amin()) > 0):
+    if not compiling() and bool(torch.minimum(a.amin(), b.amin()) > 0):  # under torch.compile: no branch
         return mask
     keep = (a > 0)[..., :, None] & (b > 0)[..., None, :]
     return keep if mask is None else mask & keep

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import HALF_DTYPES, check_float, check_number, from_torch, lift_half, to_torch
+from sinkflow._backend import HALF_DTYPES, check_float, check_number, from_torch, lift_half, require, to_torch
 from sinkflow.attention._normalizations import softmax
 from sinkflow.attention._scores import dot_scores
 from sinkflow.attention._inverses import _newton_schulz, _check_iter, _check_gamma, _pinv_rtol, _core, _check_inverse
@@ -109,7 +109,8 @@ def sample_landmarks(n_points: int, m: int, *, replace: bool = True, generator=N
 
 def _landmark_indices(landmarks, n_points, batch_shape, device, replace, generator):
     """Indices (torch int64 on ``device``) from a count (sampled) or given indices (validated)."""
-    if not isinstance(landmarks, (list, tuple, np.ndarray, torch.Tensor)) or np.ndim(landmarks) == 0:
+    count = landmarks.ndim == 0 if isinstance(landmarks, torch.Tensor) else np.ndim(landmarks) == 0
+    if count or not isinstance(landmarks, (list, tuple, np.ndarray, torch.Tensor)):
         return sample_landmarks(n_points, landmarks, replace=replace, generator=generator,
                                 batch_shape=batch_shape, device=device)
     idx = to_torch(landmarks, "landmarks").to(device)
@@ -118,12 +119,10 @@ def _landmark_indices(landmarks, n_points, batch_shape, device, replace, generat
     idx = idx.long()
     if idx.ndim < 1 or idx.shape[-1] < 1:
         raise ValueError(f"need at least one landmark index, got shape {tuple(idx.shape)}")
-    if bool((idx < 0).any()) or bool((idx >= n_points).any()):
-        raise ValueError(f"landmark indices must lie in [0, {n_points}), got range [{int(idx.min())}, {int(idx.max())}]")
+    require(((idx >= 0) & (idx < n_points)).all(), ValueError, f"landmark indices must lie in [0, {n_points})")
     if not replace and idx.shape[-1] > 1:
         s = idx.sort(dim=-1).values
-        if bool((s[..., 1:] == s[..., :-1]).any()):
-            raise ValueError("landmark indices repeat but replace=False was asked")
+        require((s[..., 1:] != s[..., :-1]).all(), ValueError, "landmark indices repeat but replace=False was asked")
     return idx
 
 
@@ -319,7 +318,8 @@ def segment_means(X, m: int):
         raise ValueError(f"cannot form {m} segment means from {n} tokens")
     seg = torch.arange(n, device=x.device) * m // n
     sums = torch.zeros(*x.shape[:-2], m, x.shape[-1], dtype=x.dtype, device=x.device).index_add_(-2, seg, x)
-    counts = torch.bincount(seg, minlength=m).to(x.dtype)
+    starts = (torch.arange(m + 1, device=x.device) * n + m - 1) // m  # first token of each segment: ceil(s n / m)
+    counts = (starts[1:] - starts[:-1]).to(x.dtype)
     return from_torch(sums / counts[:, None], numpy_out)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import torch
 
+from sinkflow._backend import compiling
 from sinkflow.attention._kernel_sinkhorn import _max_over_batch, _Monitor, iterate_kernel
 from sinkflow.attention._log_steps import _col_step_log, _flush_limits, _row_step_log
 
@@ -44,7 +45,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
     budget left (see ``sinkflow.attention._predicted_steps``), so that the caller can
     switch to Newton steps or stop instead of spinning.
     """
-    if inplace and P0 is None and trace is None and _KERNEL_DOMAIN:
+    if inplace and P0 is None and trace is None and _KERNEL_DOMAIN and not compiling():  # (its checks sync)
         return iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patience)
     limits = _flush_limits(C)
     active_rows, active_cols = a > 0, b > 0
@@ -90,6 +91,8 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
 
 def _needs_log(sums, active, df, dg, limits) -> bool:
     """One sync: is the smallest active line sum unsafe, or have flushed entries grown too much?"""
+    if compiling():  # no sync under torch.compile: every step in the log domain
+        return True
     checks = torch.stack([
         torch.where(active, sums, torch.full_like(sums, math.inf)).amin().detach(),
         (df.amax() + dg.amax()).detach(),
@@ -188,7 +191,7 @@ def _final_error(P, a, b):
 
 def _fixed_iterations(C, f, g, a, b, mask, n_iter, state, inplace, record):
     """Exactly ``n_iter`` half-iterations; under autograd with a hand-written backward."""
-    if inplace or n_iter == 1:
+    if inplace or n_iter == 1 or compiling():  # torch.compile: plain autograd through log-domain steps
         P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, n_iter, None, state, inplace, record)
         return P, f, g, state
     # Differentiable: the first (SoftMax) step by autograd, the rest hand-differentiated.

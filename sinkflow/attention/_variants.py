@@ -33,6 +33,7 @@ from typing import Callable
 
 import torch
 
+from sinkflow._backend import compiling, require
 from sinkflow.attention._normalizations import softmax, solve_sinkhorn
 from sinkflow.attention._nystrom import nystrom_attention, nystromformer_attention
 
@@ -114,15 +115,22 @@ def _padding_masks(mask, n, m):
     mask = torch.broadcast_to(mask, torch.broadcast_shapes(mask.shape, (n, m)))
     keys = mask.any(-2, keepdim=True)  # (..., 1, m)
     queries = mask.any(-1, keepdim=True)  # (..., n, 1)
-    if not bool(torch.equal(mask, queries & keys)):
-        raise NotImplementedError("Nyström attention supports key/query padding masks only (no causal or per-pair masks)")
+    require((mask == (queries & keys)).all(), NotImplementedError, "Nyström attention supports key/query padding masks only (no causal or per-pair masks)")
     return queries, keys
 
 
-def _landmark_generator(device):
-    """A generator seeded from torch's global RNG, so torch.manual_seed makes landmarks reproducible."""
-    seed = int(torch.randint(0, 2**62, (1,)))
-    return torch.Generator(device=device).manual_seed(seed)
+def _landmarks(q, k, m):
+    """Skyformer's ``m`` landmark indices per head, drawn from torch's global RNG (torch.manual_seed reproduces them).
+
+    Eager: through a generator seeded from it; under torch.compile (no generator objects
+    there, no reading a seed back), from it directly.
+    """
+    size = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (m,)
+    points = q.shape[-2] + k.shape[-2]
+    if compiling():
+        return torch.randint(0, points, size, device=q.device)
+    generator = torch.Generator(device=q.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+    return torch.randint(0, points, size, generator=generator, device=q.device)
 
 
 def _skyformer_heads(q, k, v, mask, n_iter, landmarks):
@@ -134,7 +142,7 @@ def _skyformer_heads(q, k, v, mask, n_iter, landmarks):
         if keys is not None:  # the kernel is not normalized: removing a key = zeroing its value
             v32 = v32 * keys.transpose(-1, -2).to(dtype)
         m = min(int(landmarks), q.shape[-2] + k.shape[-2])
-        out = nystrom_attention(q32, k32, v32, m, inverse="iterative", generator=_landmark_generator(q.device))
+        out = nystrom_attention(q32, k32, v32, _landmarks(q32, k32, m), inverse="iterative")
         if queries is not None:
             out = out * queries.to(dtype)
     return out
@@ -145,8 +153,9 @@ def _nystromformer_heads(q, k, v, mask, n_iter, landmarks):
     dtype = compute_dtype(q, k, v)
     with torch.autocast(device_type=q.device.type, enabled=False):
         queries, keys = _padding_masks(mask, q.shape[-2], k.shape[-2])
-        if keys is not None and not bool(keys.all()):
-            raise NotImplementedError("Nyströmformer's segment means cannot exclude padded keys; use 'skyformer' or exact attention")
+        if keys is not None:
+            require(keys.all(), NotImplementedError,
+                    "Nyströmformer's segment means cannot exclude padded keys; use 'skyformer' or exact attention")
         m = min(int(landmarks), q.shape[-2], k.shape[-2])
         out = nystromformer_attention(q.to(dtype), k.to(dtype), v.to(dtype), m, inverse="iterative")
         if queries is not None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from torch.autograd.function import once_differentiable
 
+from sinkflow._backend import compiling
 from sinkflow.attention._log_steps import _masked_softmax
 
 from sinkflow.attention._normalizations import sinkhorn, softmax
@@ -218,7 +219,8 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
     The factored path runs for float32/float64 scores (any boolean mask) with ``n_iter >= 2``
     whose admissible line sums stay in range, and then never forms the matrix when
     ``values`` are given; ``n_iter = 1`` is SoftMax; otherwise (underflow, non-finite
-    scores) the solver runs.
+    scores) the solver runs, and so it does under torch.compile (the range check is a
+    branch on data, which would break the graph).
 
     A ``-inf`` score means a masked entry, torch's convention (``torch.softmax``,
     ``scaled_dot_product_attention``), for every ``n_iter`` and dtype: its SoftMax weight is 0
@@ -231,7 +233,7 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
         raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
-    if n_iter > 1 and scores.dtype in (torch.float32, torch.float64):
+    if n_iter > 1 and scores.dtype in (torch.float32, torch.float64) and not compiling():  # its range check syncs
         try:  # an isolated -inf is a zero of the SoftMax, as a masked entry; a line of them fails the range check
             return _FactoredSinkhorn.apply(scores, values, int(n_iter), mask)
         except _OutOfRange:

@@ -14,9 +14,6 @@ import torch.nn.functional as F
 
 def check_shapes(mha, query, key, value, key_padding_mask, attn_mask, query_padding_mask) -> bool:
     """Refuse what torch refuses (with the expected shape); True for batched (3-D) inputs."""
-    if any(t.is_nested for t in (query, key, value)):
-        raise ValueError("sinkflow.nn.MultiheadAttention does not take NestedTensors (torch.nn.TransformerEncoder "
-                         "builds them in eval mode from a key padding mask: construct it with enable_nested_tensor=False)")
     if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
         raise ValueError(f"query, key and value must be all 3-D (batched) or all 2-D (unbatched), got "
                          f"{query.dim()}-D, {key.dim()}-D and {value.dim()}-D")
@@ -43,24 +40,59 @@ def check_shapes(mha, query, key, value, key_padding_mask, attn_mask, query_padd
     return batched
 
 
+def nested_forward(mha, query, key, value, key_padding_mask, query_padding_mask, **kwargs):
+    """The module on NestedTensors (what ``torch.nn.TransformerEncoder`` passes in eval mode with a padding mask).
+
+    The sequences are padded, their padding becomes ``key_padding_mask`` and
+    ``query_padding_mask`` (a token that is not there takes no part, also in Sinkhorn's
+    column constraint), and the output is nested again: each sequence's result is that of
+    the sequence alone. Weights, when asked for, are padded ``(batch, ..., n_max, m_max)``.
+    """
+    if not all(t.is_nested for t in (query, key, value)):
+        raise ValueError("query, key and value must be all NestedTensors or all regular tensors")
+    if not mha.batch_first:
+        raise ValueError("NestedTensor inputs need batch_first=True (each sequence is one entry of the batch)")
+    if key_padding_mask is not None or query_padding_mask is not None:
+        raise ValueError("NestedTensor inputs carry their own padding: pass no key_padding_mask or query_padding_mask")
+    padded = {}
+    for t in (query, key, value):
+        padded.setdefault(id(t), torch.nested.to_padded_tensor(t, 0.0))
+    q, k, v = padded[id(query)], padded[id(key)], padded[id(value)]
+    lengths = [torch.tensor([s.shape[0] for s in t.unbind()], device=q.device) for t in (query, key)]
+    pads = [torch.arange(p.shape[1], device=q.device) >= n[:, None] for p, n in zip((q, k), lengths)]
+    out, weights = mha(q, k, v, key_padding_mask=pads[1], query_padding_mask=pads[0], **kwargs)
+    out = torch.nested.as_nested_tensor([o[:n] for o, n in zip(out, lengths[0].tolist())], layout=query.layout)
+    return out, weights
+
+
 def to_batch_first(query, key, value, batched: bool, batch_first: bool):
-    """``(batch, seq, feature)`` views of the inputs."""
-    if not batched:
-        return query[None], key[None], value[None]
-    return (query, key, value) if batch_first else (query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1))
+    """``(batch, seq, feature)`` views of the inputs; an input passed twice stays one object."""
+    def layout(t):
+        return t[None] if not batched else t if batch_first else t.transpose(0, 1)
+
+    q = layout(query)
+    k = q if key is query else layout(key)
+    v = k if value is key else q if value is query else layout(value)
+    return q, k, v
 
 
 def in_projection(mha, query, key, value):
-    """q, k, v from torch's parameter layout.
+    """q, k, v from torch's parameter layout, as torch computes them.
 
-    Three products with the blocks of ``in_proj_weight``, also for self-attention where torch
-    makes one packed product: autograd then keeps separate q, k, v storages (Sinkhorn's
-    backward keeps ``v``, and a view of a packed output would keep all three alive).
+    Self-attention (one tensor for query, key and value) is one product with
+    ``in_proj_weight`` split in three; a key that is also the value, one product for both:
+    autograd then saves the input once, as torch does (three products saved it three times).
     """
-    bias = mha.in_proj_bias
+    w, bias = mha.in_proj_weight, mha.in_proj_bias
+    if mha._qkv_same_embed_dim and query is key and key is value:
+        return F.linear(query, w, bias).chunk(3, -1)
     b_q, b_k, b_v = (None, None, None) if bias is None else bias.chunk(3)
     if mha._qkv_same_embed_dim:
-        w_q, w_k, w_v = mha.in_proj_weight.chunk(3)
+        w_q, w_k, w_v = w.chunk(3)
+        if key is value:
+            e = mha.embed_dim
+            k, v = F.linear(key, w[e:], None if bias is None else bias[e:]).chunk(2, -1)
+            return F.linear(query, w_q, b_q), k, v
     else:
         w_q, w_k, w_v = mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight
     return F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)

@@ -55,12 +55,28 @@ from sinkflow.nn._torch_compat import (
     check_shapes,
     combined_masks,
     in_projection,
+    nested_forward,
     to_batch_first,
     upgrade_state_dict,
 )
-from sinkflow.nn.functional import _model_variant, scaled_attention
+from sinkflow.nn.functional import _model_variant, check_inputs, scaled_attention
 
 __all__ = ["AttentionKernel", "MultiheadAttention"]
+
+
+_NOT_SCRIPTABLE = (
+    "sinkflow.nn.MultiheadAttention cannot be compiled by torch.jit.script: its normalizations are Python "
+    "callables looked up in a registry at run time (user-registered ones included), which TorchScript cannot "
+    "type. Use torch.compile(model) instead (fullgraph=True works), or torch.jit.trace for a fixed input shape.")
+
+
+def check_dropout(value) -> float:
+    """``value`` as a dropout probability in [0, 1) (TypeError for a non-number, ValueError outside)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"dropout must be a number in [0, 1), got {type(value).__name__}")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {value}")
+    return float(value)
 
 
 class AttentionKernel(nn.Module):
@@ -110,13 +126,11 @@ class AttentionKernel(nn.Module):
             raise TypeError(f"n_iter must be an integer (Sinkhorn half-iterations), got {n_iter!r}")
         if n_iter < 1:
             raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if isinstance(landmarks, bool) or not isinstance(landmarks, int) or landmarks < 1:
             raise ValueError(f"landmarks must be a positive integer, got {landmarks!r}")
         self.normalization = normalization
         self.n_iter = n_iter
-        self.dropout = dropout
+        self.dropout = check_dropout(dropout)
         self.landmarks = landmarks
 
     def forward(self, q, k, v, mask=None, need_weights: bool = True, bias=None):
@@ -195,8 +209,16 @@ class MultiheadAttention(nn.Module):
     The returned weights are those before dropout (torch returns them after dropout in
     training mode). Inside ``torch.nn.TransformerEncoderLayer`` (``layer.self_attn = ...``)
     torch's fused eval-mode path, which would compute torch's SoftMax attention from the
-    weights, is disabled by a forward pre-hook this module registers; NestedTensor inputs
-    are refused.
+    weights, is disabled by a forward pre-hook this module registers. NestedTensor inputs
+    (what ``torch.nn.TransformerEncoder`` passes in eval mode with a padding mask,
+    ``batch_first=True``) are padded and their padding masks both keys and queries: each
+    sequence's output is that of the sequence alone (for SoftMax, torch's padded result; for
+    Sinkhorn, padded tokens also leave the column constraint), returned nested.
+
+    Inputs holding NaN or inf are refused (ValueError naming ``query``, ``key`` or ``value``),
+    on every path. ``torch.compile(module, fullgraph=True)`` traces every normalization in one
+    graph (the checks become assertions in it); ``torch.jit.script`` is refused with the
+    reason (TypeError). ``merge_masks`` is torch's.
 
     Examples
     --------
@@ -286,6 +308,32 @@ class MultiheadAttention(nn.Module):
     def dropout(self) -> float:
         return self.kernel.dropout
 
+    @dropout.setter
+    def dropout(self, value: float) -> None:
+        self.kernel.dropout = check_dropout(value)
+
+    def merge_masks(self, attn_mask, key_padding_mask, query):
+        """torch's ``merge_masks``: ``(mask, mask_type)`` from torch-convention masks.
+
+        Only ``key_padding_mask`` (batch, seq): itself, type 1. With ``attn_mask`` ((seq, seq)
+        or (batch * heads, seq, seq)), for a batched ``query`` (batch, seq, embed_dim): the mask
+        expanded to (batch, heads, seq, seq), plus (boolean: or) the expanded key padding mask,
+        type 2. Neither: ``(None, None)``.
+        """
+        merged, kind = (key_padding_mask, 1) if key_padding_mask is not None else (None, None)
+        if attn_mask is None:
+            return merged, kind
+        b, n = query.shape[0], query.shape[1]
+        merged = (attn_mask.view(b, -1, n, n) if attn_mask.dim() == 3
+                  else attn_mask.view(1, 1, n, n).expand(b, self.num_heads, -1, -1))
+        if key_padding_mask is not None:
+            merged = merged + key_padding_mask.view(b, 1, 1, n).expand(-1, self.num_heads, -1, -1)
+        return merged, 2
+
+    def __prepare_scriptable__(self):
+        """Called by ``torch.jit.script`` (also on a model holding this module): refuse with the reason."""
+        raise TypeError(_NOT_SCRIPTABLE)
+
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.reshape(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
@@ -301,6 +349,10 @@ class MultiheadAttention(nn.Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
                 average_attn_weights: bool = True, is_causal: bool = False, query_padding_mask=None):
+        if query.is_nested or key.is_nested or value.is_nested:
+            return nested_forward(self, query, key, value, key_padding_mask, query_padding_mask, need_weights=need_weights,
+                                  attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+        check_inputs((query, key, value), ("query", "key", "value"))
         batched = check_shapes(self, query, key, value, key_padding_mask, attn_mask, query_padding_mask)
         query, key, value = to_batch_first(query, key, value, batched, self.batch_first)
         if not batched:

@@ -14,6 +14,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from sinkflow._backend import check_finite, compiling
+
 from sinkflow.attention._variants import _sinkhorn as _builtin_sinkhorn
 from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
@@ -132,6 +134,13 @@ def _empty_attention(q, k, v, need_weights):
     return (K @ v.to(dtype)).to(v.dtype), (K if need_weights else None)
 
 
+def check_inputs(tensors, names) -> None:
+    """ValueError naming the first input that holds NaN or inf, on every path (each tensor checked once)."""
+    for i, (t, name) in enumerate(zip(tensors, names)):
+        if not any(t is u for u in tensors[:i]):
+            check_finite(t.detach(), name)
+
+
 def _model_variant(name):
     try:
         return get_attention(name)
@@ -171,6 +180,9 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     backward declines cold scores (float32: a spread of the scores past 300, where it would
     lose up to three digits) and recomputes this eager path's gradients instead.
 
+    ``q``, ``k`` or ``v`` holding NaN or inf is refused on every path (ValueError naming it;
+    under torch.compile an assertion in the graph, a RuntimeError with the same message).
+
     Examples
     --------
     >>> import torch
@@ -187,6 +199,7 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     (0.0, True)
     """
     variant = _model_variant(normalization)
+    check_inputs((q, k, v), ("q", "k", "v"))
     mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
     if q.shape[-2] == 0 or k.shape[-2] == 0:
         return _empty_attention(q, k, v, need_weights and variant.normalize is not None)
@@ -194,6 +207,8 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
         return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
     fusable = not need_weights and not (dropout > 0 and training) and (bias is None or not bias.requires_grad)
     kind = fused_preferred(variant, n_iter, q, k) if fusable else None  # a learned float mask: eager (its gradient)
+    if kind == "sinkhorn" and compiling():  # its backward picks its method from the data: the log-domain steps
+        kind = None
     if kind is not None:
         return fused_output(kind, q, k, v, n_iter, allowed=mask, bias=bias), None  # no n x m matrix
     if not need_weights and variant.normalize is _builtin_sinkhorn and not (dropout > 0 and training):

@@ -362,23 +362,44 @@ def test_torchs_encoder_layer_fast_path_does_not_replace_the_normalization(norm_
     assert (fast - softmax_out).abs().max() > 1e-2
 
 
-@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
-def test_torchs_encoder_runs_it_in_eval_mode_without_nested_tensors_and_says_why_with_them():
+def _encoder(normalization, nested):
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True)
-    x = torch.randn(2, 7, 16)
-    pad = torch.tensor([[False] * 7, [False] * 5 + [True] * 2])
-    for nested in (False, True):
-        encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
-        for block in encoder.layers:
-            block.self_attn = MultiheadAttention(16, 4, batch_first=True, normalization="sinkhorn", n_iter=3)
-        eager = encoder.train()(x, src_key_padding_mask=pad).detach()
-        with torch.no_grad():
-            if nested:  # torch packs the padded batch into a NestedTensor: refused with the fix
-                with pytest.raises(ValueError, match="enable_nested_tensor=False"):
-                    encoder.eval()(x, src_key_padding_mask=pad)
-            else:
-                torch.testing.assert_close(encoder.eval()(x, src_key_padding_mask=pad), eager, rtol=0, atol=1e-6)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
+    for block in encoder.layers:
+        block.self_attn = MultiheadAttention(16, 4, batch_first=True, normalization=normalization, n_iter=3)
+    return encoder.eval()
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+@pytest.mark.parametrize("normalization", ["softmax", "sinkhorn", "gaussian"])
+def test_torchs_encoder_with_nested_tensors_gives_each_sequence_its_result_alone(normalization):
+    """torch's defaults (enable_nested_tensor=True), eval, no_grad, a padding mask: the layers get
+    NestedTensors. Oracle: each sequence through the encoder alone, unpadded; for SoftMax also
+    torch's padded path (without nested tensors). Padded positions come back 0, as from torch."""
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1))
+    lengths = [7, 4, 2]
+    pad = torch.arange(7)[None] >= torch.tensor(lengths)[:, None]
+    encoder = _encoder(normalization, nested=True)
+    with torch.no_grad():
+        out = encoder(x, src_key_padding_mask=pad)
+        for i, n in enumerate(lengths):
+            torch.testing.assert_close(out[i, :n], encoder(x[i:i + 1, :n])[0], rtol=1e-5, atol=1e-6)
+        assert not out[pad].any()
+        if normalization == "softmax":
+            padded = _encoder(normalization, nested=False)(x, src_key_padding_mask=pad)
+            torch.testing.assert_close(out[~pad], padded[~pad], rtol=1e-5, atol=1e-6)
+
+
+def test_nested_inputs_that_cannot_be_read_are_refused():
+    mha = MultiheadAttention(8, 2, batch_first=True)
+    nested = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(2, 8)])
+    with pytest.raises(ValueError, match="all NestedTensors"):
+        mha(nested, torch.randn(2, 3, 8), torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match="carry their own padding"):
+        mha(nested, nested, nested, key_padding_mask=torch.zeros(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="batch_first=True"):
+        MultiheadAttention(8, 2)(nested, nested, nested)
 
 
 def test_a_learned_float_mask_gets_torchs_gradient_and_sinkhorns_passes_gradcheck():
