@@ -21,7 +21,16 @@ def _eye_like(a):
     return torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
 
 
-def _newton_schulz(S, n_iter, init="norms"):
+_SCALES = ("head", "batch")
+
+
+def _check_scale(scale_over):
+    if scale_over not in _SCALES:
+        raise ValueError(f"init_scale must be one of {_SCALES}, got {scale_over!r}")
+    return scale_over
+
+
+def _newton_schulz(S, n_iter, init="norms", scale_over="head"):
     r"""Cubic Newton–Schulz iteration :math:`Z \leftarrow \tfrac14 Z(13 I - SZ(15 I - SZ(7 I - SZ)))`.
 
     ``init="norms"`` starts at :math:`Z_0 = S^T / (\|S\|_1 \|S\|_\infty)`, which makes every
@@ -29,9 +38,13 @@ def _newton_schulz(S, n_iter, init="norms"):
     ``init="official"`` at :math:`Z_0 = S^T / \|S\|_1` (Skyformer's start, for the scaled
     symmetric blocks of :func:`iterative_inverse`, whose spectrum lies in (0, 1]). The
     residual :math:`r = 1 - x` of each eigenvalue then maps to :math:`r^3 (3 + r) / 4`.
+    ``scale_over="batch"`` takes each norm's maximum over every matrix of the batch at once
+    (Nyströmformer's code) instead of per matrix.
     """
-    norm1 = S.abs().sum(-2).amax(-1)
-    scale = norm1 if init == "official" else norm1 * S.abs().sum(-1).amax(-1)
+    norm1, norm_inf = S.abs().sum(-2).amax(-1), S.abs().sum(-1).amax(-1)
+    if scale_over == "batch":
+        norm1, norm_inf = norm1.amax(), norm_inf.amax()
+    scale = norm1 if init == "official" else norm1 * norm_inf
     Z = S.transpose(-1, -2) / scale[..., None, None]
     eye = _eye_like(S)
     for _ in range(n_iter):

@@ -38,7 +38,7 @@ import torch
 from sinkflow._backend import HALF_DTYPES, check_float, check_number, from_torch, lift_half, require, to_torch
 from sinkflow.attention._normalizations import softmax
 from sinkflow.attention._scores import dot_scores
-from sinkflow.attention._inverses import _newton_schulz, _check_iter, _check_gamma, _pinv_rtol, _core, _check_inverse
+from sinkflow.attention._inverses import _newton_schulz, _check_scale, _check_iter, _check_gamma, _pinv_rtol, _core, _check_inverse
 from sinkflow.attention._kernelized import _check_pair, _check_values, _kernel, _stack
 
 __all__ = ["sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block"]
@@ -323,8 +323,9 @@ def segment_means(X, m: int):
     return from_torch(sums / counts[:, None], numpy_out)
 
 
-def _nystromformer_torch(q, k, m, inverse, n_iter):
+def _nystromformer_torch(q, k, m, inverse, n_iter, init_scale="head"):
     _check_inverse(inverse)
+    _check_scale(init_scale)
     m = _as_count(m)
     tau = math.sqrt(q.shape[-1])
     if m >= min(q.shape[-2], k.shape[-2]):
@@ -337,11 +338,12 @@ def _nystromformer_torch(q, k, m, inverse, n_iter):
     left = softmax(dot_scores(q, km, temperature=tau))
     block = softmax(dot_scores(qm, km, temperature=tau))
     right = softmax(dot_scores(qm, k, temperature=tau))
-    core = torch.linalg.pinv(block, rtol=_pinv_rtol(block.dtype)) if inverse == "pinv" else _newton_schulz(block, n_iter)
+    core = torch.linalg.pinv(block, rtol=_pinv_rtol(block.dtype)) if inverse == "pinv" else _newton_schulz(block, n_iter, "norms", init_scale)
     return left, core, right
 
 
-def nystromformer_factors(Q, K, landmarks: int, *, inverse: str = "iterative", n_iter: int = 6) -> NystromFactors:
+def nystromformer_factors(Q, K, landmarks: int, *, inverse: str = "iterative", n_iter: int = 6,
+                          init_scale: str = "head") -> NystromFactors:
     r"""Nyströmformer's factors of SoftMax attention, :math:`F\, W\, B` (Xiong et al. 2021).
 
     :math:`\tilde Q, \tilde K` are segment means (:func:`segment_means`),
@@ -350,6 +352,12 @@ def nystromformer_factors(Q, K, landmarks: int, *, inverse: str = "iterative", n
     of :func:`newton_schulz_pinv`, or the exact ``"pinv"``). With ``landmarks`` at least the
     sequence length the factors are exact SoftMax (``F = softmax(Q K^T / sqrt p)``,
     ``W = B = I``), as in the official code.
+
+    ``init_scale``: the iterative inverse starts at :math:`Z_0 = S^T / (\|S\|_1 \|S\|_\infty)`;
+    ``"head"`` (default) takes the two norms per landmark block, so each head and batch entry
+    is computed as it would be alone, whatever else is in the batch; ``"batch"`` takes their
+    maxima over all blocks at once, as Nyströmformer's official code does (then a head's
+    result depends on the other heads and sequences of the batch: up to 0.37 relative).
 
     Examples
     --------
@@ -360,7 +368,7 @@ def nystromformer_factors(Q, K, landmarks: int, *, inverse: str = "iterative", n
     True
     """
     q, k, numpy_out = _check_pair(Q, K)
-    left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter))
+    left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), init_scale)
     return NystromFactors(*(from_torch(t, numpy_out) for t in (left, core, right)), None, inverse)
 
 
@@ -376,8 +384,11 @@ def nystromformer_matrix(Q, K, landmarks: int, **kwargs):
     return nystromformer_factors(Q, K, landmarks, **kwargs).matrix()
 
 
-def nystromformer_attention(Q, K, V, landmarks: int, *, inverse: str = "iterative", n_iter: int = 6):
+def nystromformer_attention(Q, K, V, landmarks: int, *, inverse: str = "iterative", n_iter: int = 6,
+                            init_scale: str = "head"):
     r"""Nyströmformer attention :math:`F (W (B V))` approximating :math:`\mathrm{softmax}(QK^T/\sqrt p) V`.
+
+    Keywords as :func:`nystromformer_factors` (``init_scale="batch"``: the official code's start).
 
     Examples
     --------
@@ -388,7 +399,7 @@ def nystromformer_attention(Q, K, V, landmarks: int, *, inverse: str = "iterativ
     """
     q, k, numpy_out = _check_pair(Q, K, V=V)
     v = _check_values(V, k)
-    left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter))
+    left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), init_scale)
     if core is right:  # the exact case (landmarks >= tokens): both factors are the identity
         return from_torch(left @ v, numpy_out)
     return from_torch(left @ (core @ (right @ v)), numpy_out)

@@ -67,7 +67,7 @@ __all__ = ["AttentionKernel", "MultiheadAttention"]
 _NOT_SCRIPTABLE = (
     "sinkflow.nn.MultiheadAttention cannot be compiled by torch.jit.script: its normalizations are Python "
     "callables looked up in a registry at run time (user-registered ones included), which TorchScript cannot "
-    "type. Use torch.compile(model) instead (fullgraph=True works), or torch.jit.trace for a fixed input shape.")
+    "type. Use torch.compile(model) instead (fullgraph=True works; TorchScript is deprecated in torch).")
 
 
 def check_dropout(value) -> float:

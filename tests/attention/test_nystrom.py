@@ -414,3 +414,43 @@ def test_cli_random_data_and_npy_files(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "n_q=20, n_k=20, p=4" in out and "looseness" in out
     assert main(["nystrom-check", "--n", "8", "--landmarks", "0", "--trials", "2"]) == 2
+
+
+def _nystromformer_reference(q, k, v, m, scale_over, n_iter=6):
+    """Nyströmformer written from the paper and its code's conventions, independently of sinkflow:
+    landmarks the means of m equal segments, three SoftMax kernels, and the cubic Newton-Schulz
+    pseudo-inverse of the middle one from V0 = A^T / (max column sum * max row sum), the maxima
+    taken per (batch, head) block or, as the official code, over all of them at once."""
+    p, n = q.shape[-1], q.shape[-2]
+    qm = q.reshape(*q.shape[:-2], m, n // m, p).mean(-2)
+    km = k.reshape(*k.shape[:-2], m, n // m, p).mean(-2)
+    f, a, b = (torch.softmax(x @ y.transpose(-1, -2) / math.sqrt(p), -1) for x, y in ((q, km), (qm, km), (qm, k)))
+    cols, rows = a.abs().sum(-2).amax(-1, keepdim=True), a.abs().sum(-1).amax(-1, keepdim=True)
+    if scale_over == "batch":
+        cols, rows = cols.max(), rows.max()
+    z = a.transpose(-1, -2) / (cols * rows)[..., None]
+    eye = torch.eye(m, dtype=a.dtype)
+    for _ in range(n_iter):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return f @ z @ (b @ v)
+
+
+@pytest.mark.parametrize("init_scale", ["head", "batch"])
+def test_nystromformer_start_per_head_or_over_the_batch_as_the_official_code(init_scale):
+    """batch x heads = 2 x 3 blocks of different scales: both starts against the reference, and
+    the two differ (the batch-wide start leaves each block a slower-converging start)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(3, 2, 3, 32, 8, generator=gen, dtype=torch.float64)
+    q = q * torch.tensor([0.3, 1.0, 3.0], dtype=torch.float64)[:, None, None]  # heads of different sharpness
+    qr, kr = q.clone().requires_grad_(), k.clone().requires_grad_()
+    ours = sinkflow.nystromformer_attention(qr, kr, v, 8, init_scale=init_scale)
+    ref = _nystromformer_reference(q.requires_grad_(), k.requires_grad_(), v, 8, init_scale)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    grads = torch.autograd.grad(ours.square().sum(), (qr, kr))
+    torch.testing.assert_close(grads, torch.autograd.grad(ref.square().sum(), (q, k)), rtol=1e-9, atol=1e-11)
+    flipped = {"head": "batch", "batch": "head"}[init_scale]
+    other = sinkflow.nystromformer_attention(q.detach(), k.detach(), v, 8, init_scale=flipped)
+    assert (other - ours).abs().max() > 1e-3 * ours.abs().max()
+    with pytest.raises(ValueError, match="init_scale must be one of"):
+        sinkflow.nystromformer_attention(q.detach(), k.detach(), v, 8, init_scale="global")
