@@ -50,6 +50,8 @@ def nested_forward(mha, query, key, value, key_padding_mask, query_padding_mask,
     """
     if not all(t.is_nested for t in (query, key, value)):
         raise ValueError("query, key and value must be all NestedTensors or all regular tensors")
+    if query.dim() != 3:
+        raise ValueError(f"a nested query must hold sequences of (seq, embed_dim) tokens, got a {query.dim()}-D one")
     if not mha.batch_first:
         raise ValueError("NestedTensor inputs need batch_first=True (each sequence is one entry of the batch)")
     if key_padding_mask is not None or query_padding_mask is not None:
@@ -84,6 +86,9 @@ def in_projection(mha, query, key, value):
     autograd then saves the input once, as torch does (three products saved it three times).
     """
     w, bias = mha.in_proj_weight, mha.in_proj_bias
+    dtype = (w if w is not None else mha.q_proj_weight).dtype
+    if bias is not None and bias.dtype != dtype:  # e.g. a half bias on double weights: added in their dtype, as torch
+        bias = bias.to(dtype)
     if mha._qkv_same_embed_dim and query is key and key is value:
         return F.linear(query, w, bias).chunk(3, -1)
     b_q, b_k, b_v = (None, None, None) if bias is None else bias.chunk(3)
