@@ -338,7 +338,9 @@ def _nystromformer_torch(q, k, m, inverse, n_iter, init_scale="head"):
     left = softmax(dot_scores(q, km, temperature=tau))
     block = softmax(dot_scores(qm, km, temperature=tau))
     right = softmax(dot_scores(qm, k, temperature=tau))
-    core = torch.linalg.pinv(block, rtol=_pinv_rtol(block.dtype)) if inverse == "pinv" else _newton_schulz(block, n_iter, "norms", init_scale)
+    if inverse == "pinv":
+        return left, torch.linalg.pinv(block, rtol=_pinv_rtol(block.dtype)), right
+    core = _newton_schulz(block, n_iter, "norms", init_scale)
     return left, core, right
 
 

@@ -350,8 +350,9 @@ class MultiheadAttention(nn.Module):
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
                 average_attn_weights: bool = True, is_causal: bool = False, query_padding_mask=None):
         if query.is_nested or key.is_nested or value.is_nested:
-            return nested_forward(self, query, key, value, key_padding_mask, query_padding_mask, need_weights=need_weights,
-                                  attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+            return nested_forward(self, query, key, value, key_padding_mask, query_padding_mask,
+                                  need_weights=need_weights, attn_mask=attn_mask,
+                                  average_attn_weights=average_attn_weights, is_causal=is_causal)
         check_inputs((query, key, value), ("query", "key", "value"))
         batched = check_shapes(self, query, key, value, key_padding_mask, attn_mask, query_padding_mask)
         query, key, value = to_batch_first(query, key, value, batched, self.batch_first)

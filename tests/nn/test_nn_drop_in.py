@@ -22,7 +22,8 @@ def test_a_nan_input_is_refused_naming_the_argument_on_both_paths(normalization,
     mha = MultiheadAttention(8, 2, batch_first=True, normalization=normalization, landmarks=2)
     x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))
     bad = _with_nan(x, (1, 3, 4))
-    for args, name in (((bad, x, x), "query"), ((x, bad, x), "key"), ((x, x, bad), "value"), ((bad, bad, bad), "query")):
+    cases = (((bad, x, x), "query"), ((x, bad, x), "key"), ((x, x, bad), "value"), ((bad, bad, bad), "query"))
+    for args, name in cases:
         with pytest.raises(ValueError, match=f"^{name} has 1 non-finite entries"):
             mha(*args, need_weights=need_weights)
 
