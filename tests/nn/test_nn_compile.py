@@ -90,3 +90,19 @@ def test_inductor_compiles_the_fused_sinkhorn_layer():
     mha, (x, pad) = _module("sinkhorn"), _inputs("sinkhorn")
     compiled = torch.compile(mha, fullgraph=True)
     torch.testing.assert_close(_run(compiled, x, pad, False), _run(mha, x, pad, False), rtol=1e-4, atol=1e-5)
+
+
+def test_fullgraph_compile_of_torchs_encoder_with_a_padding_mask():
+    """torch's TestTransformers case: the encoder's fast-path checks on the mask trace too."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+    layer.self_attn = MultiheadAttention(16, 4, batch_first=True, normalization="sinkhorn")
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(1))
+    pad = torch.rand(2, 9, generator=torch.Generator().manual_seed(2)) > 0.5
+    pad[:, 0] = False
+    compiled = torch.compile(encoder, fullgraph=True, backend="eager")
+    with torch.no_grad():  # eval without grad: where torch's encoder decides on its fast path
+        torch.testing.assert_close(compiled(x, src_key_padding_mask=pad), encoder(x, src_key_padding_mask=pad),
+                                   rtol=1e-5, atol=1e-6)
