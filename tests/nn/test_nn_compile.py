@@ -106,3 +106,14 @@ def test_fullgraph_compile_of_torchs_encoder_with_a_padding_mask():
     with torch.no_grad():  # eval without grad: where torch's encoder decides on its fast path
         torch.testing.assert_close(compiled(x, src_key_padding_mask=pad), encoder(x, src_key_padding_mask=pad),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_fullgraph_compile_with_a_float_mask():
+    """A float attn_mask's reading (underflowing entries become masked ones) traces without a branch."""
+    torch._dynamo.reset()
+    mha, (x, _) = _module("sinkhorn"), _inputs("sinkhorn")
+    mask = torch.zeros(6, 6)
+    mask[:, 4], mask[0, 1] = -1e9, -0.5
+    compiled = torch.compile(mha, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, x, x, attn_mask=mask, need_weights=False),
+                               mha(x, x, x, attn_mask=mask, need_weights=False), rtol=1e-5, atol=1e-6)
