@@ -115,7 +115,8 @@ def _padding_masks(mask, n, m):
     mask = torch.broadcast_to(mask, torch.broadcast_shapes(mask.shape, (n, m)))
     keys = mask.any(-2, keepdim=True)  # (..., 1, m)
     queries = mask.any(-1, keepdim=True)  # (..., n, 1)
-    require((mask == (queries & keys)).all(), NotImplementedError, "Nyström attention supports key/query padding masks only (no causal or per-pair masks)")
+    require((mask == (queries & keys)).all(), NotImplementedError,
+            "Nyström attention supports key/query padding masks only (no causal or per-pair masks)")
     return queries, keys
 
 

@@ -44,6 +44,7 @@ gets a finite row; a query with no admissible key gets a zero row and a zero out
 
 from __future__ import annotations
 
+import numbers
 
 import torch
 from torch import nn
@@ -72,7 +73,7 @@ _NOT_SCRIPTABLE = (
 
 def check_dropout(value) -> float:
     """``value`` as a dropout probability in [0, 1) (TypeError for a non-number, ValueError outside)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"dropout must be a number in [0, 1), got {type(value).__name__}")
     if not 0.0 <= value < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {value}")
