@@ -182,6 +182,9 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
 
     ``q``, ``k`` or ``v`` holding NaN or inf is refused on every path (ValueError naming it;
     under torch.compile an assertion in the graph, a RuntimeError with the same message).
+    Under torch.compile Sinkhorn runs the log-domain steps of :func:`sinkflow.sinkhorn`, not
+    the fused passes or the factored path, whose backward and range check choose their
+    method from the data (a branch that would break the graph); same numbers to rounding.
 
     Examples
     --------
