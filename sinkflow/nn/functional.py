@@ -63,6 +63,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
     variant = get_attention(normalization)
     if variant.normalize is None:
         raise ValueError(f"attention_weights needs a variant that forms the matrix; {variant.name!r} is output-only")
+    check_inputs((q, k), ("q", "k"))
     mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
     return _weights(q, k, variant, n_iter, mask, bias)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkflow.nn import AttentionKernel, MultiheadAttention, scaled_attention
+from sinkflow.nn import AttentionKernel, MultiheadAttention, attention_weights, scaled_attention
 
 
 def _with_nan(x, index):
@@ -37,6 +37,8 @@ def test_scaled_attention_refuses_a_non_finite_head_input_on_both_paths(normaliz
             args[position] = _with_nan(args[position], (0, 1, 2, 3))
             with pytest.raises(ValueError, match=f"^{name} has 1 non-finite"):
                 scaled_attention(*args, normalization, need_weights=need_weights)
+    with pytest.raises(ValueError, match="^k has 1 non-finite"):
+        attention_weights(q, _with_nan(k, (0, 1, 2, 3)), normalization)
     inf = _with_nan(q, (0, 0, 0, 0)).nan_to_num(nan=float("inf"))
     with pytest.raises(ValueError, match="^q has 1 non-finite"):
         AttentionKernel(normalization)(inf, k, v, need_weights=False)
