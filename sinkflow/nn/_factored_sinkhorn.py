@@ -77,7 +77,8 @@ class _Marginals:
         rows, cols = mask.any(-1), mask.any(-2)
         if not is_padding(mask, rows, cols):  # causal and other masks: the marginal of uniform attention
             ones = torch.ones((), dtype=dtype, device=mask.device)
-            return _Marginals(uniform_attention_marginal(mask, ones.expand(rows.shape), ones.expand(cols.shape)), rows, cols)
+            mass = uniform_attention_marginal(mask, ones.expand(rows.shape), ones.expand(cols.shape))
+            return _Marginals(mass, rows, cols)
         ratio = rows.sum(-1, keepdim=True).to(dtype) / cols.sum(-1, keepdim=True).clamp_min(1).to(dtype)
         return _Marginals(cols * ratio, rows, cols)
 

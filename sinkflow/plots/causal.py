@@ -89,7 +89,8 @@ def compute_causal(cfg: CausalConfig) -> dict:
 
 
 def _diagonal_panel(ax, data, cfg):
-    ax.semilogx(data["n_iters"], data["diag_old"], "o-", ms=3, color=COLORS["bound"], label="uniform targets $1/n$ (old)")
+    ax.semilogx(data["n_iters"], data["diag_old"], "o-", ms=3, color=COLORS["bound"],
+                label="uniform targets $1/n$ (old)")
     ax.semilogx(data["n_iters"], data["diag_new"], "o-", ms=3, color=COLORS["sinkhorn"],
                 label="uniform-attention targets")
     ax.axhline(data["diag_uniform"], color=COLORS["reference"], ls=":", lw=0.8, label="uniform causal attention")
@@ -118,7 +119,8 @@ def _cluster_panel(ax, data, cfg):
     t = data["cluster_times"]
     for kind, label in (("softmax", "SoftMax"), ("sinkhorn", "Sinkhorn")):
         c = data[f"clusters_{kind}"]
-        ax.plot(t, np.median(c, 0), color=COLORS[kind], ls="-" if kind == "softmax" else "--", label=f"{label} (median)")
+        ax.plot(t, np.median(c, 0), color=COLORS[kind], ls="-" if kind == "softmax" else "--",
+                label=f"{label} (median)")
         if len(c) > 1:
             ax.fill_between(t, c.min(0), c.max(0), color=COLORS[kind], alpha=0.15, lw=0)
     ax.axhline(np.mean(data["renyi"]), color=COLORS["reference"], ls=":", label="Rényi centers (mean)")
@@ -141,4 +143,5 @@ def plot_causal(data: dict, cfg: CausalConfig):
 
 register("causal_attention", compute=compute_causal, plot=plot_causal, quick=CausalConfig(),
          full=CausalConfig(n=200, beta=64.0, h=0.015, steps=2000, save_every=50, seeds=4),
-         default=True, description="Causal Sinkhorn without collapse, and causal particle dynamics (one cluster, Rényi)")
+         default=True,
+         description="Causal Sinkhorn without collapse, and causal particle dynamics (one cluster, Rényi)")

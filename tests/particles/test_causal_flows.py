@@ -20,7 +20,7 @@ ATTENTIONS = ("softmax", "sinkhorn")
 def test_the_first_token_stays_fixed_on_the_sphere_and_follows_its_value_in_euclidean_space(attention):
     x = sinkflow.random_particles(6, 3, seed=1, manifold="sphere")
     tr = sinkflow.simulate(x, attention, h=0.2, steps=20, manifold="sphere", temperature=0.5, causal=True)
-    assert np.array_equal(tr.positions[:, 0], np.broadcast_to(x[0], (21, 3)))
+    assert np.abs(tr.positions[:, 0] - x[0]).max() < 1e-14  # the projection of x_0 on its own tangent: rounding
     assert np.abs(tr.positions[-1, 1:] - x[1:]).max() > 0.1  # the others move
     V = np.array([[0.2, 0.5, 0.0], [-0.3, 0.1, 0.0], [0.0, 0.0, -0.4]])
     y = sinkflow.random_particles(5, 3, seed=2)
