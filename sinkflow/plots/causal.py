@@ -15,10 +15,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 import sinkflow
-from sinkflow.particles import causal_mask, cluster_statistics
 from sinkflow.plots import register
 from sinkflow.plots.style import COLORS, new_figure
 
@@ -43,6 +41,10 @@ class CausalConfig:
 
 
 def _diagonal_mass(cfg: CausalConfig) -> dict:
+    import torch  # here: `sinkflow figures --list` imports this module without torch
+
+    from sinkflow.particles import causal_mask
+
     torch.manual_seed(cfg.seed)
     q, k = torch.randn(cfg.tokens, 4, dtype=torch.float64), torch.randn(cfg.tokens, 4, dtype=torch.float64)
     C, M = q @ k.T / 2, causal_mask(cfg.tokens)
@@ -79,7 +81,7 @@ def _clusters(cfg: CausalConfig) -> dict:
         for kind in ATTENTIONS:
             tr = sinkflow.simulate(x0, kind, h=cfg.h, steps=cfg.steps, manifold="sphere", temperature=1 / cfg.beta,
                                    causal=True, save_every=cfg.save_every, tol=cfg.tol)
-            counts[kind].append([cluster_statistics(p, manifold="sphere", tol=1e-3)[1] for p in tr.positions])
+            counts[kind].append([sinkflow.cluster_statistics(p, manifold="sphere", tol=1e-3)[1] for p in tr.positions])
     return {"cluster_times": tr.times, "renyi": np.array(renyi),
             **{f"clusters_{kind}": np.array(counts[kind]) for kind in ATTENTIONS}}
 
