@@ -23,7 +23,13 @@ __all__ = []
 
 
 def is_padding(mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> bool:
-    """Whether ``mask`` (..., n, m) is a padding mask: admissible exactly on its rows x columns (one sync)."""
+    """Whether ``mask`` (..., n, m) is a padding mask: admissible exactly on its rows x columns.
+
+    A mask broadcast along queries or keys (stride 0: key or query padding) is one without a
+    look; any other costs one comparison of the mask and one sync.
+    """
+    if mask.dim() >= 2 and 0 in (mask.stride(-1), mask.stride(-2)):
+        return True
     return bool(torch.equal(mask, rows.unsqueeze(-1) & cols.unsqueeze(-2)))
 
 
