@@ -66,9 +66,11 @@ def test_a_causal_flow_refuses_block_wise_and_landmark_evaluations_and_non_flags
         sinkflow.simulate(x, "softmax", steps=1, causal="yes")
 
 
-def test_the_marginal_monitor_measures_the_causal_targets():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_marginal_monitor_measures_the_causal_targets(weighted):
     x = sinkflow.random_particles(7, 2, seed=4)
-    tr = sinkflow.simulate(x, "sinkhorn", h=0.05, steps=3, causal=True, monitors=["marginal_errors"])
+    w = np.arange(1.0, 8.0) / 28 if weighted else None
+    tr = sinkflow.simulate(x, "sinkhorn", h=0.05, steps=3, causal=True, weights=w, monitors=["marginal_errors"])
     assert tr.monitors["column_error"].max() < 1e-9 and tr.monitors["row_error"].max() < 1e-9
 
 
