@@ -35,7 +35,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                         "binomial_interval", "NystromErrors", "nystrom_errors", "NystromCheck",
                         "nystrom_check", "smallest_sufficient_landmarks"),
     # particle flows and their energies
-    "sinkflow.particles": ("simulate", "Trajectory", "random_particles", "cluster_statistics",
+    "sinkflow.particles": ("simulate", "Trajectory", "random_particles", "cluster_statistics", "renyi_centers",
                            "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere",
                            "entropic_ot", "gradient_flow_error", "jacobian_asymmetry"),
     # heat-diffusion limit: references, rescaled flows, distances

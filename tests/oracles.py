@@ -32,6 +32,17 @@ def sinkhorn_log(C, n_half, a=None, b=None, g0=None):
     return np.exp(f[:, None] + C + g[None, :]), f, g
 
 
+def uniform_attention_marginal(mask, a=None):
+    """Column marginal ``a^T U`` of uniform attention ``U = mask / (row counts)``: the key targets
+    of masked Sinkhorn attention (plain numpy; rows with no admissible key carry no weight)."""
+    M = np.asarray(mask, dtype=np.float64)
+    counts = M.sum(-1, keepdims=True)
+    U = np.divide(M, counts, out=np.zeros_like(M), where=counts > 0)
+    a = np.ones(M.shape[-2]) if a is None else np.asarray(a, dtype=np.float64)
+    a = a * (counts[..., 0] > 0)
+    return np.einsum("...i,...ij->...j", a / a.sum(-1, keepdims=True), U)
+
+
 def kl(p, q):
     """Kullback-Leibler divergence of two non-negative arrays of equal total mass (0 log 0 = 0)."""
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)

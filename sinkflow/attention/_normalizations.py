@@ -64,6 +64,7 @@ from sinkflow._checks import check_numpy_float
 from sinkflow.attention._result import SinkhornWarning, SinkhornResult
 from sinkflow.attention._tolerances import _compute_dtype, _resolve_tolerance
 from sinkflow.attention._log_steps import _masked_softmax
+from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
 from sinkflow.attention._sinkhorn_steps import _final_error, _fixed_iterations
 from sinkflow.attention._schedule import _scaling_schedule, _symmetric_start, _failure_message, _solve_to_tolerance
 
@@ -120,8 +121,12 @@ def _weights(w, size, C, name, what):
     return w.to(dtype)
 
 
-def _effective_weights(a, b, mask, shape):
-    """Broadcast weights to the batch; queries (keys) with no admissible key (query) get 0."""
+def _effective_weights(a, b, mask, shape, b_given=True):
+    """Broadcast weights to the batch; queries (keys) with no admissible key (query) get 0.
+
+    Under a mask that is not a padding mask, default key weights (``b_given=False``) become the
+    column marginal of uniform attention under the mask (docs/theory/causal.md).
+    """
     batch = shape[:-2]
     try:
         a = torch.broadcast_to(a, batch + a.shape[-1:]).clone()
@@ -130,11 +135,12 @@ def _effective_weights(a, b, mask, shape):
         raise ValueError(f"weights a {tuple(a.shape)} and b {tuple(b.shape)} must broadcast to the batch shape "
                          f"{tuple(batch)} of the scores {tuple(shape)}") from err
     if mask is not None:
-        a = a * mask.any(-1)
-        b = b * mask.any(-2)
+        rows, cols = mask.any(-1), mask.any(-2)
+        a = a * rows
         sa = a.sum(-1, keepdim=True)
-        sb = b.sum(-1, keepdim=True)
         a = torch.where(sa > 0, a / torch.where(sa > 0, sa, 1), a)
+        b = b * cols if b_given or is_padding(mask, rows, cols) else uniform_attention_marginal(mask, a, b)
+        sb = b.sum(-1, keepdim=True)
         b = torch.where(sb > 0, b / torch.where(sb > 0, sb, 1), b)
     return a, b
 
@@ -240,12 +246,19 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
         ``1 / (m - pads)`` each: after a column step (even ``n_iter``) their columns sum to
         ``n / (m - pads)``. The Sinkformers NLP code keeps ``1 / m`` for every key, so its
         columns sum to 1: multiply by ``(m - pads) / n`` to compare (rows agree after odd
-        ``n_iter``).
+        ``n_iter``). Any other mask (causal, per pair) targets, with ``b`` not given, the
+        column marginal of uniform attention under the mask: key ``j`` gets
+        :math:`\sum_i a_i M_{ij} / \sum_{j'} M_{ij'}` (causal: :math:`\frac1n \sum_{i \ge j}
+        \frac{1}{i+1}`), so constant scores give the masked average at every ``n_iter`` and
+        the limit does not collapse (docs/theory/causal.md).
     a, b : arrays of shape (..., n) and (..., m), optional
         Query and key weights (non-negative, summing to 1 in their own precision);
         uniform by default. A query (key) of weight 0 gets an exactly zero row (column),
         potential 0 and no gradient, and the rest is the solution without it, at every
         ``n_iter`` and at the same cost to tolerance (it is excluded as by the mask).
+        A given ``b`` is the exact key marginal (renormalized over admissible keys), whatever
+        the mask: under a causal mask a uniform ``b`` is reachable only by the identity, so
+        the iterations then collapse to each query attending to itself as ``n_iter`` grows.
     init_g : array (..., m), optional
         Warm start for the column potential ``g`` (e.g. the previous step of a particle
         flow). The first half-iteration is a row step from it; with ``n_iter=None`` a warm
@@ -288,6 +301,7 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     >>> res.converged, bool(np.allclose(res.attention.sum(0), 1))
     (True, True)
     """
+    b_given = b is not None
     C, mask, a, b, numpy_out = _prepare(scores, mask, a, b, init_g)
     out_dtype = C.dtype
     C = C.to(_compute_dtype(out_dtype))
@@ -295,7 +309,7 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     tol = _resolve_tolerance(tol, out_dtype, C.shape, warn and n_iter is None)
     run_out = n_iter is None and tol == 0  # tol=0: exactly max_iter half-iterations, no stopping test
     n_iter, warn = (max_iter, False) if run_out else (n_iter, warn)
-    a, b = _effective_weights(a, b, mask, C.shape)
+    a, b = _effective_weights(a, b, mask, C.shape, b_given)
     mask = _exclude_empty_lines(mask, a, b)
     inplace = not (torch.is_grad_enabled() and (C.requires_grad or a.requires_grad or b.requires_grad))
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)

@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 from sinkflow._backend import compiling, require
+from sinkflow.attention._marginals import uniform_attention_marginal
 from sinkflow.attention._normalizations import softmax, solve_sinkhorn
 from sinkflow.attention._nystrom import nystrom_attention, nystromformer_attention
 
@@ -94,7 +95,10 @@ def _softmax(C, *, n_iter=None, mask=None, weights=None, tol=None, max_iter=None
 
 
 def _sinkhorn(C, *, n_iter=None, mask=None, weights=None, tol=1e-9, max_iter=20_000, init_g=None):
-    res = solve_sinkhorn(C, n_iter, tol, max_iter, mask=mask, a=weights, b=weights, init_g=init_g, warn=False)
+    # Weighted particles under a mask: the key targets of uniform attention weighted by the masses.
+    b = weights if weights is None or mask is None else uniform_attention_marginal(
+        torch.broadcast_to(mask, C.shape), weights, weights)
+    res = solve_sinkhorn(C, n_iter, tol, max_iter, mask=mask, a=weights, b=b, init_g=init_g, warn=False)
     return Normalized(res.attention, res.g, res.n_iter, res.converged, float(res.marginal_error))
 
 

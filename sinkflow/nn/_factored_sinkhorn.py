@@ -25,8 +25,9 @@ one matmul of inner width ``p_v + k``. The SoftMax backward needs no row correct
 normalization is one of the terms, and :math:`\partial L / \partial C = S \odot \partial L / \partial S`.
 
 Masks (any boolean pattern: key or query padding, causal) keep the form: ``S`` is the masked
-SoftMax, and with ``n'`` admissible rows and ``m'`` admissible columns the columns sum to
-``n' / m'``, as in :func:`sinkflow.sinkhorn`; a line with no admissible entry gets scaling 0.
+SoftMax, and with ``n'`` admissible rows and ``m'`` admissible columns the columns of a padding
+mask sum to ``n' / m'``, those of any other mask to the column sums of uniform attention under
+it, as in :func:`sinkflow.sinkhorn`; a line with no admissible entry gets scaling 0.
 
 Division by line sums equals the log-domain iteration to rounding while every admissible
 line sum is well inside the floating-point range; when one is not (a column of the SoftMax
@@ -42,6 +43,7 @@ from torch.autograd.function import once_differentiable
 
 from sinkflow._backend import compiling
 from sinkflow.attention._log_steps import _masked_softmax
+from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
 
 from sinkflow.attention._normalizations import sinkhorn, softmax
 
@@ -74,6 +76,10 @@ class _Marginals:
             return _Marginals(n / m)
         mask = torch.broadcast_to(mask, shape)
         rows, cols = mask.any(-1), mask.any(-2)
+        if not is_padding(mask, rows, cols):  # causal and other masks: the marginal of uniform attention
+            ones = torch.ones((), dtype=dtype, device=mask.device)
+            mass = uniform_attention_marginal(mask, ones.expand(rows.shape), ones.expand(cols.shape))
+            return _Marginals(mass, rows, cols)
         ratio = rows.sum(-1, keepdim=True).to(dtype) / cols.sum(-1, keepdim=True).clamp_min(1).to(dtype)
         return _Marginals(cols * ratio, rows, cols)
 

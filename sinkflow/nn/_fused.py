@@ -26,7 +26,8 @@ blocks with an online log-sum-exp and keeps O(n p) for backward:
   column potential as key bias), and one combined flash backward
   (:mod:`sinkflow.nn._fused_sinkhorn`): O(n (p + n_iter)) saved for backward. Same marginals
   and masks as :mod:`sinkflow.nn._factored_sinkhorn` (rows sum to 1, columns to
-  :math:`n'/m'`, empty lines 0). Key or query padding masks become ``-inf`` line biases;
+  :math:`n'/m'` under padding, to uniform attention's column sums under causal and other
+  masks, empty lines 0). Key or query padding masks become ``-inf`` line biases;
   other masks are passed as float masks (of the mask's size).
 
 The passes run in float32 (float64 for float64 inputs) with autocast off, and return the

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
+from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
 from sinkflow.nn._flash import CPU_FLASH, CPU_FLASH_BACKWARD, ExpAttention, as4d, bias_mask, one_width
 
@@ -70,7 +71,8 @@ FACTOR_LOG_LIMIT = {torch.float32: 30.0, torch.float64: 300.0}
 @dataclass(frozen=True)
 class _Lines:
     """Admissible rows ``(B, H, n)`` and columns ``(B, H, m)`` (None: all), the float masks of the
-    row and column passes (None: padding only), and the column mass ``log b`` (``(B, H, 1)``)."""
+    row and column passes (None: padding only), and the column mass ``log b`` (``(B, H, 1)``
+    for padding, ``(B, H, m)`` for other masks: uniform attention's column sums)."""
 
     rows: torch.Tensor | None
     cols: torch.Tensor | None
@@ -91,28 +93,34 @@ class _Lines:
 
 
 def _line_masks(allowed, bias, batch, n, m, dtype):
-    """Admissible rows and columns, and the float masks of the row and column passes (None when
-    the mask is key/query padding only: -inf biases on the lines then do it). ``-inf`` in
-    ``bias`` counts as masked."""
+    """Admissible rows and columns, the float masks of the row and column passes (None when
+    the mask is key/query padding only: -inf biases on the lines then do it) and the column
+    masses of uniform attention under any other mask (else None). ``-inf`` in ``bias`` counts
+    as masked."""
     if allowed is None and bias is None:
-        return None, None, None, None
+        return None, None, None, None, None
     full = torch.ones((), dtype=torch.bool, device=(allowed if bias is None else bias).device)
     full = full if allowed is None else full & allowed
     full = torch.broadcast_to(full if bias is None else full & (bias > -math.inf), batch + (n, m))
     rows, cols = full.any(-1), full.any(-2)
     line_mask = allowed is not None and (allowed.dim() < 2 or 1 in allowed.shape[-2:])  # padding: rows x cols
-    if bias is None and (line_mask or bool(torch.equal(full, rows.unsqueeze(-1) & cols.unsqueeze(-2)))):
-        return rows, cols, None, None
+    padding = line_mask or is_padding(full, rows, cols)
+    if bias is None and padding:
+        return rows, cols, None, None, None
     drop = torch.zeros((), dtype=dtype, device=full.device) if bias is None else bias.to(dtype)
     drop = torch.broadcast_to(drop, batch + (n, m)).masked_fill(~full, -math.inf)
-    return rows, cols, as4d(drop), as4d(drop.transpose(-1, -2))
+    ones = torch.ones((), dtype=dtype, device=full.device)
+    mass = None if padding else uniform_attention_marginal(full, ones.expand(rows.shape), ones.expand(cols.shape))
+    return rows, cols, as4d(drop), as4d(drop.transpose(-1, -2)), mass
 
 
 def _lines(allowed, bias, batch, n, m, dtype, device) -> _Lines:
-    rows, cols, row_mask, col_mask = _line_masks(allowed, bias, batch, n, m, dtype)
+    rows, cols, row_mask, col_mask, mass = _line_masks(allowed, bias, batch, n, m, dtype)
     if rows is None:
         return _Lines(None, None, None, None, torch.full((1, 1, 1), math.log(n / m), dtype=dtype, device=device))
     rows, cols = as4d(rows.unsqueeze(-1)).squeeze(-1), as4d(cols.unsqueeze(-1)).squeeze(-1)
+    if mass is not None:  # causal and other masks: the column sums of uniform attention (log 0 = -inf on empty columns)
+        return _Lines(rows, cols, row_mask, col_mask, torch.log(as4d(mass.unsqueeze(-1)).squeeze(-1)))
     ratio = rows.sum(-1, keepdim=True).to(dtype) / cols.sum(-1, keepdim=True).clamp_min(1).to(dtype)
     return _Lines(rows, cols, row_mask, col_mask, torch.log(ratio))
 

@@ -164,7 +164,8 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     is added to the scores, i.e. to the log-kernel, before every normalization: SoftMax of
     :math:`C + B` (torch's result), Sinkhorn iterations from :math:`e^{C + B}`, the
     kernels :math:`e^{C + B}`. Its ``-inf`` entries are masked entries, exactly as
-    ``False`` in ``mask``. A Sinkhorn column step gives every column its mass :math:`n/m`
+    ``False`` in ``mask``. A Sinkhorn column step gives every column its mass (:math:`n/m`
+    unmasked; under a causal or other mask, that of uniform attention, docs/theory/causal.md)
     whatever a finite bias along it (and the doubly stochastic limit does not see such a
     bias at all), so a finite key-padding bias such as ``-1e9`` would bring a padded key
     back with full weight; hence, for every normalization but SoftMax, an entry whose

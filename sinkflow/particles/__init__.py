@@ -19,6 +19,7 @@ from sinkflow.particles._landmarks import (
 from sinkflow.particles._lowrank_fields import (
     NystromPositivityError, LowRankField, lowrank_attention_field,
 )
+from sinkflow.particles._causal import causal_mask, renyi_centers
 from sinkflow.particles._dense_fields import (
     ATTENTIONS, FieldEvaluation, attention_field, dense_limit, check_matrix, check_weights,
     single_thread_if_small,
@@ -48,5 +49,5 @@ __all__ = [
     "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
     "gradient_flow_error", "jacobian_asymmetry", "ParticleField", "euler_step", "rk4_step", "INTEGRATORS",
     "MAX_MONITOR_N", "cluster_statistics", "MonitorContext", "MONITOR_FUNCTIONS", "MONITORS", "lipschitz_scale",
-    "largest_safe_step", "simulate", "Trajectory", "random_particles", "default_tol",
+    "largest_safe_step", "simulate", "Trajectory", "random_particles", "default_tol", "causal_mask", "renyi_centers",
 ]

@@ -25,6 +25,7 @@ import torch
 
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow.particles._blockwise_fields import lazy_attention_field
+from sinkflow.particles._causal import key_targets
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
 from sinkflow.attention._scores import dot_scores, gaussian_scores
@@ -108,16 +109,22 @@ class FieldEvaluation:
 def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: torch.Tensor | None, *,
                     n_iter=None, weights: torch.Tensor | None = None, temperature: float = 1.0,
                     init_g: torch.Tensor | None = None, tol: float = 1e-10, max_iter: int = 20_000,
-                    chunked: bool = False, need_errors: bool = False, landmarks=None) -> FieldEvaluation:
+                    chunked: bool = False, need_errors: bool = False, landmarks=None,
+                    mask: torch.Tensor | None = None) -> FieldEvaluation:
     """Evaluate :math:`T(x_i) = \\sum_j K_{ij} W_V x_j` on torch tensors (internal building block).
 
     ``attention`` is a name or :class:`sinkflow.attention.AttentionVariant`. ``W`` and
     ``W_V`` are ``(d, d)`` tensors (``None`` = identity); inputs are assumed validated (see
     :func:`sinkflow.simulate` for the checked public entry point). ``weights=None`` means
     uniform. ``landmarks`` (a count or index tensor) selects the ``O(n m)`` approximation
-    of :mod:`sinkflow.particles`. Differentiable by autograd in the dense mode.
+    of :mod:`sinkflow.particles`. Differentiable by autograd in the dense mode. ``mask`` (boolean
+    ``(n, n)``, ``True`` = particle ``i`` attends to ``j``; :func:`sinkflow.particles.causal_mask`)
+    restricts the attention, dense mode only; Sinkhorn then targets the key marginals of uniform
+    attention under the mask, weighted by the particles' masses (docs/theory/causal.md).
     """
     variant = get_attention(attention)
+    if mask is not None and (landmarks is not None or chunked):
+        raise ValueError("a masked (causal) flow is evaluated densely: pass chunked=False and no landmarks")
     V = x if W_V is None else x @ W_V.T
     if landmarks is not None:
         return _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks)
@@ -132,11 +139,11 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     if weights is not None or not variant.normalized:
         a = weights if weights is not None else torch.full(x.shape[:1], 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
         C = C + torch.log(a)[None, :]  # kernel a_j e^{C_ij}
-    res = variant.normalize(C, n_iter=n_iter, weights=weights, tol=tol, max_iter=max_iter, init_g=init_g)
+    res = variant.normalize(C, n_iter=n_iter, mask=mask, weights=weights, tol=tol, max_iter=max_iter, init_g=init_g)
     K = res.attention
     row_err = col_err = math.nan
     if need_errors:
-        err = marginal_errors(K.detach(), weights, weights)
+        err = marginal_errors(K.detach(), weights, key_targets(mask, weights, x))
         row_err, col_err = float(err.row), float(err.column)
     return FieldEvaluation(K @ V, K, res.g, res.n_iter, res.converged, row_err, col_err)
 

@@ -54,12 +54,13 @@ class ParticleField:
     sphere: bool
     need_errors: bool
     g: torch.Tensor | None = None
+    mask: torch.Tensor | None = None  # (n, n) boolean, True = i attends to j (causal flows)
 
     def velocity(self, Y: torch.Tensor):
         ev = attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
                              temperature=self.temperature, init_g=self.g if self.warm_start else None, tol=self.tol,
                              max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
-                             landmarks=self.landmarks)
+                             landmarks=self.landmarks, mask=self.mask)
         if ev.g is not None and self.warm_start:
             self.g = ev.g.detach()
         v = ev.velocity

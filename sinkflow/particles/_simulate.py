@@ -41,6 +41,7 @@ import torch
 from sinkflow._backend import check_finite, check_float, check_number, check_seed, from_torch, leading
 from sinkflow._checks import check_choice, check_numpy_float
 from sinkflow.attention._variants import get_attention
+from sinkflow.particles._causal import causal_mask
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 from sinkflow.particles._integrators import ParticleField, INTEGRATORS
@@ -209,7 +210,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
              temperature: float = 1.0, monitors=(), monitor_every: int = 1, save_every: int = 1,
              warm_start: bool | None = None, chunked: bool | None = None, landmarks: int | None = None,
              landmark_seed: int = 0, landmark_sampling: str = "farthest", tol: float | None = None,
-             max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool = False) -> Trajectory:
+             max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool = False,
+             causal: bool = False) -> Trajectory:
     r"""Simulate tokens moving under self-attention (a residual network of depth ``steps``).
 
     Parameters
@@ -274,6 +276,12 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         :math:`\delta` of the cluster monitor.
     progress : bool
         Show a tqdm progress bar.
+    causal : bool
+        Causal attention (Karagodin, Polyanskiy and Rigollet 2024): token ``i`` attends only to
+        tokens ``j <= i`` (rows of ``x0`` in order), with any variant; Sinkhorn then targets the
+        key marginals of uniform causal attention (docs/theory/causal.md). The first token moves
+        by its own value, :math:`\dot x_0 = W_V x_0` (fixed on the sphere for ``W_V = I``).
+        Evaluated densely (no ``chunked``, no ``landmarks``).
 
     Returns
     -------
@@ -333,7 +341,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         landmarks = _flow_landmarks(X, landmarks, variant.landmark_method, W, tau, landmark_sampling, landmark_seed)
     field = ParticleField(variant, W, Wv, n_iter, a, tau, _solver_tol(tol, X.dtype), max_iter, bool(chunked), landmarks,
                           n_iter is None if warm_start is None else bool(warm_start), sphere,
-                          "marginal_errors" in monitors)
+                          "marginal_errors" in monitors,
+                          mask=causal_mask(n, X.device) if _check_flag(causal, "causal") else None)
     # energy monitors use W / tau (the bilinear form of the scores)
     W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).detach().to(torch.float64)
     a64 = None if a is None else a.detach().to(torch.float64) / a.detach().to(torch.float64).sum()
@@ -351,6 +360,12 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         n_iter=None if n_iter is None else int(n_iter), temperature=tau,
         weights=from_torch(a, numpy_out), chunked=bool(chunked),
         landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))
+
+
+def _check_flag(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _check_positions(X, manifold):

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from oracles import sinkhorn_log
+from oracles import sinkhorn_log, uniform_attention_marginal
 
 from sinkflow import asymptotic_rate, birkhoff_hopf_rate, hilbert_diameter, observed_rate, sinkhorn, solve_sinkhorn
 
@@ -165,7 +165,7 @@ def test_causal_mask_at_extreme_scores_matches_the_log_domain_loop(n_iter):
     # A per-pair mask: excluded entries are -inf scores for the oracle, exactly 0 in the result.
     C = extreme_scores(9, 9, seed=5)
     mask = np.tril(np.ones((9, 9), dtype=bool))
-    ref, _, _ = sinkhorn_log(np.where(mask, C, -np.inf), n_iter)
+    ref, _, _ = sinkhorn_log(np.where(mask, C, -np.inf), n_iter, b=uniform_attention_marginal(mask))
     K = sinkhorn(C, n_iter=n_iter, mask=mask)
     assert (K[~mask] == 0).all()
     assert np.abs(K - ref).max() <= 1e-9

@@ -23,6 +23,7 @@ import sinkflow.attention._newton as newton
 from sinkflow.attention._result import SinkhornWarning
 from sinkflow.attention._tolerances import attainable_error, default_tolerance
 from sinkflow.attention._normalizations import solve_sinkhorn
+from oracles import uniform_attention_marginal
 
 
 def marginal_error(K, a, b):
@@ -256,7 +257,8 @@ def test_every_dtype_converges_or_warns_to_the_same_fixed_point(problem, dtype):
     assert res.converged or any(issubclass(w.category, SinkhornWarning) for w in caught)
     admissible = torch.ones_like(C, dtype=torch.bool) if mask is None else mask
     a_eff = effective_weights(a, C.shape[-2], admissible.any(-1))
-    b_eff = effective_weights(b, C.shape[-1], admissible.any(-2))
+    b_eff = (effective_weights(b, C.shape[-1], admissible.any(-2)) if b is not None  # default b: uniform attention's
+             else torch.from_numpy(uniform_attention_marginal(admissible.numpy(), a_eff.numpy())))
     rows_ok = (a_eff > 0).all(-1) & (b_eff > 0).all(-1)
     if not bool(rows_ok.all()) or mask is not None:
         # Partial masks may leave no doubly stochastic solution: the flag must then say so.
