@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from sinkflow._backend import compiling
+
 __all__ = []
 
 
@@ -26,10 +28,15 @@ def is_padding(mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> bo
     """Whether ``mask`` (..., n, m) is a padding mask: admissible exactly on its rows x columns.
 
     A mask broadcast along queries or keys (stride 0: key or query padding) is one without a
-    look; any other costs one comparison of the mask and one sync.
+    look; any other costs one comparison of the mask and one sync. Under ``torch.compile`` the
+    answer is ``False`` without a look (no branch on data in a graph): on a padding mask
+    :func:`uniform_attention_marginal` is the padding convention itself, once normalized
+    (:math:`\beta_j \propto b_j` on the admissible keys), to rounding.
     """
     if mask.dim() >= 2 and 0 in (mask.stride(-1), mask.stride(-2)):
         return True
+    if compiling():
+        return False
     return bool(torch.equal(mask, rows.unsqueeze(-1) & cols.unsqueeze(-2)))
 
 
