@@ -125,8 +125,8 @@ class _BlockScores:
         zero = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
         self.log_b = zero if log_b is None else log_b  # added to every row (column weights in the kernel)
         # |C_ij| <= |l_i| |r_j| (Cauchy-Schwarz on the score columns): a lower bound of every exponent
-        self.left_norm = torch.linalg.vector_norm(self.left[:, :-1], dim=1)
-        self.right_max = float(torch.linalg.vector_norm(self.right[:-1], dim=0).max()) if x.shape[0] else 0.0
+        self.left_norm = torch.linalg.vector_norm(self.left[:, :-1].detach(), dim=1)
+        self.right_max = float(torch.linalg.vector_norm(self.right[:-1].detach(), dim=0).max()) if x.shape[0] else 0.0
         self.buffer = None  # one block's scores, reused (out= products) unless autograd follows the inputs
         self.reuse = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, W, log_b)))
 
@@ -152,7 +152,7 @@ class _BlockScores:
     def clamp_free(self, left, bias, rows, floor) -> list[bool]:
         """For each block of ``rows`` rows: is every exponent ``left_i[-1] + C_ij + bias_j`` provably above
         ``floor``? Then its clamp pass is skipped (one sync per half-iteration)."""
-        lower = left[:, -1] - self.left_norm * self.right_max + float(bias.min())
+        lower = left[:, -1].detach() - self.left_norm * self.right_max + float(bias.min())
         n = lower.shape[0]
         pad = lower.new_full((-n % rows,), math.inf)
         return (torch.cat([lower, pad]).view(-1, rows).amin(1) > floor).tolist()

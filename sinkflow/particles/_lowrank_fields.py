@@ -144,6 +144,7 @@ class _NystromKernel:
         # (n x m times m x r) 2.5x faster at r = 24 than at r = 23 (the benchmark cloud's rank)
         self.half = torch.cat([half, half.new_zeros(m, -half.shape[1] % 8)], 1)
         self.rows = max(1, int(block_bytes) // (2 * m * z.element_size()))
+        self.block_bytes = int(block_bytes)
         self.floor = exp_floor(z.dtype)
         self.floor_value = float(torch.tensor(self.floor, dtype=z.dtype).exp())
         # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
@@ -226,15 +227,31 @@ class _NystromKernel:
 
 
     def _sweep_kept(self, T, step):
-        """:meth:`sweep` with the kept factor ``B``: one block of all rows, each product in the form
-        BLAS streams ``B`` fastest (one column: matrix-vector; n = 10^6, r = 24: 3-4 ms a product)."""
+        """:meth:`sweep` with the kept factor ``B``, in chunks of rows that stay in cache between the two
+        products of a pass (``B`` is read once from memory per pass, not twice: single-core memory bandwidth
+        is what the passes cost), each product in the form BLAS streams fastest (one column: matrix-vector)."""
+        if self.diagonal is not None:
+            return self._sweep_whole(T, step)
+        B, acc = self.factor, None
+        chunk = max(1, self.block_bytes // (B.shape[1] * B.element_size()))
+        for i0 in range(0, B.shape[0], chunk):
+            Bc = B[i0:i0 + chunk]
+            out = None if T is None else (Bc @ T[:, 0])[:, None] if T.shape[1] == 1 else (T.T @ Bc.T).T
+            Y = step(i0, i0 + Bc.shape[0], out)
+            if Y is not None:
+                part = (Y[:, 0] @ Bc)[:, None] if Y.shape[1] == 1 else (Y.T @ Bc).T
+                acc = part if acc is None else acc.add_(part)
+        return acc
+
+    def _sweep_whole(self, T, step):
+        """:meth:`_sweep_kept` as one block of all rows, with the restored diagonal (its inputs are the
+        previous sweep's ``Y`` for every row)."""
         B = self.factor
         out = None if T is None else (B @ T[:, 0])[:, None] if T.shape[1] == 1 else (T.T @ B.T).T
-        if out is not None and self.diagonal is not None:
+        if out is not None:
             out = out + self.diagonal[:, None] * self.last_in
         Y = step(0, B.shape[0], out)
-        if self.diagonal is not None:
-            self.last_in = Y
+        self.last_in = Y
         return None if Y is None else (Y[:, 0] @ B)[:, None] if Y.shape[1] == 1 else (Y.T @ B).T
 
 
