@@ -203,14 +203,14 @@ class _Passes:
         shifted = f_prev is not None and self.row_shift_ok
         left, left0 = (S.factors(f_prev) if shifted else None), S.factors()
         bias = S.column_bias(g)
-        clamp = [not free for free in S.clamp_free(left, bias, self.rows, self.floor)] if shifted else None
+        free = S.clamp_free(left, bias, self.rows, self.floor) if shifted else None
         f_new = torch.empty_like(self.a)
         vel = torch.empty((n, p), dtype=self.a.dtype, device=self.a.device) if full else None
         col = torch.zeros_like(self.a) if full else None
         for b, (i0, i1) in enumerate(self._blocks()):
             R = E = None
             if shifted:
-                E = self._exp(S.block(left, i0, i1, bias), clamp[b])
+                E = self._exp(S.block(left, i0, i1, bias), not free[b])
                 R = self._times_values(E) if full else E.sum(1, keepdim=True)
                 if self._safe_sums(R[:, -1]):
                     f_new[i0:i1] = f_prev[i0:i1] - torch.log(R[:, -1])
@@ -236,10 +236,10 @@ class _Passes:
         """Column step ``g_j = log b_j - logsumexp_i(log a_i + f_i + C_ij)``, shifted by the previous ``g``."""
         left = self.S.factors(self.log_a + f)
         bias = self.S.column_bias(g_prev)
-        clamp = self.S.clamp_free(left, bias, self.rows, self.floor)
+        free = self.S.clamp_free(left, bias, self.rows, self.floor)
         s = torch.zeros_like(self.a)
         for b, (i0, i1) in enumerate(self._blocks()):
-            s += self._exp(self.S.block(left, i0, i1, bias), not clamp[b]).sum(0)
+            s += self._exp(self.S.block(left, i0, i1, bias), not free[b]).sum(0)
         if self._safe_sums(s):
             return self.log_a - torch.log(s) + g_prev
         return self._column_exact(left)
@@ -262,9 +262,9 @@ class _Passes:
         n, p = self.a.shape[0], self.V1.shape[0] - 1
         R = torch.empty((n, p + 1), dtype=self.a.dtype, device=self.a.device)
         col = torch.zeros_like(self.a)
-        clamp = self.S.clamp_free(left, bias, self.rows, self.floor)
+        free = self.S.clamp_free(left, bias, self.rows, self.floor)
         for b, (i0, i1) in enumerate(self._blocks()):
-            E = self._exp(self.S.block(left, i0, i1, bias), not clamp[b])
+            E = self._exp(self.S.block(left, i0, i1, bias), not free[b])
             R[i0:i1] = self._times_values(E)
             col.addmv_(E.T, self.a[i0:i1])
         return R[:, :p], R[:, p], col
