@@ -43,10 +43,13 @@ At n = 10^5 the exact block-wise step took 1680 s against 8.0 s for the Nyström
 field error 5.2e-4 (an earlier run).
 
 One torch / BLAS thread (reported). Medians over ``--repeats`` runs after one warm-up step.
-``--floor`` times the exact block-wise step (n = 20,000) and the landmark step (n = 10^5, 10^6) against
-the floor of their exponentials, interleaved. Measured (``--floor --repeats 3``, load 5.6): exact step
-1.91x (64 MiB blocks 2.91x), landmark step 3.22x at n = 10^5 and 3.75x at n = 10^6 (the landmark step
-before its factor's passes were reworked: 4.6-5.0x and 6.0-6.7x in an A/B run, load 5.5-6).
+``--floor`` prints the CPU it runs on and times, interleaved, the exact block-wise step (n = 20,000) at
+four block budgets and a plain hand-written loop of the same algorithm (:func:`plain_exact_step`), and
+the landmark step (n = 10^5, 10^6) with its farthest-point choice included, the choice alone and uniform
+landmarks, each against the floor of its exponentials (wall and CPU-time ratios). Measured on an AMD EPYC
+(Zen 4, torch AVX512, L2 1 MiB; ``--floor --repeats 3``, load 10-12), wall / CPU time: exact step 1.98x /
+1.61x (plain loop 2.00x / 2.01x), landmark step at 10^6 with its choice 3.92x / 4.23x; see
+docs/performance.md (*Large n on another CPU*).
 Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks] [--baseline REV] [--skip-exact] [--floor]``.
 """
 
