@@ -43,10 +43,13 @@ At n = 10^5 the exact block-wise step took 1680 s against 8.0 s for the Nyström
 field error 5.2e-4 (an earlier run).
 
 One torch / BLAS thread (reported). Medians over ``--repeats`` runs after one warm-up step.
-``--floor`` times the exact block-wise step (n = 20,000) and the landmark step (n = 10^5, 10^6) against
-the floor of their exponentials, interleaved. Measured (``--floor --repeats 3``, load 5.6): exact step
-1.91x (64 MiB blocks 2.91x), landmark step 3.22x at n = 10^5 and 3.75x at n = 10^6 (the landmark step
-before its factor's passes were reworked: 4.6-5.0x and 6.0-6.7x in an A/B run, load 5.5-6).
+``--floor`` prints the CPU it runs on and times, interleaved, the exact block-wise step (n = 20,000) at
+four block budgets and a plain hand-written loop of the same algorithm (:func:`plain_exact_step`), and
+the landmark step (n = 10^5, 10^6) with its farthest-point choice included, the choice alone and uniform
+landmarks, each against the floor of its exponentials (wall and CPU-time ratios). Measured on an AMD EPYC
+(Zen 4, torch AVX512, L2 1 MiB; ``--floor --repeats 3``, load 10-12), wall / CPU time: exact step 1.98x /
+1.61x (plain loop 2.00x / 2.01x), landmark step at 10^6 with its choice 3.92x / 4.23x; see
+docs/performance.md (*Large n on another CPU*).
 Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks] [--baseline REV] [--skip-exact] [--floor]``.
 """
 
@@ -226,70 +229,137 @@ def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact:
           f"{error:.2e} |")
 
 
-def exp_seconds(count, width=256):
-    """Seconds for ``count`` float32 exponentials of in-range arguments, in cache-sized blocks."""
+def cpu_description() -> str:
+    """The CPU this run is on: model name (``/proc/cpuinfo``, else ``platform``), the ISA level torch
+    dispatches to and the L2 cache the block sizes follow."""
+    import platform
+
     import torch
 
-    buf = torch.empty(4096, width)
+    from sinkflow.particles._blockwise_fields import _l2_bytes
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            name = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), name)
+    except OSError:
+        pass
+    l2 = _l2_bytes()
+    return (f"{name}; torch {torch.__version__}, ISA {torch.backends.cpu.get_cpu_capability()}; L2 "
+            f"{'unknown' if l2 is None else f'{l2 / 2**10:.0f} KiB'} per core")
+
+
+def _clocks():
+    return time.perf_counter(), time.thread_time()
+
+
+def exp_seconds(count, shape=(4096, 256)):
+    """(wall, CPU) seconds for ``count`` float32 exponentials of in-range arguments on a ``shape`` buffer."""
+    import torch
+
+    buf = torch.empty(shape)
     rounds = max(1, int(count // buf.numel()))
-    t0 = time.perf_counter()
+    t0 = _clocks()
     for _ in range(rounds):
         buf.fill_(-3.0).exp_()
-    t1 = time.perf_counter()
+    t1 = _clocks()
     for _ in range(rounds):
         buf.fill_(-3.0)
-    return ((t1 - t0) - (time.perf_counter() - t1)) * count / (rounds * buf.numel())
+    t2 = _clocks()
+    scale = count / (rounds * buf.numel())
+    return tuple(((b - a) - (c - b)) * scale for a, b, c in zip(t0, t1, t2))
 
 
-def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000):
-    """The exact block-wise step and the landmark step against the floor of their exponentials, interleaved.
+def plain_exact_step(x, W, g, n_iter=N_ITER, rows=256):
+    """The exact block-wise step written plainly (the reference sinkflow must not trail): blocks of
+    ``rows`` score rows, ``torch.logsumexp`` per half-iteration (rows first, from ``g``; uniform weights),
+    then the velocity ``K V`` of ``K = exp(f_i + C_ij + g_j)`` with ``V = x``. The same ``11 n^2``
+    exponentials as sinkflow's step."""
+    import torch
 
-    Exact step (``n_iter = 10`` from a warm ``g``, ends on a column step): 11 n^2 exponentials
-    (10 half-iterations and the application); landmark step (at ``landmark_n`` and ``landmark_n / 10``):
-    the n m exponentials of the factor.
-    ``64 MiB blocks`` is the block budget used before the default followed the cache.
-    """
+    xw, n = x @ W, x.shape[0]
+    f, g = torch.zeros(n, dtype=x.dtype), g.clone()
+    for it in range(n_iter):  # C_ij = <x_i W, x_j>: a column step is a row step of C^T
+        src, dst, pot, out = (xw, x, g, f) if it % 2 == 0 else (x, xw, f, g)
+        for i0 in range(0, n, rows):
+            out[i0:i0 + rows] = -torch.logsumexp(src[i0:i0 + rows] @ dst.T + pot, 1)
+    vel = torch.empty_like(x)
+    for i0 in range(0, n, rows):
+        vel[i0:i0 + rows] = torch.exp(xw[i0:i0 + rows] @ x.T + f[i0:i0 + rows, None] + g) @ x
+    return vel
+
+
+def _exact_runs(n):
+    """The exact step at ``n`` (float32) with the default block budget, half and four times it, 64 MiB, and
+    the plain loop with the default's rows; its floor: ``11 n^2`` exponentials (10 half-iterations from a
+    warm ``g`` and the application), the faster of a buffer of the default block's shape and a 4 MiB one."""
+    import torch
+
+    import sinkflow.particles._blockwise_fields as blockwise_fields
+
+    x = torch.from_numpy(_particles(n))
+    Wt = torch.tensor(W, dtype=torch.float32)
+    g = blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=4).g
+    default = blockwise_fields.DEFAULT_BLOCK_BYTES
+    rows = max(1, default // (3 * n * 4))  # the default's rows (lazy_attention_field's rule)
+    ref = blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=N_ITER, init_g=g).velocity
+    plain = plain_exact_step(x, Wt, g, rows=rows)
+    print(f"plain loop vs sinkflow velocity (n = {n}, float32): max relative difference "
+          f"{float((plain - ref).abs().max() / ref.abs().max()):.1e}")
+    floor = f"exact {n}"
+    runs = {floor: (None, None, lambda: tuple(map(min, exp_seconds(11 * n * n, (rows, n)), exp_seconds(11 * n * n))))}
+    for label, size in ((f"default ({default / 2**20:.1f} MiB)", default), ("half the default", default // 2),
+                        ("4x the default", 4 * default), ("64 MiB", 64 * 2**20)):
+        runs[f"exact step, blocks {label}"] = (n, floor, lambda size=size: blockwise_fields.lazy_attention_field(
+            x, W=Wt, n_iter=N_ITER, init_g=g, block_bytes=size))
+    runs[f"plain loop, {rows} rows a block"] = (n, floor, lambda: plain_exact_step(x, Wt, g, rows=rows))
+    return runs
+
+
+def _landmark_runs(sizes):
+    """The landmark step (m = LANDMARKS, farthest points chosen inside the call, the default), the choice
+    alone, and the step with uniform landmarks; floor: the ``n m`` exponentials of the factor."""
     import torch
 
     import sinkflow
-    import sinkflow.particles._blockwise_fields as blockwise_fields
-    import sinkflow.particles._lowrank_fields as lowrank_fields
+
+    Wt = torch.tensor(W, dtype=torch.float32)
+    runs, lowrank = {}, sinkflow.particles.lowrank_attention_field
+    for n in sizes:
+        z, floor = torch.from_numpy(_particles(n)), f"landmark {n}"
+        runs[floor] = (None, None, lambda n=n: exp_seconds(n * LANDMARKS))
+        runs[f"landmark step, farthest-point choice included ({n})"] = (n, floor, lambda z=z: lowrank(
+            z, z, LANDMARKS, W=Wt, n_iter=N_ITER))
+        runs[f"the choice alone ({n})"] = (n, floor, lambda z=z: sinkflow.particles.farthest_point_indices(
+            sinkflow.particles.gaussian_coordinates(z, Wt, 1.0), LANDMARKS, 0))
+        runs[f"landmark step, uniform landmarks ({n})"] = (n, floor, lambda z=z: lowrank(
+            z, z, LANDMARKS, W=Wt, n_iter=N_ITER, sampling="uniform"))
+    return runs
+
+
+def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000):
+    """The exact block-wise step and the landmark step against the floor of their exponentials, interleaved:
+    medians of wall and CPU (thread) time; the CPU-time ratio is the one a loaded machine leaves readable."""
+    import torch
 
     torch.set_num_threads(1)
-    x = torch.from_numpy(_particles(exact_n))
-    Wt = torch.tensor(W, dtype=torch.float32)
-    g = blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=4).g
-    clouds = {}
-    for n in (landmark_n // 10, landmark_n):
-        z = torch.from_numpy(_particles(n))
-        clouds[n] = z, sinkflow.particles.farthest_point_indices(sinkflow.particles.gaussian_coordinates(z, Wt, 1.0),
-                                                                 LANDMARKS, 0)
-    runs = {
-        "exact floor": lambda: exp_seconds(11 * exact_n ** 2),
-        "exact, default blocks": lambda: blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=N_ITER, init_g=g),
-        "exact, 64 MiB blocks": lambda: blockwise_fields.lazy_attention_field(x, W=Wt, n_iter=N_ITER, init_g=g,
-                                                                              block_bytes=64 * 2**20),
-    }
-    for n, (z, idx) in clouds.items():
-        runs[f"landmark floor {n}"] = lambda n=n: exp_seconds(n * LANDMARKS)
-        runs[f"landmark step {n}"] = lambda z=z, idx=idx: lowrank_fields.lowrank_attention_field(z, z, idx, W=Wt,
-                                                                                                 n_iter=N_ITER)
+    load = os.getloadavg()[0]
+    runs = {**_exact_runs(exact_n), **_landmark_runs((landmark_n // 10, landmark_n))}
     times = {k: [] for k in runs}
     for _ in range(repeats):
-        for k, fn in runs.items():
-            t0 = time.perf_counter()
+        for k, (n, floor, fn) in runs.items():
+            t0 = _clocks()
             out = fn()
-            times[k].append(out if "floor" in k else time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"\nFloors (float32, d={D}, 1 thread, medians of {repeats} interleaved; load {os.getloadavg()[0]:.1f}; "
-          f"default block budget {blockwise_fields.DEFAULT_BLOCK_BYTES / 2**20:.1f} MiB)\n")
-    print("| step | n | floor of its exponentials (s) | time (s) | ratio |")
-    print("|---|---|---|---|---|")
-    for k in ("exact, default blocks", "exact, 64 MiB blocks"):
-        print(f"| {k} | {exact_n} | {med['exact floor']:.2f} | {med[k]:.2f} | x{med[k] / med['exact floor']:.2f} |")
-    for n in clouds:
-        floor, step = med[f"landmark floor {n}"], med[f"landmark step {n}"]
-        print(f"| landmark m={LANDMARKS} | {n} | {floor:.3f} | {step:.3f} | x{step / floor:.2f} |")
+            times[k].append(out if floor is None else tuple(b - a for a, b in zip(t0, _clocks())))
+    med = {k: tuple(statistics.median(t[c] for t in v) for c in (0, 1)) for k, v in times.items()}
+    print(f"\nFloors on {cpu_description()}\nfloat32, d={D}, 1 thread, medians of {repeats} interleaved; "
+          f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
+    print("| step | n | floor, wall (s) | time, wall (s) | ratio, wall | ratio, CPU time |")
+    print("|---|---|---|---|---|---|")
+    for k, (n, floor, _) in runs.items():
+        if floor is not None:
+            (fw, fc), (tw, tc) = med[floor], med[k]
+            print(f"| {k} | {n} | {fw:.3g} | {tw:.3g} | x{tw / fw:.2f} | x{tc / fc:.2f} |")
 
 
 def main(argv=None):

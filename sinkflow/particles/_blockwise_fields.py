@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, exp_floor, from_torch, leading, to_torch
 
 __all__ = ["LazyField", "lazy_attention_field", "DEFAULT_BLOCK_BYTES", "cache_block_bytes"]
 
@@ -124,6 +124,11 @@ class _BlockScores:
         self.right = torch.cat(right + [one], 1).T.contiguous()
         zero = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
         self.log_b = zero if log_b is None else log_b  # added to every row (column weights in the kernel)
+        # |C_ij| <= |l_i| |r_j| (Cauchy-Schwarz on the score columns): a lower bound of every exponent
+        self.left_norm = torch.linalg.vector_norm(self.left[:, :-1].detach(), dim=1)
+        self.right_max = float(torch.linalg.vector_norm(self.right[:-1].detach(), dim=0).max()) if x.shape[0] else 0.0
+        self.buffer = None  # one block's scores, reused (out= products) unless autograd follows the inputs
+        self.reuse = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, W, log_b)))
 
     def factors(self, row_bias=None):
         """Left factor with ``row_bias`` (n,) in its last column (0 when None)."""
@@ -136,8 +141,21 @@ class _BlockScores:
         return self.log_b if g is None else self.log_b + g
 
     def block(self, left, i0, i1, bias):
-        """``row_bias_i + C_ij + bias_j`` for rows ``i0:i1`` (a fresh buffer)."""
-        return torch.addmm(bias, left[i0:i1], self.right)
+        """``row_bias_i + C_ij + bias_j`` for rows ``i0:i1``: one buffer overwritten block after block (a fresh
+        one under autograd). No fresh allocation per block: the block stays in cache, no page faults."""
+        if not self.reuse:
+            return torch.addmm(bias, left[i0:i1], self.right)
+        if self.buffer is None or self.buffer.shape[0] < i1 - i0:
+            self.buffer = torch.empty((i1 - i0, self.right.shape[1]), dtype=left.dtype, device=left.device)
+        return torch.addmm(bias, left[i0:i1], self.right, out=self.buffer[:i1 - i0])
+
+    def clamp_free(self, left, bias, rows, floor) -> list[bool]:
+        """For each block of ``rows`` rows: is every exponent ``left_i[-1] + C_ij + bias_j`` provably above
+        ``floor``? Then its clamp pass is skipped (one sync per half-iteration)."""
+        lower = left[:, -1].detach() - self.left_norm * self.right_max + float(bias.min())
+        n = lower.shape[0]
+        pad = lower.new_full((-n % rows,), math.inf)
+        return (torch.cat([lower, pad]).view(-1, rows).amin(1) > floor).tolist()
 
 
 class _Passes:
@@ -158,6 +176,7 @@ class _Passes:
         self.V1 = torch.cat([V, torch.ones_like(V[:, :1])], 1).T.contiguous()
         finfo = torch.finfo(V.dtype)
         self.lt = math.log(finfo.tiny)
+        self.floor = exp_floor(V.dtype)  # a block whose exponents all lie above it needs no clamp
         n = a.shape[0]
         self.safe = 3.0 * finfo.tiny / finfo.eps * n
         spread = float(self.log_a.max() - self.log_a.min()) if n else 0.0
@@ -173,32 +192,40 @@ class _Passes:
         n = self.a.shape[0]
         return ((i0, min(n, i0 + self.rows)) for i0 in range(0, n, self.rows))
 
-    def row(self, g, f_prev=None):
-        """Row normalization: new ``f``, velocity, weighted column sums."""
+    def _exp(self, T, clamp):
+        """``exp`` of a block in place; arguments below the exp floor clamped there first when ``clamp``."""
+        return (T.clamp_min_(self.lt) if clamp else T).exp_()
+
+    def row(self, g, f_prev=None, full=True):
+        """Row normalization: new ``f``, and with ``full`` the velocity and weighted column sums (else None:
+        a row step that is not the last of a fixed count needs its row sums only)."""
         S, n, p = self.S, self.a.shape[0], self.V1.shape[0] - 1
         shifted = f_prev is not None and self.row_shift_ok
         left, left0 = (S.factors(f_prev) if shifted else None), S.factors()
         bias = S.column_bias(g)
-        f_new, vel = torch.empty_like(self.a), torch.empty((n, p), dtype=self.a.dtype, device=self.a.device)
-        col = torch.zeros_like(self.a)
-        for i0, i1 in self._blocks():
+        free = S.clamp_free(left, bias, self.rows, self.floor) if shifted else None
+        f_new = torch.empty_like(self.a)
+        vel = torch.empty((n, p), dtype=self.a.dtype, device=self.a.device) if full else None
+        col = torch.zeros_like(self.a) if full else None
+        for b, (i0, i1) in enumerate(self._blocks()):
             R = E = None
             if shifted:
-                E = S.block(left, i0, i1, bias).clamp_min_(self.lt).exp_()
-                R = self._times_values(E)
-                if self._safe_sums(R[:, p]):
-                    f_new[i0:i1] = f_prev[i0:i1] - torch.log(R[:, p])
+                E = self._exp(S.block(left, i0, i1, bias), not free[b])
+                R = self._times_values(E) if full else E.sum(1, keepdim=True)
+                if self._safe_sums(R[:, -1]):
+                    f_new[i0:i1] = f_prev[i0:i1] - torch.log(R[:, -1])
                 else:
                     R = None
             if R is None:
                 T = S.block(left0, i0, i1, bias)
                 m = T.amax(1, keepdim=True)
-                E = T.sub_(m).clamp_min_(self.lt).exp_()
-                R = self._times_values(E)
-                f_new[i0:i1] = -(m.squeeze(1) + torch.log(R[:, p]))
-            s = R[:, p]
-            vel[i0:i1] = R[:, :p] / s[:, None]
-            col.addmv_(E.T, self.a[i0:i1] / s)
+                E = self._exp(T.sub_(m), True)
+                R = self._times_values(E) if full else E.sum(1, keepdim=True)
+                f_new[i0:i1] = -(m.squeeze(1) + torch.log(R[:, -1]))
+            if full:
+                s = R[:, p]
+                vel[i0:i1] = R[:, :p] / s[:, None]
+                col.addmv_(E.T, self.a[i0:i1] / s)
         return f_new, vel, col
 
     def _safe_sums(self, s) -> bool:
@@ -209,9 +236,10 @@ class _Passes:
         """Column step ``g_j = log b_j - logsumexp_i(log a_i + f_i + C_ij)``, shifted by the previous ``g``."""
         left = self.S.factors(self.log_a + f)
         bias = self.S.column_bias(g_prev)
+        free = self.S.clamp_free(left, bias, self.rows, self.floor)
         s = torch.zeros_like(self.a)
-        for i0, i1 in self._blocks():
-            s += self.S.block(left, i0, i1, bias).clamp_min_(self.lt).exp_().sum(0)
+        for b, (i0, i1) in enumerate(self._blocks()):
+            s += self._exp(self.S.block(left, i0, i1, bias), not free[b]).sum(0)
         if self._safe_sums(s):
             return self.log_a - torch.log(s) + g_prev
         return self._column_exact(left)
@@ -234,8 +262,9 @@ class _Passes:
         n, p = self.a.shape[0], self.V1.shape[0] - 1
         R = torch.empty((n, p + 1), dtype=self.a.dtype, device=self.a.device)
         col = torch.zeros_like(self.a)
-        for i0, i1 in self._blocks():
-            E = self.S.block(left, i0, i1, bias).clamp_min_(self.lt).exp_()
+        free = self.S.clamp_free(left, bias, self.rows, self.floor)
+        for b, (i0, i1) in enumerate(self._blocks()):
+            E = self._exp(self.S.block(left, i0, i1, bias), not free[b])
             R[i0:i1] = self._times_values(E)
             col.addmv_(E.T, self.a[i0:i1])
         return R[:, :p], R[:, p], col
@@ -353,9 +382,10 @@ def _alternate(passes, g, a, budget, tol_check):
     f, vel, col_err, done = None, None, math.inf, 0
     while done < budget:
         done += 1
-        if done % 2 == 1:  # row step: fused with the velocity of this K
-            f, vel, col = passes.row(g, f)
-            col_err = float((col - a).abs().sum())
+        if done % 2 == 1:  # row step: fused with the velocity of this K when it may be the last step
+            f, vel, col = passes.row(g, f, full=tol_check is not None or done == budget)
+            if col is not None:
+                col_err = float((col - a).abs().sum())
             if tol_check is not None and col_err <= tol_check:
                 break
         else:

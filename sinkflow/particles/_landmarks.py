@@ -146,7 +146,9 @@ def _compact_order(z: torch.Tensor, block: int) -> torch.Tensor:
     if z.shape[1] > 1:  # about sqrt(n / block) strips of sqrt(n / block) blocks each
         strips = max(1, math.isqrt(n // block))
         key += (u[:, 0] * strips).long().clamp_max_(strips - 1) * (fine + 1)
-    return torch.argsort(key)
+    if int(key.max()) < 2**31:  # a 32-bit key sorts twice as fast (torch sorts integers by radix)
+        key = key.int()
+    return torch.argsort(key, stable=True)
 
 
 def _farthest_points(z: torch.Tensor, m: int, start: int, block: int) -> torch.Tensor:
@@ -156,27 +158,26 @@ def _farthest_points(z: torch.Tensor, m: int, start: int, block: int) -> torch.T
     z = z - z.mean(0)  # |z|^2 + |c|^2 - 2 z.c below loses digits far from the origin
     order = _compact_order(z, block)
     nb = -(-n // block)
-    Z = z[order]
-    Z = torch.cat([Z, Z[-1:].expand(nb * block - n, d)]).view(nb, block, d)
+    Z = torch.index_select(z, 0, torch.cat([order, order[-1:].expand(nb * block - n)])).view(nb, block, d)
     lo, hi = Z.amin(1), Z.amax(1)
     sq = (Z * Z).sum(2)
     nearest = torch.full_like(sq, math.inf)  # squared distance to the nearest landmark so far
     nearest.view(-1)[n:] = -math.inf  # padding rows: never picked
     top = nearest.amax(1)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(n, device=z.device)
-    i = int(rank[start])
+    i = int((order == start).nonzero()[0, 0])  # the start's place in the order
     idx = torch.empty(m, dtype=torch.long, device=z.device)
+    flat, near = Z.view(-1, d), nearest.view(-1)
     for k in range(m):
         idx[k] = order[i]
-        c = Z.view(-1, d)[i]
-        gap = ((lo - c).clamp_min_(0.0).square_() + (c - hi).clamp_min_(0.0).square_()).sum(1)
+        c = flat[i]
+        gap = torch.maximum(lo - c, c - hi).clamp_min_(0.0).square_().sum(1)  # squared distance to each box
         hit = (gap < top).nonzero().squeeze(1)
-        # |z - c|^2 = |z|^2 + |c|^2 - 2 z.c: one batched product over the blocks hit
-        to_c = torch.baddbmm((sq[hit] + c.dot(c)).unsqueeze(2), Z[hit], (-2.0 * c).view(1, d, 1).expand(len(hit), d, 1))
-        nearest[hit] = torch.minimum(nearest[hit], to_c.squeeze(2))
-        nearest.view(-1)[i] = -math.inf  # never chosen twice (rounding leaves ~eps at the landmarks)
-        top[hit] = nearest[hit].amax(1)
+        # |z - c|^2 = |z|^2 + |c|^2 - 2 z.c over the blocks hit: one gather, one matrix-vector product
+        to_c = torch.mv(Z[hit].view(-1, d), c).view(len(hit), block).mul_(-2.0).add_(sq[hit]).add_(sq.view(-1)[i])
+        closer = torch.minimum(nearest[hit], to_c)
+        nearest[hit] = closer
+        top[hit] = closer.amax(1)
+        near[i] = -math.inf  # never chosen twice (rounding leaves ~eps at the landmarks)
         top[i // block] = nearest[i // block].max()
         b = int(top.argmax())
         i = b * block + int(nearest[b].argmax())

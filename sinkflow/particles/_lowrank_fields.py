@@ -50,13 +50,10 @@ pseudo-inverse cutoff, padded with zero columns to a multiple of 8, which BLAS r
 :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has ``r << m`` (the benchmark cloud
 of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256`` farthest points, 10 of 256 uniform
 ones). ``B`` is formed once per field (``n m`` exponentials, in blocks of rows sized from the L2
-cache) and kept when it fits ``CACHE_BYTES`` (256 MiB); otherwise each pass recomputes the blocks
-:math:`L_b` (memory ``O(m^2 + block)`` besides ``O(n)`` vectors). A pass over a kept ``B`` carries the
-masses alone (two matrix-vector products, 3-4 ms each at ``n = 10^6``), except the one pass that
-computes the velocity. One step at ``n = 10^6``, ``d = 2``, ``m = 256``, ten half-iterations, float32,
-one thread: about 3.5-4x the time of its ``n m`` exponentials, most of it forming ``B`` (the
-exponentials, the exponent product of inner width ``d + 2`` and the product with ``H``); see
-docs/performance.md.
+cache) and kept when it fits ``CACHE_BYTES`` (256 MiB), else each pass recomputes the blocks
+:math:`L_b` (memory ``O(m^2 + block)``). A pass over a kept ``B`` reads it once, in cache-sized chunks,
+and carries the masses alone (matrix-vector products), except the pass that computes the velocity.
+Where the time of a step goes (the factor, the passes, the farthest-point choice): docs/performance.md.
 """
 
 from __future__ import annotations
@@ -76,9 +73,8 @@ from sinkflow.particles._landmarks import landmark_indices, gaussian_coordinates
 __all__ = ["NystromPositivityError", "LowRankField", "lowrank_attention_field"]
 
 #: Memory of one block of kernel rows (bytes), counted as two ``rows x m`` buffers: three times the
-#: L2 cache (:func:`sinkflow.particles.cache_block_bytes`). The block stays in cache between its
-#: product, its exp and the product with ``A^{+1/2}``: building the factor at n = 10^6, m = 256
-#: took 10% less CPU time with 1,024-1,536 rows than with 4,096 (the 8 MiB budget before).
+#: L2 cache (:func:`sinkflow.particles.cache_block_bytes`), so a block stays in cache between its
+#: product, its exp and the product with ``A^{+1/2}``; also the size of a chunk of a kept factor's pass.
 BLOCK_BYTES = cache_block_bytes()
 #: The factor ``B = L A^{+1/2}`` (``n x r``) is kept between passes when it takes at most this many bytes.
 CACHE_BYTES = 256 * 2**20
@@ -144,6 +140,7 @@ class _NystromKernel:
         # (n x m times m x r) 2.5x faster at r = 24 than at r = 23 (the benchmark cloud's rank)
         self.half = torch.cat([half, half.new_zeros(m, -half.shape[1] % 8)], 1)
         self.rows = max(1, int(block_bytes) // (2 * m * z.element_size()))
+        self.block_bytes = int(block_bytes)
         self.floor = exp_floor(z.dtype)
         self.floor_value = float(torch.tensor(self.floor, dtype=z.dtype).exp())
         # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
@@ -224,18 +221,24 @@ class _NystromKernel:
         self.last_in = new_in
         return acc
 
-
     def _sweep_kept(self, T, step):
-        """:meth:`sweep` with the kept factor ``B``: one block of all rows, each product in the form
-        BLAS streams ``B`` fastest (one column: matrix-vector; n = 10^6, r = 24: 3-4 ms a product)."""
-        B = self.factor
-        out = None if T is None else (B @ T[:, 0])[:, None] if T.shape[1] == 1 else (T.T @ B.T).T
-        if out is not None and self.diagonal is not None:
-            out = out + self.diagonal[:, None] * self.last_in
-        Y = step(0, B.shape[0], out)
-        if self.diagonal is not None:
-            self.last_in = Y
-        return None if Y is None else (Y[:, 0] @ B)[:, None] if Y.shape[1] == 1 else (Y.T @ B).T
+        """:meth:`sweep` with the kept factor ``B``, in chunks of rows that stay in cache between the two
+        products of a pass (``B`` is read once from memory per pass: single-core memory bandwidth is what
+        the passes cost), each product in the form BLAS streams fastest (one column: matrix-vector)."""
+        B, acc, keep = self.factor, None, self.diagonal is not None
+        # the restored diagonal reads the previous sweep's Y of every row: one chunk then
+        chunk = B.shape[0] if keep else max(1, self.block_bytes // (B.shape[1] * B.element_size()))
+        for i0 in range(0, B.shape[0], chunk):
+            Bc = B[i0:i0 + chunk]
+            out = None if T is None else (Bc @ T[:, 0])[:, None] if T.shape[1] == 1 else (T.T @ Bc.T).T
+            if out is not None and keep:
+                out = out + self.diagonal[:, None] * self.last_in
+            Y = step(i0, i0 + Bc.shape[0], out)
+            self.last_in = Y if keep else None
+            if Y is not None:
+                part = (Y[:, 0] @ Bc)[:, None] if Y.shape[1] == 1 else (Y.T @ Bc).T
+                acc = part if acc is None else acc.add_(part)
+        return acc
 
 
 def _positive(s: torch.Tensor, what: str, m: int) -> torch.Tensor:

@@ -85,3 +85,24 @@ def test_cache_size_is_read_from_sysfs_then_sysconf_then_the_fallback(monkeypatc
     monkeypatch.setattr(B.os, "sysconf", lambda name: (_ for _ in ()).throw(ValueError(name)))
     assert B.cache_block_bytes(fallback=2**18) == 3 * 2**18
     assert math.isfinite(B.DEFAULT_BLOCK_BYTES) and B.DEFAULT_BLOCK_BYTES >= 3 * 2**15
+
+
+@pytest.mark.parametrize("scores", ["dot", "gaussian"])
+def test_blocks_cleared_of_the_clamp_lie_above_the_exp_floor(scores):
+    # oracle: the exponents of each block formed densely; a block whose clamp pass is skipped must have
+    # every exponent above the floor, and the bound must clear warm blocks and keep cold ones
+    n, rows = 60, 7
+    x = torch.randn(n, 2, dtype=torch.float32, generator=torch.Generator().manual_seed(6))
+    floor = math.log(torch.finfo(torch.float32).tiny) + 1.0
+    cleared = {}
+    for tau in (1.0, 0.01):
+        S = B._BlockScores(x, None, tau, scores, None)
+        row_bias = torch.linspace(-30.0, 5.0, n)
+        left, bias = S.factors(row_bias), S.column_bias(torch.linspace(-20.0, 3.0, n))
+        free = S.clamp_free(left, bias, rows, floor)
+        exponents = left @ S.right + bias
+        for b, ok in enumerate(free):
+            if ok:
+                assert float(exponents[b * rows:(b + 1) * rows].min()) > floor
+        cleared[tau] = sum(free)
+    assert cleared[1.0] == -(-n // rows) and cleared[0.01] < cleared[1.0]
