@@ -333,7 +333,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         landmarks = _flow_landmarks(X, landmarks, variant.landmark_method, W, tau, landmark_sampling, landmark_seed)
     field = ParticleField(variant, W, Wv, n_iter, a, tau, _solver_tol(tol, X.dtype), max_iter, bool(chunked), landmarks,
                           n_iter is None if warm_start is None else bool(warm_start), sphere,
-                          "marginal_errors" in monitors)
+                          "marginal_errors" in monitors, symmetric=_symmetric_psd(W),
+                          stages=4 if integrator == "rk4" else 1)
     # energy monitors use W / tau (the bilinear form of the scores)
     W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).detach().to(torch.float64)
     a64 = None if a is None else a.detach().to(torch.float64) / a.detach().to(torch.float64).sum()
@@ -351,6 +352,17 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         n_iter=None if n_iter is None else int(n_iter), temperature=tau,
         weights=from_torch(a, numpy_out), chunked=bool(chunked),
         landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))
+
+
+def _symmetric_psd(W) -> bool:
+    """Whether ``W`` (``(..., d, d)``, None = identity) is symmetric to rounding and positive semi-definite."""
+    if W is None:
+        return True
+    Wd = W.detach()
+    eps = 8 * torch.finfo(Wd.dtype).eps * max(float(Wd.abs().amax()), 1e-300)
+    if float((Wd - Wd.mT).abs().amax()) > eps:
+        return False
+    return bool((torch.linalg.eigvalsh(Wd.to(torch.float64)).amin() >= -eps * Wd.shape[-1]).item())
 
 
 def _check_positions(X, manifold):
