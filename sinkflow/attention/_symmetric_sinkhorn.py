@@ -184,7 +184,8 @@ def _iterate(C, a, init_g, tol, max_iter):
 
 
 def fixed_symmetric(C: torch.Tensor, a: torch.Tensor, n_iter: int, init_g: torch.Tensor | None):
-    """``n_iter`` alternating half-iterations (row first) in the kernel domain: ``(K, g)``.
+    """``n_iter`` alternating half-iterations (row first) on the kernel :math:`a_j e^{C_{ij}}` (the
+    flow's), in the kernel domain: ``(K, g)``, ``g`` the column potential of those scores.
 
     ``K = diag(u) E diag(v)``: a row step sets ``u = 1 / (E v)``, a column step
     ``v = a / (E^T (a u))``; one exponential pass in all. Exact to rounding: the scalings stay
@@ -209,7 +210,8 @@ def _tiny(C) -> float:
 def _alternate(C, a, init_g, n_iter):
     xp = _xp(C)
     E, half = _kernel(C)
-    w = half if init_g is None else init_g + half  # the first row step is from g (0 by default)
+    # The flow's kernel is a_j e^{C_ij}: the first row step is the SoftMax of C + log a + g (g = 0 by default).
+    w = half + xp.log(a) if init_g is None else init_g + half + xp.log(a)
     top = w.max(-1, keepdims=True) if xp is np else w.amax(-1, keepdim=True)
     if float((top[..., 0] - w.min(-1)).max()) > 0.25 * math.log(1.0 / _tiny(C)):
         return None  # the scalings could leave the float range: the log-domain solver's business
@@ -220,4 +222,4 @@ def _alternate(C, a, init_g, n_iter):
             u = 1.0 / _matvec(E, v)
         else:
             v = a / _matvec(E.swapaxes(-1, -2), a * u)
-    return E * u[..., :, None] * v[..., None, :], xp.log(v) - half
+    return E * u[..., :, None] * v[..., None, :], xp.log(v) - half - xp.log(a)

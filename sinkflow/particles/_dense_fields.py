@@ -66,30 +66,36 @@ def single_thread_if_small(n: int, device) -> None:
         yield
 
 
-def check_matrix(M, name: str, d: int, like: torch.Tensor) -> torch.Tensor | None:
-    """A ``(d, d)`` matrix as a finite tensor on ``like``'s device and dtype (``None`` stays ``None``)."""
+def check_matrix(M, name: str, d: int, like: torch.Tensor, batched: bool = False) -> torch.Tensor | None:
+    """A ``(d, d)`` matrix (``(..., d, d)`` if ``batched``) as a finite tensor on ``like``'s device and
+    dtype (``None`` stays ``None``)."""
     if M is None:
         return None
     t = to_torch(M, name, like=like)
-    if t.shape != (d, d):
-        raise ValueError(f"{name} must have shape ({d}, {d}) to act on particles of dimension {d}, got {tuple(t.shape)}")
+    if t.shape[-2:] != (d, d) or (t.ndim != 2 and not batched):
+        lead = "(..., " if batched else "("
+        raise ValueError(f"{name} must have shape {lead}{d}, {d}) to act on particles of dimension {d}, "
+                         f"got {tuple(t.shape)}")
     check_finite(t.detach(), name)
     return t
 
 
-def check_weights(weights, like: torch.Tensor, name: str = "weights") -> torch.Tensor | None:
-    """Particle weights: shape ``(n,)``, positive, summing to 1 (``None`` stays ``None``)."""
+def check_weights(weights, like: torch.Tensor, name: str = "weights", batched: bool = False) -> torch.Tensor | None:
+    """Particle weights: shape ``(n,)`` (``(..., n)`` if ``batched``, one measure per system),
+    positive, summing to 1 (``None`` stays ``None``)."""
     if weights is None:
         return None
-    n = like.shape[0]
+    n = like.shape[-2]
     a = to_torch(weights, name, like=like)
-    if a.shape != (n,):
-        raise ValueError(f"{name} must have shape ({n},), one per particle, got {tuple(a.shape)}")
+    if a.ndim < 1 or a.shape[-1] != n or (a.ndim != 1 and not batched):
+        raise ValueError(f"{name} must have shape {'(..., ' if batched else '('}{n},), one per particle, "
+                         f"got {tuple(a.shape)}")
     check_finite(a, name)
     if bool((a <= 0).any()):
         raise ValueError(f"{name} must be positive (a particle of weight 0 is not in the measure; drop it)")
-    if abs(float(a.detach().sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
-        raise ValueError(f"{name} must sum to 1 (a probability measure), got sum {float(a.sum())!r}")
+    worst = float((a.detach().sum(-1) - 1).abs().max())
+    if worst > (1e-10 if a.dtype == torch.float64 else 1e-5):
+        raise ValueError(f"{name} must sum to 1 (a probability measure), got sums off by up to {worst:.3g}")
     return a
 
 
@@ -128,7 +134,7 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     then solved by :mod:`sinkflow.attention._symmetric_sinkhorn` (one exponential pass).
     """
     variant = get_attention(attention)
-    V = x if W_V is None else x @ W_V.T
+    V = x if W_V is None else x @ W_V.mT
     if landmarks is not None:
         return _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks)
     if variant.approximates is not None:
@@ -140,18 +146,23 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
                          "normalize(scores, n_iter, mask) to use it on particles")
     C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
     if (symmetric and variant.normalize is _sinkhorn and n_iter != 1  # one half-iteration is SoftMax, bit for bit
-            and not (torch.is_grad_enabled() and C.requires_grad)):
+            and C.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and C.requires_grad)):
         return _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
     if weights is not None or not variant.normalized:
-        a = weights if weights is not None else torch.full(x.shape[:1], 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
-        C = C + torch.log(a)[None, :]  # kernel a_j e^{C_ij}
+        a = weights if weights is not None else torch.full(x.shape[-2:-1], 1.0 / x.shape[-2], dtype=x.dtype, device=x.device)
+        C = C + torch.log(a)[..., None, :]  # kernel a_j e^{C_ij}
     res = variant.normalize(C, n_iter=n_iter, weights=weights, tol=tol, max_iter=max_iter, init_g=init_g)
     K = res.attention
     row_err = col_err = math.nan
     if need_errors:
-        err = marginal_errors(K.detach(), weights, weights)
-        row_err, col_err = float(err.row), float(err.column)
+        row_err, col_err = _errors(K.detach(), weights)
     return FieldEvaluation(K @ V, K, res.g, res.n_iter, res.converged, row_err, col_err)
+
+
+def _errors(K, a):
+    """Row and column marginal errors: floats for one system, tensors per system for a batch."""
+    err = marginal_errors(K, a, a)
+    return (float(err.row), float(err.column)) if err.row.ndim == 0 else (err.row, err.column)
 
 
 def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation:
@@ -174,10 +185,7 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
             res = solve_sinkhorn(C, int(n_iter), tol, max_iter, a=a, b=a, init_g=init_g, warn=False)
             fixed = res.attention, res.g
         (K, g), count, converged = fixed, int(n_iter), True
-    row_err = col_err = math.nan
-    if need_errors:
-        err = marginal_errors(K, a, a)
-        row_err, col_err = (float(err.row), float(err.column)) if err.row.ndim == 0 else (err.row, err.column)
+    row_err, col_err = _errors(K, a) if need_errors else (math.nan, math.nan)
     return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
 
 

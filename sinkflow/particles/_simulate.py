@@ -44,6 +44,7 @@ from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 from sinkflow.particles._integrators import ParticleField, INTEGRATORS
+from sinkflow.particles._ensembles import is_ensemble, simulate_ensemble
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder, _as_monitor_names
 from sinkflow.particles._step_size import _interaction_matrix, _check_step_size
 
@@ -299,6 +300,13 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     True
     """
     check_numpy_float(x0, "x0")
+    if is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h):
+        return simulate_ensemble(
+            x0, attention, W_Q, W_K, W_V, h, steps, n_iter=n_iter, weights=weights, integrator=integrator,
+            manifold=manifold, temperature=temperature, monitors=monitors, monitor_every=monitor_every,
+            save_every=save_every, warm_start=warm_start, chunked=chunked, landmarks=landmarks,
+            landmark_seed=landmark_seed, landmark_sampling=landmark_sampling, tol=tol, max_iter=max_iter,
+            cluster_tol=cluster_tol, progress=progress)
     X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
     check_choice(manifold, "manifold", MANIFOLDS)
     _check_positions(X, manifold)
@@ -344,9 +352,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         run = _integrate(field, X, INTEGRATORS[integrator], float(h), steps, record, save_every, progress,
                          variant.name, fixed_count=n_iter is not None)
     return Trajectory(
-        times=run.times, positions=from_torch(run.positions, numpy_out),
+        times=run.steps * float(h), positions=from_torch(run.positions, numpy_out),
         monitors={key: np.asarray(val, dtype=float) for key, val in record.records.items()},
-        monitor_times=np.array(record.times),
+        monitor_times=np.array(record.times) * float(h),
         sinkhorn_iterations=run.iterations if variant.normalization == "sinkhorn" else np.zeros(steps, dtype=int),
         converged=run.converged, attention=variant.name, integrator=integrator, manifold=manifold, h=float(h),
         n_iter=None if n_iter is None else int(n_iter), temperature=tau,
@@ -365,13 +373,13 @@ def _symmetric_psd(W) -> bool:
     return bool((torch.linalg.eigvalsh(Wd.to(torch.float64)).amin() >= -eps * Wd.shape[-1]).item())
 
 
-def _check_positions(X, manifold):
+def _check_positions(X, manifold, batched: bool = False):
     check_float(X, "x0")
-    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
-        raise ValueError(f"x0 must have shape (n, d) with n, d >= 1, got {tuple(X.shape)}")
+    if (X.ndim != 2 and not batched) or X.ndim < 2 or X.shape[-2] < 1 or X.shape[-1] < 1:
+        raise ValueError(f"x0 must have shape {'(..., ' if batched else '('}n, d) with n, d >= 1, got {tuple(X.shape)}")
     check_finite(X.detach(), "x0")
     if manifold == "sphere":
-        dev = float((X.detach().norm(dim=1) - 1).abs().max())
+        dev = float((X.detach().norm(dim=-1) - 1).abs().max())
         if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
             raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
                              "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
@@ -386,31 +394,50 @@ def _check_monitors_fit(monitors, n):
 
 @dataclass(frozen=True)
 class _Run:
-    times: np.ndarray
+    steps: np.ndarray  # step indices of the saved positions
     positions: torch.Tensor
-    iterations: np.ndarray
-    converged: bool
+    iterations: np.ndarray  # (steps, systems...) solver iterations per step
+    converged: Any  # bool, or a bool array per system
+
+
+def _per_system(value):
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
 
 
 def _integrate(field, X, step, h, steps, record, save_every, progress, name, fixed_count) -> _Run:
-    """``steps`` integrator steps of size ``h`` from ``X``, monitored, every ``save_every``-th position kept."""
+    """``steps`` integrator steps of size ``h`` from ``X``, monitored, every ``save_every``-th position kept.
+
+    ``X`` may hold a batch of systems (``(B, n, d)``, ``h`` a float or a ``(B, 1, 1)`` tensor):
+    iteration counts and convergence are then per system.
+    """
     from sinkflow._progress import progress_bar
 
-    saved, times = [X.clone()], [0.0]
-    iters = np.zeros(steps, dtype=int)
-    all_converged = True
+    saved, kept = [X.clone()], [0]
+    iters = np.zeros((steps,) + tuple(X.shape[:-2]), dtype=int)
+    converged = np.ones(X.shape[:-2], dtype=bool)
     for k in progress_bar(range(steps), enabled=progress, desc=f"{name} flow", unit="step"):
         X_next, evs = step(field, X, h)
-        record(k, k * h, X, evs[0])
+        record(k, X, evs[0])
         X = X_next
-        iters[k] = sum(ev.n_iter for ev in evs)
-        all_converged = all_converged and (all(ev.converged for ev in evs) or fixed_count)
+        iters[k] = sum(_per_system(ev.n_iter) for ev in evs)
+        if not fixed_count:
+            for ev in evs:
+                converged &= _per_system(ev.converged)
         if not bool(torch.isfinite(X.detach()).all()):
-            raise FloatingPointError(
-                f"the flow left the floating-point range at step {k + 1} (t = {(k + 1) * h:g}); "
-                "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")
+            _left_the_range(X, k, h)
         if (k + 1) % save_every == 0 or k + 1 == steps:
             saved.append(X.clone())
-            times.append((k + 1) * h)
-    record(steps, steps * h, X, None, force=True)
-    return _Run(np.array(times), torch.stack(saved), iters, bool(all_converged))
+            kept.append(k + 1)
+    record(steps, X, None, force=True)
+    return _Run(np.array(kept), torch.stack(saved), iters, converged if converged.ndim else bool(converged))
+
+
+def _left_the_range(X, k, h):
+    where, t = "", (k + 1) * h
+    if X.ndim > 2:
+        bad = (~torch.isfinite(X.detach())).flatten(1).any(1).nonzero().flatten().tolist()
+        where = f" in system {bad[0]} (of the flattened batch; {len(bad)} systems in all)"
+        t = (k + 1) * float(h.flatten()[bad[0]]) if isinstance(h, torch.Tensor) else t
+    raise FloatingPointError(
+        f"the flow left the floating-point range at step {k + 1} (t = {t:g}){where}; "
+        "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")

@@ -34,9 +34,14 @@ def lipschitz_scale(x: torch.Tensor, W: torch.Tensor | None, W_V: torch.Tensor |
     >>> lipschitz_scale(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), None, None, 1.0)
     3.0
     """
-    x = x.detach()
-    R2 = float((x * x).sum(1).mean())
-    norm = lambda M: 1.0 if M is None else float(torch.linalg.matrix_norm(M.detach().to(torch.float64), 2))
+    return float(_lipschitz(x, W, W_V, temperature))
+
+
+def _lipschitz(x, W, W_V, temperature):
+    """:func:`lipschitz_scale` of each system of a batch ``x`` (``(..., n, d)``), as a float64 tensor."""
+    x = x.detach().to(torch.float64)
+    R2 = (x * x).sum(-1).mean(-1)
+    norm = lambda M: 1.0 if M is None else torch.linalg.matrix_norm(M.detach().to(torch.float64), 2)
     return norm(W_V) * (1 + 2 * norm(W) * R2 / temperature)
 
 
