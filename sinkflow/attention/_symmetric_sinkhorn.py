@@ -102,7 +102,7 @@ def _row_normalized(E, u):
 
 def solve_symmetric(C: torch.Tensor, a: torch.Tensor, init_g: torch.Tensor | None, tol: float,
                     max_iter: int) -> SymmetricSolve:
-    """Solve the symmetric problem of scores ``C`` (``(..., n, n)``) and marginals ``a`` to ``tol``.
+    r"""Solve the symmetric problem of scores ``C`` (``(..., n, n)``) and marginals ``a`` to ``tol``.
 
     ``init_g`` (``(..., n)``, any gauge) warm-starts: for ``n <= NEWTON_N`` the first step is then
     Newton's, unchecked (from a flow's extrapolated potential it is the only one). None starts

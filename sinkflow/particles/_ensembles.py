@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, from_torch, leading, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
+from sinkflow._checks import check_choice
 from sinkflow._progress import progress_bar
 from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax, get_attention
-from sinkflow.particles._dense_fields import DENSE_BYTES_LIMIT, check_matrix, check_weights, single_thread_if_small
-from sinkflow.particles._monitors import MONITOR_FUNCTIONS, MonitorContext, _energy_kind, _Recorder
+from sinkflow.particles._dense_fields import (DENSE_BYTES_LIMIT, check_matrix, check_weights, dense_limit,
+                                              single_thread_if_small)
+from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
+from sinkflow.particles._monitors import MONITOR_FUNCTIONS, MonitorContext, _as_monitor_names, _energy_kind, _Recorder
+from sinkflow.particles._step_size import _check_step_size, _lipschitz, _symmetric_psd
 
 __all__ = ["is_ensemble", "simulate_ensemble"]
 
@@ -45,7 +50,8 @@ def is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h) -> bool:
 
 def _positive_per_system(value, name: str, like: torch.Tensor) -> torch.Tensor:
     """A float64 tensor of positive, finite values (one per system); errors name ``name``."""
-    if isinstance(value, (str, bytes)) or isinstance(value, bool):
+    if isinstance(value, (str, bytes, bool)) or (not isinstance(value, torch.Tensor)
+                                                 and np.asarray(value).dtype.kind not in "iuf"):
         raise TypeError(f"{name} must be a real number or an array of them, got {value!r}")
     t = to_torch(value, name)
     if t.dtype == torch.bool or t.is_complex() or not (t.is_floating_point() or t.dtype in
@@ -111,10 +117,6 @@ def simulate_ensemble(x0, attention, W_Q, W_K, W_V, h, steps, **options):
 
 def _checked_options(options, steps) -> int:
     """The single-system checks of the options a batched flow uses itself; ``steps`` checked."""
-    from sinkflow._backend import check_number
-    from sinkflow._checks import check_choice
-    from sinkflow.particles._integrators import INTEGRATORS
-    from sinkflow.particles._monitors import _as_monitor_names
     from sinkflow.particles._simulate import MANIFOLDS
 
     check_choice(options["manifold"], "manifold", MANIFOLDS)
@@ -165,8 +167,6 @@ def _interaction(systems):
 
 
 def _batchable(variant, systems, options) -> bool:
-    from sinkflow.particles._dense_fields import dense_limit
-    from sinkflow.particles._simulate import _symmetric_psd
 
     if variant.normalize not in _BATCHED or options["landmarks"] is not None or options["chunked"]:
         return False
@@ -211,8 +211,7 @@ def _in_batches(systems, variant, steps, options):
 
 def _chunk(systems, variant, steps, options):
     """One batched flow of ``systems`` (a :class:`Trajectory` with a flat batch dimension)."""
-    from sinkflow.particles._integrators import INTEGRATORS, ParticleField
-    from sinkflow.particles._simulate import Trajectory, _integrate, _solver_tol, _symmetric_psd
+    from sinkflow.particles._simulate import Trajectory, _solver_tol
 
     X, o = systems.X.detach().clone(), options
     W = _interaction(systems)
@@ -252,7 +251,6 @@ def _fold(W, systems):
 
 def _warn_step_size(X, W, systems, variant, integrator):
     """The single-system step-size warning, for the system whose ``h`` is largest against its limit."""
-    from sinkflow.particles._step_size import _check_step_size, _lipschitz
 
     if not variant.normalized and variant.approximates is None:
         return
@@ -265,7 +263,6 @@ def _warn_step_size(X, W, systems, variant, integrator):
 
 def _contexts(field, variant, W, systems, options):
     """The monitors' context of each system."""
-    from types import SimpleNamespace
 
     d, sphere = systems.X.shape[-1], options["manifold"] == "sphere"
     kind = _energy_kind(variant, sphere)
@@ -288,8 +285,7 @@ class _EnsembleRecorder(_Recorder):
         super().__init__(names, every, contexts)
 
     def values(self, Y, ev) -> dict:
-        from types import SimpleNamespace
-
+    
         if ev is None and MONITOR_FUNCTIONS["marginal_errors"] in self.functions:
             _, ev = self.field.velocity(Y)
         rows = []

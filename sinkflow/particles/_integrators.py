@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 import torch
 
 from sinkflow.particles._dense_fields import attention_field
@@ -167,3 +169,54 @@ def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
 
 #: Integrators by name: ``step(field, X, h) -> (X_next, evaluations)``.
 INTEGRATORS = {"euler": euler_step, "rk4": rk4_step}
+
+
+@dataclass(frozen=True)
+class _Run:
+    steps: np.ndarray  # step indices of the saved positions
+    positions: torch.Tensor
+    iterations: np.ndarray  # (steps, systems...) solver iterations per step
+    converged: Any  # bool, or a bool array per system
+
+
+def _per_system(value):
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+
+
+def _integrate(field, X, step, h, steps, record, save_every, progress, name, fixed_count) -> _Run:
+    """``steps`` integrator steps of size ``h`` from ``X``, monitored, every ``save_every``-th position kept.
+
+    ``X`` may hold a batch of systems (``(B, n, d)``, ``h`` a float or a ``(B, 1, 1)`` tensor):
+    iteration counts and convergence are then per system.
+    """
+    from sinkflow._progress import progress_bar
+
+    saved, kept = [X.clone()], [0]
+    iters = np.zeros((steps,) + tuple(X.shape[:-2]), dtype=int)
+    converged = np.ones(X.shape[:-2], dtype=bool)
+    for k in progress_bar(range(steps), enabled=progress, desc=f"{name} flow", unit="step"):
+        X_next, evs = step(field, X, h)
+        record(k, X, evs[0])
+        X = X_next
+        iters[k] = sum(_per_system(ev.n_iter) for ev in evs)
+        if not fixed_count:
+            for ev in evs:
+                converged &= _per_system(ev.converged)
+        if not bool(torch.isfinite(X.detach()).all()):
+            _left_the_range(X, k, h)
+        if (k + 1) % save_every == 0 or k + 1 == steps:
+            saved.append(X.clone())
+            kept.append(k + 1)
+    record(steps, X, None, force=True)
+    return _Run(np.array(kept), torch.stack(saved), iters, converged if converged.ndim else bool(converged))
+
+
+def _left_the_range(X, k, h):
+    where, t = "", (k + 1) * h
+    if X.ndim > 2:
+        bad = (~torch.isfinite(X.detach())).flatten(1).any(1).nonzero().flatten().tolist()
+        where = f" in system {bad[0]} (of the flattened batch; {len(bad)} systems in all)"
+        t = (k + 1) * float(h.flatten()[bad[0]]) if isinstance(h, torch.Tensor) else t
+    raise FloatingPointError(
+        f"the flow left the floating-point range at step {k + 1} (t = {t:g}){where}; "
+        "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")

@@ -43,10 +43,10 @@ from sinkflow._checks import check_choice, check_numpy_float
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
-from sinkflow.particles._integrators import ParticleField, INTEGRATORS
+from sinkflow.particles._integrators import ParticleField, INTEGRATORS, _integrate
 from sinkflow.particles._ensembles import is_ensemble, simulate_ensemble
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder, _as_monitor_names
-from sinkflow.particles._step_size import _interaction_matrix, _check_step_size
+from sinkflow.particles._step_size import _interaction_matrix, _check_step_size, _symmetric_psd
 
 __all__ = ["simulate", "Trajectory", "random_particles", "default_tol"]
 
@@ -60,22 +60,24 @@ class Trajectory:
     Attributes
     ----------
     times : numpy.ndarray (n_saved,)
-        Times of the saved states (``k h``).
-    positions : array (n_saved, n, d)
+        Times of the saved states (``k h``); ``(n_saved, ...)`` for an ensemble with a ``h`` per system.
+    positions : array (n_saved, ..., n, d)
         Saved states, same type/device/dtype as ``x0`` (``n_saved = steps + 1`` with
-        ``save_every=1``).
+        ``save_every=1``); ``...`` is the batch shape of an ensemble (none for one system).
     monitors : dict[str, numpy.ndarray]
-        Recorded quantities (see module docstring), one value per ``monitor_times``.
+        Recorded quantities (see module docstring), one value per ``monitor_times`` (and system).
     monitor_times : numpy.ndarray
-    sinkhorn_iterations : numpy.ndarray (steps,)
-        Half-iterations used per step (all stages of RK4 summed); zeros without Sinkhorn.
-    converged : bool
-        Whether every run-to-tolerance Sinkhorn solve reached its tolerance.
+    sinkhorn_iterations : numpy.ndarray (steps, ...)
+        Solver iterations per step (all stages of RK4 summed), per system: half-iterations, or
+        iterations of the symmetric solver (:mod:`sinkflow.attention`, for a symmetric positive
+        semi-definite ``W_Q^T W_K``); zeros without Sinkhorn.
+    converged : bool or numpy.ndarray (...) of bool
+        Whether every run-to-tolerance Sinkhorn solve reached its tolerance (per system).
     attention, integrator, manifold : str
-    h : float
+    h : float or numpy.ndarray (...)
     n_iter : int or None
-    temperature : float
-    weights : array (n,) or None
+    temperature : float or numpy.ndarray (...)
+    weights : array (..., n) or None
     chunked : bool
         Whether the field was evaluated block-wise (:mod:`sinkflow.particles`).
     landmarks : int or None
@@ -215,8 +217,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
 
     Parameters
     ----------
-    x0 : array (n, d) or torch.Tensor
-        Initial particles. numpy in -> numpy out; torch in (``x0`` or any of ``W_Q``, ``W_K``,
+    x0 : array (..., n, d) or torch.Tensor
+        Initial particles. Leading dimensions are an ensemble of independent systems (see
+        Ensembles below). numpy in -> numpy out; torch in (``x0`` or any of ``W_Q``, ``W_K``,
         ``W_V``, ``weights``) -> torch out on that tensor's device and dtype (CUDA works
         unchanged; float16 / bfloat16 landmark fields are computed in float32). Must be finite, floating (numpy defaults
         to float64), and on the unit sphere for ``manifold="sphere"``. A torch ``x0`` (or
@@ -226,25 +229,25 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         ``"sinkhorn"``, ``"softmax"``, ``"unnormalized"``, ``"gaussian"``, ``"skyformer"``,
         ``"nystromformer"`` or any name added with :func:`sinkflow.register_attention`
         (:mod:`sinkflow.attention`).
-    W_Q, W_K, W_V : arrays (d, d), optional
+    W_Q, W_K, W_V : arrays (..., d, d), optional
         Query, key and value matrices (identity by default); the scores are
         :math:`x_i^T W_Q^T W_K x_j / \tau`. The gradient-flow theorem holds for
         :math:`W = W_Q^T W_K / \tau` symmetric and :math:`W_V = W` (descent of the energy).
-    h : float
-        Step size (> 0); Euler with step ``h`` is a residual layer. A ``RuntimeWarning``
+    h : float or array (...)
+        Step size (> 0; one per system of an ensemble); Euler with step ``h`` is a residual layer. A ``RuntimeWarning``
         names the largest safe value when ``h`` exceeds the field's stability scale
         (:func:`lipschitz_scale`, normalized attentions).
     steps : int
         Number of steps (>= 0).
     n_iter : int or None
         Sinkhorn half-iterations per field evaluation; ``None`` runs to ``tol``.
-    weights : array (n,), optional
+    weights : array (..., n), optional
         Positive particle weights summing to 1 (the empirical measure); uniform by default.
         Conserved by the flow (mass moves with the particles).
     integrator : {"euler", "rk4"}
     manifold : {"euclidean", "sphere"}
-    temperature : float
-        :math:`\tau > 0` (:math:`\beta = 1/\tau` on the sphere).
+    temperature : float or array (...)
+        :math:`\tau > 0` (:math:`\beta = 1/\tau` on the sphere), one per system of an ensemble.
     monitors : str or iterable of str
         Any of ``"energy", "energy_inf", "energy_0", "marginal_errors", "clusters"``.
     monitor_every, save_every : int
@@ -274,7 +277,17 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     cluster_tol : float
         :math:`\delta` of the cluster monitor.
     progress : bool
-        Show a tqdm progress bar.
+        Show a tqdm progress bar (quiet where the output is not a terminal).
+
+    Ensembles
+    ---------
+    Leading dimensions of ``x0``, ``W_Q``, ``W_K``, ``W_V``, ``weights``, ``temperature`` and ``h``
+    broadcast together into a batch of independent systems; each evolves exactly as it would
+    alone (float64: within 1e-12, iteration counts equal), its monitors, iteration counts and
+    convergence reported per system (``Trajectory.positions`` of shape ``(T, ..., n, d)``). The
+    dense attentions run as one batched flow (a Sinkhorn solve to tolerance stops each system
+    when it converges), in chunks of systems when the batch would not fit the dense budget;
+    landmarks, block-wise fields, registered attentions and gradients run system by system.
 
     Returns
     -------
@@ -287,7 +300,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         an integer (``steps``, ``n_iter``, ``landmarks``, ...).
     ValueError
         Non-finite ``x0``, ``h <= 0``, ``steps < 0``, wrong shapes of the matrices or the
-        weights, weights not summing to 1, points off the sphere, unknown options.
+        weights, weights not summing to 1, points off the sphere, unknown options; batch
+        dimensions that do not broadcast, or a non-positive temperature of some system (the
+        message names the parameter).
 
     Examples
     --------
@@ -298,6 +313,10 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     ((11, 8, 2), 0.5)
     >>> bool(np.all(np.diff(traj.monitors["energy"]) <= 0))   # F^inf decreases (W_V = W = I)
     True
+    >>> x0 = np.stack([sinkflow.random_particles(8, 2, seed=s, manifold="sphere") for s in range(3)])
+    >>> ens = sinkflow.simulate(x0, h=0.05, steps=10, manifold="sphere", temperature=[[0.5], [2.0]])
+    >>> ens.positions.shape, ens.converged.shape        # 2 temperatures x 3 systems
+    ((11, 2, 3, 8, 2), (2, 3))
     """
     check_numpy_float(x0, "x0")
     if is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h):
@@ -362,17 +381,6 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))
 
 
-def _symmetric_psd(W) -> bool:
-    """Whether ``W`` (``(..., d, d)``, None = identity) is symmetric to rounding and positive semi-definite."""
-    if W is None:
-        return True
-    Wd = W.detach()
-    eps = 8 * torch.finfo(Wd.dtype).eps * max(float(Wd.abs().amax()), 1e-300)
-    if float((Wd - Wd.mT).abs().amax()) > eps:
-        return False
-    return bool((torch.linalg.eigvalsh(Wd.to(torch.float64)).amin() >= -eps * Wd.shape[-1]).item())
-
-
 def _check_positions(X, manifold, batched: bool = False):
     check_float(X, "x0")
     if (X.ndim != 2 and not batched) or X.ndim < 2 or X.shape[-2] < 1 or X.shape[-1] < 1:
@@ -390,54 +398,3 @@ def _check_monitors_fit(monitors, n):
     if dense_monitors and n > MAX_MONITOR_N:
         raise ValueError(f"monitors {dense_monitors} evaluate n x n float64 matrices; n={n} is too large "
                          f"(n <= {MAX_MONITOR_N}); 'marginal_errors' works at any n")
-
-
-@dataclass(frozen=True)
-class _Run:
-    steps: np.ndarray  # step indices of the saved positions
-    positions: torch.Tensor
-    iterations: np.ndarray  # (steps, systems...) solver iterations per step
-    converged: Any  # bool, or a bool array per system
-
-
-def _per_system(value):
-    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-
-
-def _integrate(field, X, step, h, steps, record, save_every, progress, name, fixed_count) -> _Run:
-    """``steps`` integrator steps of size ``h`` from ``X``, monitored, every ``save_every``-th position kept.
-
-    ``X`` may hold a batch of systems (``(B, n, d)``, ``h`` a float or a ``(B, 1, 1)`` tensor):
-    iteration counts and convergence are then per system.
-    """
-    from sinkflow._progress import progress_bar
-
-    saved, kept = [X.clone()], [0]
-    iters = np.zeros((steps,) + tuple(X.shape[:-2]), dtype=int)
-    converged = np.ones(X.shape[:-2], dtype=bool)
-    for k in progress_bar(range(steps), enabled=progress, desc=f"{name} flow", unit="step"):
-        X_next, evs = step(field, X, h)
-        record(k, X, evs[0])
-        X = X_next
-        iters[k] = sum(_per_system(ev.n_iter) for ev in evs)
-        if not fixed_count:
-            for ev in evs:
-                converged &= _per_system(ev.converged)
-        if not bool(torch.isfinite(X.detach()).all()):
-            _left_the_range(X, k, h)
-        if (k + 1) % save_every == 0 or k + 1 == steps:
-            saved.append(X.clone())
-            kept.append(k + 1)
-    record(steps, X, None, force=True)
-    return _Run(np.array(kept), torch.stack(saved), iters, converged if converged.ndim else bool(converged))
-
-
-def _left_the_range(X, k, h):
-    where, t = "", (k + 1) * h
-    if X.ndim > 2:
-        bad = (~torch.isfinite(X.detach())).flatten(1).any(1).nonzero().flatten().tolist()
-        where = f" in system {bad[0]} (of the flattened batch; {len(bad)} systems in all)"
-        t = (k + 1) * float(h.flatten()[bad[0]]) if isinstance(h, torch.Tensor) else t
-    raise FloatingPointError(
-        f"the flow left the floating-point range at step {k + 1} (t = {t:g}){where}; "
-        "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")

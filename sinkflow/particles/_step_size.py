@@ -94,3 +94,14 @@ def _check_step_size(h, X, W, Wv, tau, variant, integrator):
                       f"the Lipschitz estimate L ~ {2.0 / limit if integrator == 'euler' else 2.78 / limit:.3g} of "
                       "sinkflow.particles.lipschitz_scale; sinkflow.particles.largest_safe_step): the steps may "
                       "overshoot", RuntimeWarning, stacklevel=3)
+
+
+def _symmetric_psd(W) -> bool:
+    """Whether ``W`` (``(..., d, d)``, None = identity) is symmetric to rounding and positive semi-definite."""
+    if W is None:
+        return True
+    Wd = W.detach()
+    eps = 8 * torch.finfo(Wd.dtype).eps * max(float(Wd.abs().amax()), 1e-300)
+    if float((Wd - Wd.mT).abs().amax()) > eps:
+        return False
+    return bool((torch.linalg.eigvalsh(Wd.to(torch.float64)).amin() >= -eps * Wd.shape[-1]).item())
