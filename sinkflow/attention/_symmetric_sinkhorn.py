@@ -130,9 +130,10 @@ class _Systems:
         self.iterations = 0 * w[..., 0]
         self.err = self.iterations + (0.0 if warm else math.inf)  # a warm start counts as close
 
-    def done(self, K, a, tol) -> bool:
-        """Record the column errors of ``K``; whether every system has converged (one sync)."""
-        e = self.xp.abs(_matvec(K.swapaxes(-1, -2), a) - a).sum(-1)
+    def done(self, E, u, s, a, tol) -> bool:
+        """Record the column errors of ``K = diag(1/s) E diag(u)`` (from ``E^T (a / s)``, without
+        forming ``K``); whether every system has converged (one sync)."""
+        e = self.xp.abs(u * _matvec(E.swapaxes(-1, -2), a / s) - a).sum(-1)
         if not self.batched:
             self.err, self.active = e, e > tol  # NaN compares False: a system that blew up stops
             return not bool(self.active)
@@ -164,23 +165,21 @@ def _iterate(C, a, init_g, tol, max_iter):
     previous = w
     for k in range(max_iter + 1):
         u = xp.exp(w)
-        if k % every == 0 or k == max_iter:
-            K, s = _row_normalized(E, u)
-            if (k or not (warm and newton)) and (systems.done(K, a, tol) or k == max_iter):
+        s = _matvec(E, u)
+        if (k % every == 0 or k == max_iter) and (k or not (warm and newton)):
+            if systems.done(E, u, s, a, tol) or k == max_iter:
                 break
-        else:
-            s = _matvec(E, u)
         F = w + xp.log(s) - log_a
         close = systems.err < _NEWTON_FROM if newton else False
         if newton and bool(close.all()):
-            step = _solve(K + eye, F)
+            step = _solve(_row_normalized(E, u)[0] + eye, F)
         else:
             step = _GAMMA * F - _MOMENTUM * (w - previous)
             if newton and bool(close.any()):
-                step = xp.where(close[..., None], _solve(K + eye, F), step)
+                step = xp.where(close[..., None], _solve(_row_normalized(E, u)[0] + eye, F), step)
         previous = w
         w = systems.advanced(w, step)
-    return K, w - half, systems.iterations, systems.err
+    return _row_normalized(E, u)[0], w - half, systems.iterations, systems.err
 
 
 def fixed_symmetric(C: torch.Tensor, a: torch.Tensor, n_iter: int, init_g: torch.Tensor | None):
