@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading
 from sinkflow._checks import check_choice
 from sinkflow._progress import progress_bar
 from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax, get_attention
@@ -53,7 +53,7 @@ def _positive_per_system(value, name: str, like: torch.Tensor) -> torch.Tensor:
     if isinstance(value, (str, bytes, bool)) or (not isinstance(value, torch.Tensor)
                                                  and np.asarray(value).dtype.kind not in "iuf"):
         raise TypeError(f"{name} must be a real number or an array of them, got {value!r}")
-    t = to_torch(value, name)
+    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))  # keeps 0-d
     if t.dtype == torch.bool or t.is_complex() or not (t.is_floating_point() or t.dtype in
                                                         (torch.int8, torch.int16, torch.int32, torch.int64)):
         raise TypeError(f"{name} must be real numbers, got dtype {t.dtype}")

@@ -36,6 +36,7 @@ def test_each_system_of_a_batch_evolves_as_alone(attention, n_iter, integrator, 
     batched = sinkflow.simulate(x0, attention, temperature=temperature, **kwargs)
     assert batched.positions.shape == (7, 2, 3, 7, 2) and batched.monitors["energy"].shape == (7, 2, 3)
     assert batched.temperature.shape == (2, 3) and batched.sinkhorn_iterations.shape == (6, 2, 3)
+    assert batched.h == 0.05 and batched.times.shape == (7,)  # one h: one time axis
     for i in range(2):
         for j in range(3):
             alone = sinkflow.simulate(x0[i, j], attention, temperature=float(temperature[i, 0]), **kwargs)
