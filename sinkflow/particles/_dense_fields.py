@@ -27,8 +27,7 @@ from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.attention._symmetric_sinkhorn import fixed_symmetric, solve_symmetric
 from sinkflow.attention._normalizations import solve_sinkhorn
-from sinkflow.attention._variants import _sinkhorn, _softmax, get_attention
-from sinkflow.particles._batched_ops import small_matmul, softmax_rows_, times_values
+from sinkflow.attention._variants import _sinkhorn, get_attention
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.bounds._stochasticity import marginal_errors
@@ -135,8 +134,7 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     then solved by :mod:`sinkflow.attention._symmetric_sinkhorn` (one exponential pass).
     """
     variant = get_attention(attention)
-    batched = x.ndim > 2 and not (torch.is_grad_enabled() and x.requires_grad)
-    V = x if W_V is None else (small_matmul(x, W_V.mT) if batched else x @ W_V.mT)
+    V = x if W_V is None else x @ W_V.mT
     if landmarks is not None:
         return _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks)
     if variant.approximates is not None:
@@ -146,14 +144,7 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     if variant.normalize is None:
         raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
                          "normalize(scores, n_iter, mask) to use it on particles")
-    if batched and variant.scores == "dot":
-        C = _batched_dot_scores(x, W, temperature)
-    else:
-        C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
-    if batched and variant.normalize is _softmax and weights is None:
-        K = softmax_rows_(C)
-        return FieldEvaluation(times_values(K, V), K, None, 1, True, *(_errors(K, None) if need_errors else
-                                                                       (math.nan, math.nan)))
+    C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
     if (symmetric and variant.normalize is _sinkhorn and n_iter != 1  # one half-iteration is SoftMax, bit for bit
             and C.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and C.requires_grad)):
         return _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
@@ -165,20 +156,13 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     row_err = col_err = math.nan
     if need_errors:
         row_err, col_err = _errors(K.detach(), weights)
-    return FieldEvaluation(times_values(K, V), K, res.g, res.n_iter, res.converged, row_err, col_err)
+    return FieldEvaluation(K @ V, K, res.g, res.n_iter, res.converged, row_err, col_err)
 
 
 def _errors(K, a):
     """Row and column marginal errors: floats for one system, tensors per system for a batch."""
     err = marginal_errors(K, a, a)
     return (float(err.row), float(err.column)) if err.row.ndim == 0 else (err.row, err.column)
-
-
-def _batched_dot_scores(x, W, temperature):
-    """:func:`dot_scores` of a batch of systems, by :func:`small_matmul` (inputs validated)."""
-    q = x if W is None else small_matmul(x, W)
-    C = small_matmul(q, x.mT)
-    return C if temperature == 1.0 else C.div_(temperature)
 
 
 def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation:
@@ -202,7 +186,7 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
             fixed = res.attention, res.g
         (K, g), count, converged = fixed, int(n_iter), True
     row_err, col_err = _errors(K, a) if need_errors else (math.nan, math.nan)
-    return FieldEvaluation(times_values(K, V), K, g, count, converged, row_err, col_err)
+    return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
 
 
 def _general_fallback(C, a, tol, max_iter, K, g, count, converged):
