@@ -24,7 +24,9 @@ class ParticleField:
     Sinkhorn potentials are carried from one evaluation to the next when ``warm_start``.
     :func:`sinkflow.simulate` builds one per run from its checked arguments; the fields mirror
     its options (``W = W_Q^T W_K``, ``sphere`` for ``manifold="sphere"``, ``need_errors`` for the
-    ``"marginal_errors"`` monitor, ``symmetric`` when ``W`` is symmetric positive semi-definite). ``retract(Y)`` maps a state back to the manifold
+    ``"marginal_errors"`` monitor, ``symmetric`` when ``W`` is symmetric positive semi-definite,
+    ``stages`` the field evaluations per integrator step, whose potentials ``history`` keeps per
+    stage for the warm start). ``Y`` may be a batch of systems ``(B, n, d)`` (ensembles). ``retract(Y)`` maps a state back to the manifold
     (renormalization on the sphere, the identity in Euclidean space).
 
     Examples

@@ -68,3 +68,15 @@ def test_systems_the_symmetric_solver_gives_up_on_are_solved_by_the_general_one(
     assert fallback.converged and fallback.monitors["column_error"].max() < 1e-10
     np.testing.assert_allclose(fallback.positions, reference.positions, atol=1e-9)
     assert (fallback.sinkhorn_iterations > reference.sinkhorn_iterations).all()  # the general solver's half-steps
+
+
+@pytest.mark.parametrize("manifold, integrator", [("sphere", "euler"), ("euclidean", "rk4")])
+def test_the_flow_is_the_general_solvers_flow(monkeypatch, manifold, integrator):
+    x0 = sinkflow.random_particles(20, 2, seed=9, manifold=manifold)
+    kwargs = dict(h=0.05, steps=12, manifold=manifold, integrator=integrator, temperature=0.2)
+    fast = {k: sinkflow.simulate(x0, "sinkhorn", n_iter=k, **kwargs) for k in (None, 3)}
+    monkeypatch.setattr("sinkflow.particles._simulate._symmetric_psd", lambda W: False)
+    general = {k: sinkflow.simulate(x0, "sinkhorn", n_iter=k, **kwargs) for k in (None, 3)}
+    np.testing.assert_allclose(fast[None].positions, general[None].positions, rtol=0, atol=1e-9)  # both to 1e-10
+    np.testing.assert_allclose(fast[3].positions, general[3].positions, rtol=0, atol=1e-13)
+    assert fast[None].sinkhorn_iterations.sum() < general[None].sinkhorn_iterations.sum() / 10
