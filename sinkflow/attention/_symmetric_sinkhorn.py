@@ -212,7 +212,8 @@ def _alternate(C, a, init_g, n_iter):
     # The flow's kernel is a_j e^{C_ij}: the first row step is the SoftMax of C + log a + g (g = 0 by default).
     w = half + xp.log(a) if init_g is None else init_g + half + xp.log(a)
     top = w.max(-1, keepdims=True) if xp is np else w.amax(-1, keepdim=True)
-    if float((top[..., 0] - w.min(-1)).max()) > 0.25 * math.log(1.0 / _tiny(C)):
+    bottom = w.min(-1) if xp is np else w.amin(-1)
+    if float((top[..., 0] - bottom).max()) > 0.25 * math.log(1.0 / _tiny(C)):
         return None  # the scalings could leave the float range: the log-domain solver's business
     v = xp.exp(w - top)  # the scale of v is free
     u = v

@@ -6,6 +6,7 @@ import torch
 
 import sinkflow
 import sinkflow.particles._dense_fields as dense_fields
+import sinkflow.attention._symmetric_sinkhorn as symmetric
 from sinkflow.attention._symmetric_sinkhorn import fixed_symmetric, solve_symmetric
 
 
@@ -28,8 +29,10 @@ def scores(seed, n, scale, tau):
     return x @ x.T / tau
 
 
-@pytest.mark.parametrize("n", [12, 130])  # Newton's steps (n <= 96) and heavy-ball steps alone
-def test_a_batch_of_symmetric_problems_reaches_the_plain_loops_fixed_point(n):
+@pytest.mark.parametrize("n, numpy_entries", [(12, symmetric.NUMPY_ENTRIES), (12, 0), (130, symmetric.NUMPY_ENTRIES)])
+def test_a_batch_of_symmetric_problems_reaches_the_plain_loops_fixed_point(monkeypatch, n, numpy_entries):
+    # Newton's steps (n <= 96) in numpy and in torch, and heavy-ball steps alone
+    monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
     C = np.stack([scores(1, n, 1.0, 0.3), scores(2, n, 2.0, 1.0), scores(11, n, 1.0, 0.15)])
     a = np.random.default_rng(4).random((3, n)) + 0.2
     a /= a.sum(-1, keepdims=True)
@@ -43,7 +46,9 @@ def test_a_batch_of_symmetric_problems_reaches_the_plain_loops_fixed_point(n):
         assert int(alone.iterations) == int(res.iterations[b])  # each system stops for itself
 
 
-def test_a_fixed_count_is_the_plain_loop_bit_for_rounding():
+@pytest.mark.parametrize("numpy_entries", [symmetric.NUMPY_ENTRIES, 0])  # numpy, then torch
+def test_a_fixed_count_is_the_plain_loop_bit_for_rounding(monkeypatch, numpy_entries):
+    monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
     C, a = scores(5, 9, 1.5, 0.4), np.full(9, 1 / 9)
     for n_iter in (2, 3, 6):
         K, _ = fixed_symmetric(torch.as_tensor(C), torch.as_tensor(a), n_iter, None)
