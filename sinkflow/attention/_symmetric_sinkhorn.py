@@ -50,6 +50,7 @@ _CHECK_EVERY = 2  # heavy-ball iterations between two convergence checks (the sa
 #: takes the same steps alone or in any batch.
 NEWTON_N = 96
 _NEWTON_FROM = 1e-2  # marginal error below which Newton's steps take over
+_NEWTON_MAX = 1.0  # largest change of a potential a Newton step may make (else the start was too far)
 
 #: CPU problems with at most this many matrix entries in all run in numpy: torch's per-operation
 #: overhead (~5 us) is several times numpy's at these sizes, and a solve is ~40 small operations.
@@ -86,17 +87,24 @@ def _matvec(E, v):
     return (E @ v[..., None])[..., 0]
 
 
+def _newton_or_ball(xp, newton, ball):
+    """Newton's step where it moves no potential by more than ``_NEWTON_MAX``, the heavy-ball step elsewhere."""
+    near = xp.abs(newton).max(-1) <= _NEWTON_MAX  # NaN compares False
+    return xp.where(near[..., None], newton, ball)
+
+
 def _solve(J, F):
     """``J^{-1} F`` over the last dimensions (LAPACK's ``gesv`` directly for one numpy system)."""
     if isinstance(J, np.ndarray) and J.ndim == 2:
-        return scipy.linalg.lapack.get_lapack_funcs("gesv", (J,))(J, F, overwrite_a=True)[2]
+        gesv = scipy.linalg.lapack.dgesv if J.dtype == np.float64 else scipy.linalg.lapack.sgesv
+        return gesv(J, F, overwrite_a=True)[2]
     xp = _xp(J)
     return xp.linalg.solve(J, F[..., None])[..., 0]
 
 
-def _row_normalized(E, u):
-    """``K = diag(1 / E u) E diag(u)`` (rows sum to 1) and ``s = E u``."""
-    s = _matvec(E, u)
+def _row_normalized(E, u, s=None):
+    """``K = diag(1 / E u) E diag(u)`` (rows sum to 1) and ``s = E u`` (computed unless given)."""
+    s = _matvec(E, u) if s is None else s
     return E * (u[..., None, :] / s[..., :, None]), s
 
 
@@ -114,7 +122,8 @@ def solve_symmetric(C: torch.Tensor, a: torch.Tensor, init_g: torch.Tensor | Non
     args = [C, a.expand(C.shape[:-1]), init_g]
     if small:
         args = [None if t is None else t.detach().numpy() for t in args]
-    K, g, iterations, err = _iterate(*args, tol, max_iter)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system stops, not converged
+        K, g, iterations, err = _iterate(*args, tol, max_iter)
     if small:
         K, g, iterations, err = (torch.from_numpy(np.asarray(t)) for t in (K, g, iterations, err))
     return SymmetricSolve(K, g, iterations.to(torch.int64), err <= tol, err)  # NaN: not converged
@@ -172,14 +181,17 @@ def _iterate(C, a, init_g, tol, max_iter):
         F = w + xp.log(s) - log_a
         close = systems.err < _NEWTON_FROM if newton else False
         if newton and bool(close.all()):
-            step = _solve(_row_normalized(E, u)[0] + eye, F)
+            step = _solve(_row_normalized(E, u, s)[0] + eye, F)
+            if not float(xp.abs(step).max()) <= _NEWTON_MAX:  # too far for Newton: a heavy-ball step
+                step = _newton_or_ball(xp, step, _GAMMA * F - _MOMENTUM * (w - previous))
         else:
             step = _GAMMA * F - _MOMENTUM * (w - previous)
             if newton and bool(close.any()):
-                step = xp.where(close[..., None], _solve(_row_normalized(E, u)[0] + eye, F), step)
+                newton_step = _solve(_row_normalized(E, u, s)[0] + eye, F)
+                step = xp.where(close[..., None], _newton_or_ball(xp, newton_step, step), step)
         previous = w
         w = systems.advanced(w, step)
-    return _row_normalized(E, u)[0], w - half, systems.iterations, systems.err
+    return _row_normalized(E, u, s)[0], w - half, systems.iterations, systems.err
 
 
 def fixed_symmetric(C: torch.Tensor, a: torch.Tensor, n_iter: int, init_g: torch.Tensor | None):
