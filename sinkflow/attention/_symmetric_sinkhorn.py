@@ -89,7 +89,8 @@ def _matvec(E, v):
 
 def _newton_or_ball(xp, newton, ball):
     """Newton's step where it moves no potential by more than ``_NEWTON_MAX``, the heavy-ball step elsewhere."""
-    near = xp.abs(newton).max(-1) <= _NEWTON_MAX  # NaN compares False
+    size = xp.abs(newton)
+    near = (size.max(-1) if xp is np else size.amax(-1)) <= _NEWTON_MAX  # NaN compares False
     return xp.where(near[..., None], newton, ball)
 
 

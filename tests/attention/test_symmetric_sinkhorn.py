@@ -85,3 +85,16 @@ def test_the_flow_is_the_general_solvers_flow(monkeypatch, manifold, integrator)
     np.testing.assert_allclose(fast[None].positions, general[None].positions, rtol=0, atol=1e-9)  # both to 1e-10
     np.testing.assert_allclose(fast[3].positions, general[3].positions, rtol=0, atol=1e-13)
     assert fast[None].sinkhorn_iterations.sum() < general[None].sinkhorn_iterations.sum() / 10
+
+
+@pytest.mark.parametrize("numpy_entries", [symmetric.NUMPY_ENTRIES, 0])
+def test_systems_far_from_their_warm_start_take_heavy_ball_steps_the_others_newtons(monkeypatch, numpy_entries):
+    monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
+    C = torch.as_tensor(np.stack([scores(s, 20, 1.0, 0.2) for s in range(4)]))
+    a = torch.full((20,), 1 / 20, dtype=torch.float64)
+    solved = solve_symmetric(C, a, None, 1e-11, 200)
+    kick = torch.as_tensor(np.random.default_rng(0).standard_normal((4, 20))) * torch.tensor([0.0, 3.0, 0.0, 3.0])[:, None]
+    warm = solve_symmetric(C, a, solved.g + kick, 1e-11, 200)
+    assert warm.converged.all()
+    np.testing.assert_allclose(warm.attention.numpy(), solved.attention.numpy(), atol=1e-9)
+    assert (warm.iterations[[1, 3]] > warm.iterations[[0, 2]]).all()
