@@ -32,6 +32,7 @@ from sinkflow.particles._dense_fields import (DENSE_BYTES_LIMIT, check_matrix, c
 from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
 from sinkflow.particles._monitors import MONITOR_FUNCTIONS, MonitorContext, _as_monitor_names, _energy_kind, _Recorder
 from sinkflow.particles._step_size import _check_step_size, _lipschitz, _symmetric_psd
+from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, _solver_tol
 
 __all__ = ["is_ensemble", "simulate_ensemble"]
 
@@ -86,10 +87,9 @@ def _flat(t, batch, tail):
     return t.expand(batch + tail).reshape((-1,) + tail)
 
 
-def simulate_ensemble(x0, attention, W_Q, W_K, W_V, h, steps, **options):
-    """:func:`sinkflow.simulate` for a batch of systems (see the module docstring)."""
-    from sinkflow.particles._simulate import _check_positions
-
+def simulate_ensemble(x0, attention, W_Q, W_K, W_V, h, steps, *, single, **options):
+    """:func:`sinkflow.simulate` for a batch of systems (see the module docstring); ``single`` is the
+    single-system :func:`sinkflow.simulate` that the systems the batched flow cannot take go through."""
     steps = _checked_options(options, steps)
     X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, options["weights"])
     check_float(X, "x0")
@@ -109,7 +109,7 @@ def simulate_ensemble(x0, attention, W_Q, W_K, W_V, h, steps, **options):
     variant = get_attention(attention)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, *mats.values()))
     if grad or not _batchable(variant, systems, options):
-        traj = _system_by_system(systems, attention, steps, options)
+        traj = _system_by_system(single, systems, attention, steps, options)
     else:
         traj = _in_batches(systems, variant, steps, options)
     return _shaped(traj, systems, numpy_out, tau.ndim > 0, hs.ndim > 0)
@@ -117,8 +117,6 @@ def simulate_ensemble(x0, attention, W_Q, W_K, W_V, h, steps, **options):
 
 def _checked_options(options, steps) -> int:
     """The single-system checks of the options a batched flow uses itself; ``steps`` checked."""
-    from sinkflow.particles._simulate import MANIFOLDS
-
     check_choice(options["manifold"], "manifold", MANIFOLDS)
     check_choice(options["integrator"], "integrator", INTEGRATORS)
     options["monitors"] = _as_monitor_names(options["monitors"])
@@ -175,10 +173,8 @@ def _batchable(variant, systems, options) -> bool:
     return not (variant.normalize is _sinkhorn and options["n_iter"] is None and not _symmetric_psd(_interaction(systems)))
 
 
-def _system_by_system(systems, attention, steps, options):
+def _system_by_system(simulate, systems, attention, steps, options):
     """Each system through the single-system :func:`sinkflow.simulate`; the trajectories stacked."""
-    from sinkflow.particles._simulate import simulate
-
     progress = options.pop("progress")
     runs = [simulate(attention=attention, steps=steps, **systems.one(b), **options)
             for b in progress_bar(range(systems.count), enabled=bool(progress), desc="systems", unit="system")]
@@ -211,8 +207,6 @@ def _in_batches(systems, variant, steps, options):
 
 def _chunk(systems, variant, steps, options):
     """One batched flow of ``systems`` (a :class:`Trajectory` with a flat batch dimension)."""
-    from sinkflow.particles._simulate import Trajectory, _solver_tol
-
     X, o = systems.X.detach().clone(), options
     W = _interaction(systems)
     one_tau = bool((systems.tau == systems.tau[0]).all())

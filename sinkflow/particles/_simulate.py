@@ -31,84 +31,21 @@ Monitors follow py-pde's trackers: quantities recorded along the run, every
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, check_seed, from_torch, leading
+from sinkflow._backend import check_number, check_seed, from_torch, leading
 from sinkflow._checks import check_choice, check_numpy_float
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 from sinkflow.particles._integrators import ParticleField, INTEGRATORS, _integrate
 from sinkflow.particles._ensembles import is_ensemble, simulate_ensemble
+from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, _solver_tol, default_tol
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder, _as_monitor_names
 from sinkflow.particles._step_size import _interaction_matrix, _check_step_size, _symmetric_psd
 
 __all__ = ["simulate", "Trajectory", "random_particles", "default_tol"]
-
-MANIFOLDS = ("euclidean", "sphere")
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    """A simulated particle flow.
-
-    Attributes
-    ----------
-    times : numpy.ndarray (n_saved,)
-        Times of the saved states (``k h``); ``(n_saved, ...)`` for an ensemble with a ``h`` per system.
-    positions : array (n_saved, ..., n, d)
-        Saved states, same type/device/dtype as ``x0`` (``n_saved = steps + 1`` with
-        ``save_every=1``); ``...`` is the batch shape of an ensemble (none for one system).
-    monitors : dict[str, numpy.ndarray]
-        Recorded quantities (see module docstring), one value per ``monitor_times`` (and system).
-    monitor_times : numpy.ndarray
-    sinkhorn_iterations : numpy.ndarray (steps, ...)
-        Solver iterations per step (all stages of RK4 summed), per system: half-iterations, or
-        iterations of the symmetric solver (:mod:`sinkflow.attention`, for a symmetric positive
-        semi-definite ``W_Q^T W_K``); zeros without Sinkhorn.
-    converged : bool or numpy.ndarray (...) of bool
-        Whether every run-to-tolerance Sinkhorn solve reached its tolerance (per system).
-    attention, integrator, manifold : str
-    h : float or numpy.ndarray (...)
-    n_iter : int or None
-    temperature : float or numpy.ndarray (...)
-    weights : array (..., n) or None
-    chunked : bool
-        Whether the field was evaluated block-wise (:mod:`sinkflow.particles`).
-    landmarks : int or None
-        Number of landmarks of an approximate flow (:mod:`sinkflow.particles`).
-    """
-
-    times: np.ndarray
-    positions: Any
-    monitors: dict = field(default_factory=dict)
-    monitor_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    sinkhorn_iterations: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
-    converged: bool = True
-    attention: str = "sinkhorn"
-    integrator: str = "euler"
-    manifold: str = "euclidean"
-    h: float = 0.1
-    n_iter: int | None = None
-    temperature: float = 1.0
-    weights: Any = None
-    chunked: bool = False
-    landmarks: int | None = None
-
-    @property
-    def final(self):
-        """The last saved state, ``positions[-1]``."""
-        return self.positions[-1]
-
-    @property
-    def steps(self) -> int:
-        return len(self.sinkhorn_iterations)
-
 
 # ----------------------------------------------------------------------------------------
 # helpers
@@ -154,49 +91,6 @@ def random_particles(n: int, d: int, *, seed=0, manifold: str = "euclidean", sca
     else:
         x *= scale
     return x if like is None else torch.as_tensor(x, dtype=like.dtype, device=like.device)
-
-
-def default_tol(dtype: torch.dtype) -> float:
-    """Sinkhorn marginal tolerance of a flow in ``dtype``: 1e-10 in float64, else the solver's default.
-
-    A marginal error sums ``n`` entries of relative rounding ``eps``; float32 cannot go
-    much below ``1e-6`` (a float64-level ``tol`` would make every solve stop at its floor),
-    see :func:`sinkflow.attention.default_tolerance`.
-
-    Parameters
-    ----------
-    dtype : torch.dtype
-        Floating dtype of the particles.
-
-    Returns
-    -------
-    float
-
-    Examples
-    --------
-    >>> import torch
-    >>> from sinkflow.attention import default_tolerance
-    >>> from sinkflow.particles import default_tol
-    >>> default_tol(torch.float64)
-    1e-10
-    >>> default_tol(torch.float32) == default_tolerance(torch.float32) > default_tol(torch.float64)
-    True
-    """
-    from sinkflow.attention._tolerances import default_tolerance
-
-    return 1e-10 if dtype == torch.float64 else default_tolerance(dtype)
-
-
-def _solver_tol(tol, dtype) -> float:
-    floor = default_tol(dtype)
-    if tol is None:
-        return floor
-    tol = float(check_number(tol, "tol", positive=True))
-    if dtype != torch.float64 and tol < floor:
-        warnings.warn(f"tol={tol:g} is below what {dtype} Sinkhorn solves reach; using {floor:.2g} "
-                      "(pass float64 particles for tighter solves)", RuntimeWarning, stacklevel=3)
-        return floor
-    return tol
 
 
 # ----------------------------------------------------------------------------------------
@@ -325,7 +219,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
             manifold=manifold, temperature=temperature, monitors=monitors, monitor_every=monitor_every,
             save_every=save_every, warm_start=warm_start, chunked=chunked, landmarks=landmarks,
             landmark_seed=landmark_seed, landmark_sampling=landmark_sampling, tol=tol, max_iter=max_iter,
-            cluster_tol=cluster_tol, progress=progress)
+            cluster_tol=cluster_tol, progress=progress, single=simulate)
     X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
     check_choice(manifold, "manifold", MANIFOLDS)
     _check_positions(X, manifold)
@@ -379,18 +273,6 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         n_iter=None if n_iter is None else int(n_iter), temperature=tau,
         weights=from_torch(a, numpy_out), chunked=bool(chunked),
         landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))
-
-
-def _check_positions(X, manifold, batched: bool = False):
-    check_float(X, "x0")
-    if (X.ndim != 2 and not batched) or X.ndim < 2 or X.shape[-2] < 1 or X.shape[-1] < 1:
-        raise ValueError(f"x0 must have shape {'(..., ' if batched else '('}n, d) with n, d >= 1, got {tuple(X.shape)}")
-    check_finite(X.detach(), "x0")
-    if manifold == "sphere":
-        dev = float((X.detach().norm(dim=-1) - 1).abs().max())
-        if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
-            raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
-                             "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
 
 
 def _check_monitors_fit(monitors, n):
