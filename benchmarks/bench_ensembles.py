@@ -14,7 +14,7 @@ the same run:
 
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
-Usage: ``python benchmarks/bench_ensembles.py [--quick] [--repeats R]``.
+Usage: ``python benchmarks/bench_ensembles.py [--quick] [--repeats R] [--ensembles-only]``.
 """
 
 from __future__ import annotations
@@ -107,10 +107,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 16, 64; 256 systems; fewer steps")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ensembles-only", action="store_true", help="only the second table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, float64, load average {os.getloadavg()[0]:.1f}\n")
-    small_n([16, 64] if args.quick else [16, 64, 256, 1024], args.repeats, 40 if args.quick else 200)
+    if not args.ensembles_only:
+        small_n([16, 64] if args.quick else [16, 64, 256, 1024], args.repeats, 40 if args.quick else 200)
     ensembles(256 if args.quick else 2048, 32, args.repeats, 3 if args.quick else 10)
 
 
