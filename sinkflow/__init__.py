@@ -48,7 +48,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                       "gaussian_moment_flow", "GaussianMomentFlow", "gaussian_attention_field", "AffineField"),
     # clustering on the circle and the sphere: linear theory and cluster counts
     "sinkflow.clustering": ("circle_growth_rate", "fastest_mode", "sphere_growth_rate", "count_clusters",
-                            "angular_density"),
+                            "angular_density", "phase_diagram"),
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
     "sinkflow.sweeps": ("sweep", "SweepError"),
     "sinkflow.plots": ("plot_sweep",),

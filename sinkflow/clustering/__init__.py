@@ -7,14 +7,17 @@ harmonic on :math:`S^2`) and form that many clusters before they merge. Start re
 ``_linear_theory.py``: the growth rates :func:`circle_growth_rate` and :func:`sphere_growth_rate`,
 the predicted count :func:`fastest_mode`, the formation time, and the cluster counts of particles
 (:func:`particle_cluster_count`) and of densities (:func:`angular_density`, :func:`count_clusters`).
+``_phase_diagram.py``: the fraction of clustered systems against :math:`\beta` and :math:`t`
+(:func:`phase_diagram`, thousands of systems per ensemble call).
 The mean-field velocity on a circle grid that :func:`sinkflow.mean_field_flow` integrates stays in
 :mod:`sinkflow.heat` (``_circle_field.py``), one floor down.
 """
 
+from sinkflow.clustering._phase_diagram import phase_diagram
 from sinkflow.clustering._linear_theory import (
     angular_density, circle_energy, circle_growth_rate, count_clusters, fastest_mode, formation_time,
     fourier_amplitude, particle_cluster_count, sphere_growth_rate,
 )
 
 __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formation_time", "fourier_amplitude",
-           "angular_density", "count_clusters", "circle_energy", "particle_cluster_count"]
+           "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram"]

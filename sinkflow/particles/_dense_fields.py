@@ -26,7 +26,9 @@ import torch
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.particles._causal import key_targets
-from sinkflow.attention._variants import get_attention
+from sinkflow.attention._symmetric_sinkhorn import fixed_symmetric, solve_symmetric
+from sinkflow.attention._normalizations import solve_sinkhorn
+from sinkflow.attention._variants import _sinkhorn, get_attention
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.bounds._stochasticity import marginal_errors
@@ -39,6 +41,11 @@ ATTENTIONS = ("softmax", "sinkhorn", "unnormalized", "gaussian")
 
 #: Above this many bytes for one ``n x n`` matrix the field is evaluated block-wise.
 DENSE_BYTES_LIMIT = 512 * 2**20
+
+
+#: Iterations of the symmetric Sinkhorn solver before a system falls back to the general one
+#: (it needs 9-13 from any start; see :mod:`sinkflow.attention._symmetric_sinkhorn`).
+SYMMETRIC_BUDGET = 200
 
 
 #: Problems with at most this many particles run on one CPU thread (see below).
@@ -60,30 +67,36 @@ def single_thread_if_small(n: int, device) -> None:
         yield
 
 
-def check_matrix(M, name: str, d: int, like: torch.Tensor) -> torch.Tensor | None:
-    """A ``(d, d)`` matrix as a finite tensor on ``like``'s device and dtype (``None`` stays ``None``)."""
+def check_matrix(M, name: str, d: int, like: torch.Tensor, batched: bool = False) -> torch.Tensor | None:
+    """A ``(d, d)`` matrix (``(..., d, d)`` if ``batched``) as a finite tensor on ``like``'s device and
+    dtype (``None`` stays ``None``)."""
     if M is None:
         return None
     t = to_torch(M, name, like=like)
-    if t.shape != (d, d):
-        raise ValueError(f"{name} must have shape ({d}, {d}) to act on particles of dimension {d}, got {tuple(t.shape)}")
+    if t.shape[-2:] != (d, d) or (t.ndim != 2 and not batched):
+        lead = "(..., " if batched else "("
+        raise ValueError(f"{name} must have shape {lead}{d}, {d}) to act on particles of dimension {d}, "
+                         f"got {tuple(t.shape)}")
     check_finite(t.detach(), name)
     return t
 
 
-def check_weights(weights, like: torch.Tensor, name: str = "weights") -> torch.Tensor | None:
-    """Particle weights: shape ``(n,)``, positive, summing to 1 (``None`` stays ``None``)."""
+def check_weights(weights, like: torch.Tensor, name: str = "weights", batched: bool = False) -> torch.Tensor | None:
+    """Particle weights: shape ``(n,)`` (``(..., n)`` if ``batched``, one measure per system),
+    positive, summing to 1 (``None`` stays ``None``)."""
     if weights is None:
         return None
-    n = like.shape[0]
+    n = like.shape[-2]
     a = to_torch(weights, name, like=like)
-    if a.shape != (n,):
-        raise ValueError(f"{name} must have shape ({n},), one per particle, got {tuple(a.shape)}")
+    if a.ndim < 1 or a.shape[-1] != n or (a.ndim != 1 and not batched):
+        raise ValueError(f"{name} must have shape {'(..., ' if batched else '('}{n},), one per particle, "
+                         f"got {tuple(a.shape)}")
     check_finite(a, name)
     if bool((a <= 0).any()):
         raise ValueError(f"{name} must be positive (a particle of weight 0 is not in the measure; drop it)")
-    if abs(float(a.detach().sum()) - 1) > (1e-10 if a.dtype == torch.float64 else 1e-5):
-        raise ValueError(f"{name} must sum to 1 (a probability measure), got sum {float(a.sum())!r}")
+    worst = float((a.detach().sum(-1) - 1).abs().max())
+    if worst > (1e-10 if a.dtype == torch.float64 else 1e-5):
+        raise ValueError(f"{name} must sum to 1 (a probability measure), got sums off by up to {worst:.3g}")
     return a
 
 
@@ -110,7 +123,7 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
                     n_iter=None, weights: torch.Tensor | None = None, temperature: float = 1.0,
                     init_g: torch.Tensor | None = None, tol: float = 1e-10, max_iter: int = 20_000,
                     chunked: bool = False, need_errors: bool = False, landmarks=None,
-                    mask: torch.Tensor | None = None) -> FieldEvaluation:
+                    mask: torch.Tensor | None = None, symmetric: bool = False) -> FieldEvaluation:
     """Evaluate :math:`T(x_i) = \\sum_j K_{ij} W_V x_j` on torch tensors (internal building block).
 
     ``attention`` is a name or :class:`sinkflow.attention.AttentionVariant`. ``W`` and
@@ -120,12 +133,14 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     of :mod:`sinkflow.particles`. Differentiable by autograd in the dense mode. ``mask`` (boolean
     ``(n, n)``, ``True`` = particle ``i`` attends to ``j``; :func:`sinkflow.particles.causal_mask`)
     restricts the attention, dense mode only; Sinkhorn then targets the key marginals of uniform
-    attention under the mask, weighted by the particles' masses (docs/theory/causal.md).
+    attention under the mask, weighted by the particles' masses (docs/theory/causal.md). ``symmetric``
+    says that ``W`` is symmetric positive semi-definite (None counts): the dense unmasked Sinkhorn
+    field is then solved by :mod:`sinkflow.attention._symmetric_sinkhorn` (one exponential pass).
     """
     variant = get_attention(attention)
     if mask is not None and (landmarks is not None or chunked):
         raise ValueError("a masked (causal) flow is evaluated densely: pass chunked=False and no landmarks")
-    V = x if W_V is None else x @ W_V.T
+    V = x if W_V is None else x @ W_V.mT
     if landmarks is not None:
         return _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks)
     if variant.approximates is not None:
@@ -136,16 +151,64 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
         raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
                          "normalize(scores, n_iter, mask) to use it on particles")
     C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
+    if (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1  # one half-iteration is SoftMax, bit for bit
+            and C.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and C.requires_grad)):
+        return _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
     if weights is not None or not variant.normalized:
-        a = weights if weights is not None else torch.full(x.shape[:1], 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
-        C = C + torch.log(a)[None, :]  # kernel a_j e^{C_ij}
+        a = weights if weights is not None else torch.full(x.shape[-2:-1], 1.0 / x.shape[-2], dtype=x.dtype, device=x.device)
+        C = C + torch.log(a)[..., None, :]  # kernel a_j e^{C_ij}
     res = variant.normalize(C, n_iter=n_iter, mask=mask, weights=weights, tol=tol, max_iter=max_iter, init_g=init_g)
     K = res.attention
     row_err = col_err = math.nan
-    if need_errors:
+    if need_errors and mask is not None:
         err = marginal_errors(K.detach(), weights, key_targets(mask, weights, x))
         row_err, col_err = float(err.row), float(err.column)
+    elif need_errors:
+        row_err, col_err = _errors(K.detach(), weights)
     return FieldEvaluation(K @ V, K, res.g, res.n_iter, res.converged, row_err, col_err)
+
+
+def _errors(K, a):
+    """Row and column marginal errors: floats for one system, tensors per system for a batch."""
+    err = marginal_errors(K, a, a)
+    return (float(err.row), float(err.column)) if err.row.ndim == 0 else (err.row, err.column)
+
+
+def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation:
+    """The Sinkhorn field of a symmetric PSD problem (weights enter as marginals, not in the scores).
+
+    Systems the symmetric solver leaves above ``tol`` (it gives up after ``SYMMETRIC_BUDGET``
+    iterations) are solved again, each alone, by :func:`sinkflow.solve_sinkhorn`.
+    """
+    n = C.shape[-1]
+    a = weights if weights is not None else torch.full((n,), 1.0 / n, dtype=C.dtype, device=C.device)
+    if n_iter is None:
+        res = solve_symmetric(C, a, init_g, tol, min(max_iter, SYMMETRIC_BUDGET))
+        K, g, count, converged = res.attention, res.g, res.iterations, res.converged
+        if not bool(converged.all()):
+            K, g, count, converged = _general_fallback(C, a, tol, max_iter, K, g, count, converged)
+        count, converged = (int(count), bool(converged)) if count.ndim == 0 else (count, converged)
+    else:
+        fixed = fixed_symmetric(C, a, int(n_iter), init_g)
+        if fixed is None:
+            res = solve_sinkhorn(C, int(n_iter), tol, max_iter, a=a, b=a, init_g=init_g, warn=False)
+            fixed = res.attention, res.g
+        (K, g), count, converged = fixed, int(n_iter), True
+    row_err, col_err = _errors(K, a) if need_errors else (math.nan, math.nan)
+    return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
+
+
+def _general_fallback(C, a, tol, max_iter, K, g, count, converged):
+    """Re-solve the unconverged systems of a symmetric batch with the general solver, one by one."""
+    K, g, count, converged = K.clone(), g.clone(), count.clone(), converged.clone()
+    flat = (K.view(-1, *K.shape[-2:]), g.view(-1, g.shape[-1]), count.view(-1), converged.view(-1))
+    Cf, af = C.reshape(-1, *C.shape[-2:]), a.expand(C.shape[:-1]).reshape(-1, C.shape[-1])
+    for i in torch.nonzero(~flat[3]).flatten().tolist():
+        res = solve_sinkhorn(Cf[i], None, tol, max_iter, a=af[i], b=af[i], warn=False)
+        flat[0][i], flat[1][i] = res.attention, res.g
+        flat[2][i] += res.n_iter
+        flat[3][i] = res.converged
+    return K, g, count, converged
 
 
 def _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter) -> FieldEvaluation:

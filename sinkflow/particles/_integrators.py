@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 import torch
 
 from sinkflow.particles._dense_fields import attention_field
@@ -22,7 +24,9 @@ class ParticleField:
     Sinkhorn potentials are carried from one evaluation to the next when ``warm_start``.
     :func:`sinkflow.simulate` builds one per run from its checked arguments; the fields mirror
     its options (``W = W_Q^T W_K``, ``sphere`` for ``manifold="sphere"``, ``need_errors`` for the
-    ``"marginal_errors"`` monitor). ``retract(Y)`` maps a state back to the manifold
+    ``"marginal_errors"`` monitor, ``symmetric`` when ``W`` is symmetric positive semi-definite,
+    ``stages`` the field evaluations per integrator step, whose potentials ``history`` keeps per
+    stage for the warm start). ``Y`` may be a batch of systems ``(B, n, d)`` (ensembles). ``retract(Y)`` maps a state back to the manifold
     (renormalization on the sphere, the identity in Euclidean space).
 
     Examples
@@ -55,21 +59,39 @@ class ParticleField:
     need_errors: bool
     g: torch.Tensor | None = None
     mask: torch.Tensor | None = None  # (n, n) boolean, True = i attends to j (causal flows)
+    symmetric: bool = False
+    stages: int = 1
+    history: dict = field(default_factory=dict)
+    calls: int = 0
 
     def velocity(self, Y: torch.Tensor):
+        stage = self.calls % self.stages
+        self.calls += 1
         ev = attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
-                             temperature=self.temperature, init_g=self.g if self.warm_start else None, tol=self.tol,
+                             temperature=self.temperature, init_g=self._start(stage), tol=self.tol,
                              max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
-                             landmarks=self.landmarks, mask=self.mask)
+                             landmarks=self.landmarks, mask=self.mask, symmetric=self.symmetric)
         if ev.g is not None and self.warm_start:
             self.g = ev.g.detach()
+            self.history[stage] = (self.history.get(stage, ()) + (self.g,))[-3:]
         v = ev.velocity
         if self.sphere:
-            v = v - (v * Y).sum(1, keepdim=True) * Y
+            v = v - (v * Y).sum(-1, keepdim=True) * Y
         return v, ev
 
+    def _start(self, stage: int):
+        """The warm start: the last potential, or, for a symmetric solve to tolerance (whose
+        potential has one gauge), the quadratic extrapolation of this stage's last three (its
+        error is O(h^3) against O(h): one Newton step instead of two, measured)."""
+        if not self.warm_start:
+            return None
+        past = self.history.get(stage, ())
+        if not (self.symmetric and self.n_iter is None and len(past) == 3):
+            return self.g
+        return 3.0 * (past[2] - past[1]) + past[0]
+
     def retract(self, Y: torch.Tensor) -> torch.Tensor:
-        return Y / Y.norm(dim=1, keepdim=True) if self.sphere else Y
+        return Y / Y.norm(dim=-1, keepdim=True) if self.sphere else Y
 
 
 def euler_step(field: ParticleField, X: torch.Tensor, h: float):
@@ -150,3 +172,54 @@ def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
 
 #: Integrators by name: ``step(field, X, h) -> (X_next, evaluations)``.
 INTEGRATORS = {"euler": euler_step, "rk4": rk4_step}
+
+
+@dataclass(frozen=True)
+class _Run:
+    steps: np.ndarray  # step indices of the saved positions
+    positions: torch.Tensor
+    iterations: np.ndarray  # (steps, systems...) solver iterations per step
+    converged: Any  # bool, or a bool array per system
+
+
+def _per_system(value):
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+
+
+def _integrate(field, X, step, h, steps, record, save_every, progress, name, fixed_count) -> _Run:
+    """``steps`` integrator steps of size ``h`` from ``X``, monitored, every ``save_every``-th position kept.
+
+    ``X`` may hold a batch of systems (``(B, n, d)``, ``h`` a float or a ``(B, 1, 1)`` tensor):
+    iteration counts and convergence are then per system.
+    """
+    from sinkflow._progress import progress_bar
+
+    saved, kept = [X.clone()], [0]
+    iters = np.zeros((steps,) + tuple(X.shape[:-2]), dtype=int)
+    converged = np.ones(X.shape[:-2], dtype=bool)
+    for k in progress_bar(range(steps), enabled=progress, desc=f"{name} flow", unit="step"):
+        X_next, evs = step(field, X, h)
+        record(k, X, evs[0])
+        X = X_next
+        iters[k] = sum(_per_system(ev.n_iter) for ev in evs)
+        if not fixed_count:
+            for ev in evs:
+                converged &= _per_system(ev.converged)
+        if not bool(torch.isfinite(X.detach()).all()):
+            _left_the_range(X, k, h)
+        if (k + 1) % save_every == 0 or k + 1 == steps:
+            saved.append(X.clone())
+            kept.append(k + 1)
+    record(steps, X, None, force=True)
+    return _Run(np.array(kept), torch.stack(saved), iters, converged if converged.ndim else bool(converged))
+
+
+def _left_the_range(X, k, h):
+    where, t = "", (k + 1) * h
+    if X.ndim > 2:
+        bad = (~torch.isfinite(X.detach())).flatten(1).any(1).nonzero().flatten().tolist()
+        where = f" in system {bad[0]} (of the flattened batch; {len(bad)} systems in all)"
+        t = (k + 1) * float(h.flatten()[bad[0]]) if isinstance(h, torch.Tensor) else t
+    raise FloatingPointError(
+        f"the flow left the floating-point range at step {k + 1} (t = {t:g}){where}; "
+        "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")

@@ -120,7 +120,7 @@ def _energy_kind(variant, sphere: bool) -> str:
 
 
 class _Recorder:
-    """Runs the monitors every ``every`` steps and collects their values."""
+    """Runs the monitors every ``every`` steps and collects their values (``times``: step indices)."""
 
     def __init__(self, names, every: int, ctx: MonitorContext):
         self.functions = [MONITOR_FUNCTIONS[m] for m in names]
@@ -128,15 +128,20 @@ class _Recorder:
         self.records: dict[str, list] = {}
         self.times: list[float] = []
 
-    def __call__(self, k: int, t: float, Y, ev, force: bool = False):
+    def __call__(self, k: int, Y, ev, force: bool = False):
         if not self.functions or (k % self.every and not force):
             return
-        if self.times and self.times[-1] == t:
+        if self.times and self.times[-1] == k:
             return
-        self.times.append(t)
+        self.times.append(k)
+        for key, value in self.values(Y, ev).items():
+            self.records.setdefault(key, []).append(value)
+
+    def values(self, Y, ev) -> dict:
+        out = {}
         for fn in self.functions:
-            for key, value in fn(Y, ev, self.ctx).items():
-                self.records.setdefault(key, []).append(value)
+            out.update(fn(Y, ev, self.ctx))
+        return out
 
 
 def _as_monitor_names(monitors) -> tuple:

@@ -31,82 +31,22 @@ Monitors follow py-pde's trackers: quantities recorded along the run, every
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, check_seed, from_torch, leading
+from sinkflow._backend import check_number, check_seed, from_torch, leading
 from sinkflow._checks import check_choice, check_numpy_float
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._causal import causal_mask
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
-from sinkflow.particles._integrators import ParticleField, INTEGRATORS
+from sinkflow.particles._integrators import ParticleField, INTEGRATORS, _integrate
+from sinkflow.particles._ensembles import is_ensemble, simulate_ensemble
+from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, _solver_tol, default_tol
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder, _as_monitor_names
-from sinkflow.particles._step_size import _interaction_matrix, _check_step_size
+from sinkflow.particles._step_size import _interaction_matrix, _check_step_size, _symmetric_psd
 
 __all__ = ["simulate", "Trajectory", "random_particles", "default_tol"]
-
-MANIFOLDS = ("euclidean", "sphere")
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    """A simulated particle flow.
-
-    Attributes
-    ----------
-    times : numpy.ndarray (n_saved,)
-        Times of the saved states (``k h``).
-    positions : array (n_saved, n, d)
-        Saved states, same type/device/dtype as ``x0`` (``n_saved = steps + 1`` with
-        ``save_every=1``).
-    monitors : dict[str, numpy.ndarray]
-        Recorded quantities (see module docstring), one value per ``monitor_times``.
-    monitor_times : numpy.ndarray
-    sinkhorn_iterations : numpy.ndarray (steps,)
-        Half-iterations used per step (all stages of RK4 summed); zeros without Sinkhorn.
-    converged : bool
-        Whether every run-to-tolerance Sinkhorn solve reached its tolerance.
-    attention, integrator, manifold : str
-    h : float
-    n_iter : int or None
-    temperature : float
-    weights : array (n,) or None
-    chunked : bool
-        Whether the field was evaluated block-wise (:mod:`sinkflow.particles`).
-    landmarks : int or None
-        Number of landmarks of an approximate flow (:mod:`sinkflow.particles`).
-    """
-
-    times: np.ndarray
-    positions: Any
-    monitors: dict = field(default_factory=dict)
-    monitor_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    sinkhorn_iterations: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
-    converged: bool = True
-    attention: str = "sinkhorn"
-    integrator: str = "euler"
-    manifold: str = "euclidean"
-    h: float = 0.1
-    n_iter: int | None = None
-    temperature: float = 1.0
-    weights: Any = None
-    chunked: bool = False
-    landmarks: int | None = None
-
-    @property
-    def final(self):
-        """The last saved state, ``positions[-1]``."""
-        return self.positions[-1]
-
-    @property
-    def steps(self) -> int:
-        return len(self.sinkhorn_iterations)
-
 
 # ----------------------------------------------------------------------------------------
 # helpers
@@ -154,49 +94,6 @@ def random_particles(n: int, d: int, *, seed=0, manifold: str = "euclidean", sca
     return x if like is None else torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
-def default_tol(dtype: torch.dtype) -> float:
-    """Sinkhorn marginal tolerance of a flow in ``dtype``: 1e-10 in float64, else the solver's default.
-
-    A marginal error sums ``n`` entries of relative rounding ``eps``; float32 cannot go
-    much below ``1e-6`` (a float64-level ``tol`` would make every solve stop at its floor),
-    see :func:`sinkflow.attention.default_tolerance`.
-
-    Parameters
-    ----------
-    dtype : torch.dtype
-        Floating dtype of the particles.
-
-    Returns
-    -------
-    float
-
-    Examples
-    --------
-    >>> import torch
-    >>> from sinkflow.attention import default_tolerance
-    >>> from sinkflow.particles import default_tol
-    >>> default_tol(torch.float64)
-    1e-10
-    >>> default_tol(torch.float32) == default_tolerance(torch.float32) > default_tol(torch.float64)
-    True
-    """
-    from sinkflow.attention._tolerances import default_tolerance
-
-    return 1e-10 if dtype == torch.float64 else default_tolerance(dtype)
-
-
-def _solver_tol(tol, dtype) -> float:
-    floor = default_tol(dtype)
-    if tol is None:
-        return floor
-    tol = float(check_number(tol, "tol", positive=True))
-    if dtype != torch.float64 and tol < floor:
-        warnings.warn(f"tol={tol:g} is below what {dtype} Sinkhorn solves reach; using {floor:.2g} "
-                      "(pass float64 particles for tighter solves)", RuntimeWarning, stacklevel=3)
-        return floor
-    return tol
-
-
 # ----------------------------------------------------------------------------------------
 # the field of one simulation, its integrators and monitors (py-pde's solvers and trackers)
 
@@ -216,8 +113,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
 
     Parameters
     ----------
-    x0 : array (n, d) or torch.Tensor
-        Initial particles. numpy in -> numpy out; torch in (``x0`` or any of ``W_Q``, ``W_K``,
+    x0 : array (..., n, d) or torch.Tensor
+        Initial particles. Leading dimensions are an ensemble of independent systems (see
+        Ensembles below). numpy in -> numpy out; torch in (``x0`` or any of ``W_Q``, ``W_K``,
         ``W_V``, ``weights``) -> torch out on that tensor's device and dtype (CUDA works
         unchanged; float16 / bfloat16 landmark fields are computed in float32). Must be finite, floating (numpy defaults
         to float64), and on the unit sphere for ``manifold="sphere"``. A torch ``x0`` (or
@@ -227,25 +125,25 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         ``"sinkhorn"``, ``"softmax"``, ``"unnormalized"``, ``"gaussian"``, ``"skyformer"``,
         ``"nystromformer"`` or any name added with :func:`sinkflow.register_attention`
         (:mod:`sinkflow.attention`).
-    W_Q, W_K, W_V : arrays (d, d), optional
+    W_Q, W_K, W_V : arrays (..., d, d), optional
         Query, key and value matrices (identity by default); the scores are
         :math:`x_i^T W_Q^T W_K x_j / \tau`. The gradient-flow theorem holds for
         :math:`W = W_Q^T W_K / \tau` symmetric and :math:`W_V = W` (descent of the energy).
-    h : float
-        Step size (> 0); Euler with step ``h`` is a residual layer. A ``RuntimeWarning``
+    h : float or array (...)
+        Step size (> 0; one per system of an ensemble); Euler with step ``h`` is a residual layer. A ``RuntimeWarning``
         names the largest safe value when ``h`` exceeds the field's stability scale
         (:func:`lipschitz_scale`, normalized attentions).
     steps : int
         Number of steps (>= 0).
     n_iter : int or None
         Sinkhorn half-iterations per field evaluation; ``None`` runs to ``tol``.
-    weights : array (n,), optional
+    weights : array (..., n), optional
         Positive particle weights summing to 1 (the empirical measure); uniform by default.
         Conserved by the flow (mass moves with the particles).
     integrator : {"euler", "rk4"}
     manifold : {"euclidean", "sphere"}
-    temperature : float
-        :math:`\tau > 0` (:math:`\beta = 1/\tau` on the sphere).
+    temperature : float or array (...)
+        :math:`\tau > 0` (:math:`\beta = 1/\tau` on the sphere), one per system of an ensemble.
     monitors : str or iterable of str
         Any of ``"energy", "energy_inf", "energy_0", "marginal_errors", "clusters"``.
     monitor_every, save_every : int
@@ -275,13 +173,23 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     cluster_tol : float
         :math:`\delta` of the cluster monitor.
     progress : bool
-        Show a tqdm progress bar.
+        Show a tqdm progress bar (quiet where the output is not a terminal).
     causal : bool
         Causal attention (Karagodin, Polyanskiy and Rigollet 2024): token ``i`` attends only to
         tokens ``j <= i`` (rows of ``x0`` in order), with any variant; Sinkhorn then targets the
         key marginals of uniform causal attention (docs/theory/causal.md). The first token moves
         by its own value, :math:`\dot x_0 = W_V x_0` (fixed on the sphere for ``W_V = I``).
         Evaluated densely (no ``chunked``, no ``landmarks``).
+
+    Ensembles
+    ---------
+    Leading dimensions of ``x0``, ``W_Q``, ``W_K``, ``W_V``, ``weights``, ``temperature`` and ``h``
+    broadcast together into a batch of independent systems; each evolves exactly as it would
+    alone (float64: within 1e-12, iteration counts equal), its monitors, iteration counts and
+    convergence reported per system (``Trajectory.positions`` of shape ``(T, ..., n, d)``). The
+    dense attentions run as one batched flow (a Sinkhorn solve to tolerance stops each system
+    when it converges), in chunks of systems when the batch would not fit the dense budget;
+    landmarks, block-wise fields, registered attentions and gradients run system by system.
 
     Returns
     -------
@@ -294,7 +202,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         an integer (``steps``, ``n_iter``, ``landmarks``, ...).
     ValueError
         Non-finite ``x0``, ``h <= 0``, ``steps < 0``, wrong shapes of the matrices or the
-        weights, weights not summing to 1, points off the sphere, unknown options.
+        weights, weights not summing to 1, points off the sphere, unknown options; batch
+        dimensions that do not broadcast, or a non-positive temperature of some system (the
+        message names the parameter).
 
     Examples
     --------
@@ -305,8 +215,19 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     ((11, 8, 2), 0.5)
     >>> bool(np.all(np.diff(traj.monitors["energy"]) <= 0))   # F^inf decreases (W_V = W = I)
     True
+    >>> x0 = np.stack([sinkflow.random_particles(8, 2, seed=s, manifold="sphere") for s in range(3)])
+    >>> ens = sinkflow.simulate(x0, h=0.05, steps=10, manifold="sphere", temperature=[[0.5], [2.0]])
+    >>> ens.positions.shape, ens.converged.shape        # 2 temperatures x 3 systems
+    ((11, 2, 3, 8, 2), (2, 3))
     """
     check_numpy_float(x0, "x0")
+    if is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h):
+        return simulate_ensemble(
+            x0, attention, W_Q, W_K, W_V, h, steps, n_iter=n_iter, weights=weights, integrator=integrator,
+            manifold=manifold, temperature=temperature, monitors=monitors, monitor_every=monitor_every,
+            save_every=save_every, warm_start=warm_start, chunked=chunked, landmarks=landmarks,
+            landmark_seed=landmark_seed, landmark_sampling=landmark_sampling, tol=tol, max_iter=max_iter,
+            cluster_tol=cluster_tol, progress=progress, causal=causal, single=simulate)
     X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
     check_choice(manifold, "manifold", MANIFOLDS)
     _check_positions(X, manifold)
@@ -341,7 +262,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         landmarks = _flow_landmarks(X, landmarks, variant.landmark_method, W, tau, landmark_sampling, landmark_seed)
     field = ParticleField(variant, W, Wv, n_iter, a, tau, _solver_tol(tol, X.dtype), max_iter, bool(chunked), landmarks,
                           n_iter is None if warm_start is None else bool(warm_start), sphere,
-                          "marginal_errors" in monitors,
+                          "marginal_errors" in monitors, symmetric=_symmetric_psd(W),
+                          stages=4 if integrator == "rk4" else 1,
                           mask=causal_mask(n, X.device) if _check_flag(causal, "causal") else None)
     # energy monitors use W / tau (the bilinear form of the scores)
     W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).detach().to(torch.float64)
@@ -352,9 +274,9 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         run = _integrate(field, X, INTEGRATORS[integrator], float(h), steps, record, save_every, progress,
                          variant.name, fixed_count=n_iter is not None)
     return Trajectory(
-        times=run.times, positions=from_torch(run.positions, numpy_out),
+        times=run.steps * float(h), positions=from_torch(run.positions, numpy_out),
         monitors={key: np.asarray(val, dtype=float) for key, val in record.records.items()},
-        monitor_times=np.array(record.times),
+        monitor_times=np.array(record.times) * float(h),
         sinkhorn_iterations=run.iterations if variant.normalization == "sinkhorn" else np.zeros(steps, dtype=int),
         converged=run.converged, attention=variant.name, integrator=integrator, manifold=manifold, h=float(h),
         n_iter=None if n_iter is None else int(n_iter), temperature=tau,
@@ -368,52 +290,9 @@ def _check_flag(value, name: str) -> bool:
     return bool(value)
 
 
-def _check_positions(X, manifold):
-    check_float(X, "x0")
-    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
-        raise ValueError(f"x0 must have shape (n, d) with n, d >= 1, got {tuple(X.shape)}")
-    check_finite(X.detach(), "x0")
-    if manifold == "sphere":
-        dev = float((X.detach().norm(dim=1) - 1).abs().max())
-        if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
-            raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
-                             "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
-
 
 def _check_monitors_fit(monitors, n):
     dense_monitors = [m for m in monitors if m != "marginal_errors"]
     if dense_monitors and n > MAX_MONITOR_N:
         raise ValueError(f"monitors {dense_monitors} evaluate n x n float64 matrices; n={n} is too large "
                          f"(n <= {MAX_MONITOR_N}); 'marginal_errors' works at any n")
-
-
-@dataclass(frozen=True)
-class _Run:
-    times: np.ndarray
-    positions: torch.Tensor
-    iterations: np.ndarray
-    converged: bool
-
-
-def _integrate(field, X, step, h, steps, record, save_every, progress, name, fixed_count) -> _Run:
-    """``steps`` integrator steps of size ``h`` from ``X``, monitored, every ``save_every``-th position kept."""
-    from sinkflow._progress import progress_bar
-
-    saved, times = [X.clone()], [0.0]
-    iters = np.zeros(steps, dtype=int)
-    all_converged = True
-    for k in progress_bar(range(steps), enabled=progress, desc=f"{name} flow", unit="step"):
-        X_next, evs = step(field, X, h)
-        record(k, k * h, X, evs[0])
-        X = X_next
-        iters[k] = sum(ev.n_iter for ev in evs)
-        all_converged = all_converged and (all(ev.converged for ev in evs) or fixed_count)
-        if not bool(torch.isfinite(X.detach()).all()):
-            raise FloatingPointError(
-                f"the flow left the floating-point range at step {k + 1} (t = {(k + 1) * h:g}); "
-                "the unnormalized kernel grows like exp(x^T W y): use a smaller h, fewer steps or a larger temperature")
-        if (k + 1) % save_every == 0 or k + 1 == steps:
-            saved.append(X.clone())
-            times.append((k + 1) * h)
-    record(steps, steps * h, X, None, force=True)
-    return _Run(np.array(times), torch.stack(saved), iters, bool(all_converged))

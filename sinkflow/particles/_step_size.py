@@ -34,9 +34,14 @@ def lipschitz_scale(x: torch.Tensor, W: torch.Tensor | None, W_V: torch.Tensor |
     >>> lipschitz_scale(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), None, None, 1.0)
     3.0
     """
-    x = x.detach()
-    R2 = float((x * x).sum(1).mean())
-    norm = lambda M: 1.0 if M is None else float(torch.linalg.matrix_norm(M.detach().to(torch.float64), 2))
+    return float(_lipschitz(x, W, W_V, temperature))
+
+
+def _lipschitz(x, W, W_V, temperature):
+    """:func:`lipschitz_scale` of each system of a batch ``x`` (``(..., n, d)``), as a float64 tensor."""
+    x = x.detach().to(torch.float64)
+    R2 = (x * x).sum(-1).mean(-1)
+    norm = lambda M: 1.0 if M is None else torch.linalg.matrix_norm(M.detach().to(torch.float64), 2)
     return norm(W_V) * (1 + 2 * norm(W) * R2 / temperature)
 
 
@@ -89,3 +94,14 @@ def _check_step_size(h, X, W, Wv, tau, variant, integrator):
                       f"the Lipschitz estimate L ~ {2.0 / limit if integrator == 'euler' else 2.78 / limit:.3g} of "
                       "sinkflow.particles.lipschitz_scale; sinkflow.particles.largest_safe_step): the steps may "
                       "overshoot", RuntimeWarning, stacklevel=3)
+
+
+def _symmetric_psd(W) -> bool:
+    """Whether ``W`` (``(..., d, d)``, None = identity) is symmetric to rounding and positive semi-definite."""
+    if W is None:
+        return True
+    Wd = W.detach()
+    eps = 8 * torch.finfo(Wd.dtype).eps * max(float(Wd.abs().amax()), 1e-300)
+    if float((Wd - Wd.mT).abs().amax()) > eps:
+        return False
+    return bool((torch.linalg.eigvalsh(Wd.to(torch.float64)).amin() >= -eps * Wd.shape[-1]).item())

@@ -100,3 +100,13 @@ def test_metastable_softmax_clusters_number_the_renyi_centers(seed):
     tr = sinkflow.simulate(x, "softmax", h=0.1, steps=300, manifold="sphere", temperature=1 / beta, causal=True)
     count = cluster_statistics(tr.final, manifold="sphere", tol=1e-3)[1]
     assert abs(count - len(sinkflow.renyi_centers(x, 4 / math.sqrt(beta)))) <= 2
+
+
+def test_a_causal_ensemble_runs_each_system_as_it_runs_alone():
+    x0 = np.stack([sinkflow.random_particles(6, 2, seed=s, manifold="sphere") for s in range(3)])
+    ens = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=5, manifold="sphere", temperature=0.5, causal=True)
+    plain = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=5, manifold="sphere", temperature=0.5)
+    for s in range(3):
+        alone = sinkflow.simulate(x0[s], "sinkhorn", h=0.05, steps=5, manifold="sphere", temperature=0.5, causal=True)
+        np.testing.assert_allclose(ens.positions[:, s], alone.positions, rtol=0, atol=1e-12)
+    assert np.abs(ens.positions[-1] - plain.positions[-1]).max() > 1e-3  # the mask is not dropped

@@ -1,0 +1,130 @@
+"""What a particle flow returns (:class:`Trajectory`) and the checks shared by one system and an
+ensemble: the manifolds, the Sinkhorn tolerance of a dtype, positions on the sphere.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from sinkflow._backend import check_finite, check_float, check_number
+
+__all__ = ["MANIFOLDS", "Trajectory", "default_tol"]
+
+MANIFOLDS = ("euclidean", "sphere")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A simulated particle flow.
+
+    Attributes
+    ----------
+    times : numpy.ndarray (n_saved,)
+        Times of the saved states (``k h``); ``(n_saved, ...)`` for an ensemble with a ``h`` per system.
+    positions : array (n_saved, ..., n, d)
+        Saved states, same type/device/dtype as ``x0`` (``n_saved = steps + 1`` with
+        ``save_every=1``); ``...`` is the batch shape of an ensemble (none for one system).
+    monitors : dict[str, numpy.ndarray]
+        Recorded quantities (see module docstring), one value per ``monitor_times`` (and system).
+    monitor_times : numpy.ndarray
+    sinkhorn_iterations : numpy.ndarray (steps, ...)
+        Solver iterations per step (all stages of RK4 summed), per system: half-iterations, or
+        iterations of the symmetric solver (:mod:`sinkflow.attention`, for a symmetric positive
+        semi-definite ``W_Q^T W_K``); zeros without Sinkhorn.
+    converged : bool or numpy.ndarray (...) of bool
+        Whether every run-to-tolerance Sinkhorn solve reached its tolerance (per system).
+    attention, integrator, manifold : str
+    h : float or numpy.ndarray (...)
+    n_iter : int or None
+    temperature : float or numpy.ndarray (...)
+    weights : array (..., n) or None
+    chunked : bool
+        Whether the field was evaluated block-wise (:mod:`sinkflow.particles`).
+    landmarks : int or None
+        Number of landmarks of an approximate flow (:mod:`sinkflow.particles`).
+    """
+
+    times: np.ndarray
+    positions: Any
+    monitors: dict = field(default_factory=dict)
+    monitor_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sinkhorn_iterations: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    converged: bool = True
+    attention: str = "sinkhorn"
+    integrator: str = "euler"
+    manifold: str = "euclidean"
+    h: float = 0.1
+    n_iter: int | None = None
+    temperature: float = 1.0
+    weights: Any = None
+    chunked: bool = False
+    landmarks: int | None = None
+
+    @property
+    def final(self):
+        """The last saved state, ``positions[-1]``."""
+        return self.positions[-1]
+
+    @property
+    def steps(self) -> int:
+        return len(self.sinkhorn_iterations)
+
+
+def default_tol(dtype: torch.dtype) -> float:
+    """Sinkhorn marginal tolerance of a flow in ``dtype``: 1e-10 in float64, else the solver's default.
+
+    A marginal error sums ``n`` entries of relative rounding ``eps``; float32 cannot go
+    much below ``1e-6`` (a float64-level ``tol`` would make every solve stop at its floor),
+    see :func:`sinkflow.attention.default_tolerance`.
+
+    Parameters
+    ----------
+    dtype : torch.dtype
+        Floating dtype of the particles.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow.attention import default_tolerance
+    >>> from sinkflow.particles import default_tol
+    >>> default_tol(torch.float64)
+    1e-10
+    >>> default_tol(torch.float32) == default_tolerance(torch.float32) > default_tol(torch.float64)
+    True
+    """
+    from sinkflow.attention._tolerances import default_tolerance
+
+    return 1e-10 if dtype == torch.float64 else default_tolerance(dtype)
+
+
+def _solver_tol(tol, dtype) -> float:
+    floor = default_tol(dtype)
+    if tol is None:
+        return floor
+    tol = float(check_number(tol, "tol", positive=True))
+    if dtype != torch.float64 and tol < floor:
+        warnings.warn(f"tol={tol:g} is below what {dtype} Sinkhorn solves reach; using {floor:.2g} "
+                      "(pass float64 particles for tighter solves)", RuntimeWarning, stacklevel=3)
+        return floor
+    return tol
+
+
+def _check_positions(X, manifold, batched: bool = False):
+    check_float(X, "x0")
+    if (X.ndim != 2 and not batched) or X.ndim < 2 or X.shape[-2] < 1 or X.shape[-1] < 1:
+        raise ValueError(f"x0 must have shape {'(..., ' if batched else '('}n, d) with n, d >= 1, got {tuple(X.shape)}")
+    check_finite(X.detach(), "x0")
+    if manifold == "sphere":
+        dev = float((X.detach().norm(dim=-1) - 1).abs().max())
+        if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
+            raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
+                             "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")

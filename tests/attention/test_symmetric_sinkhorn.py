@@ -1,0 +1,100 @@
+"""The symmetric Sinkhorn solver of particle flows against a plain alternating loop (the oracle)."""
+
+import numpy as np
+import pytest
+import torch
+
+import sinkflow
+import sinkflow.particles._dense_fields as dense_fields
+import sinkflow.attention._symmetric_sinkhorn as symmetric
+from sinkflow.attention._symmetric_sinkhorn import fixed_symmetric, solve_symmetric
+
+
+def plain_sinkhorn(C, a, half_steps):
+    """Alternating row / column normalizations of a_j e^{C_ij} (rows to 1, columns to a), log domain."""
+    from scipy.special import logsumexp
+
+    T = C + np.log(a)[None, :]
+    f, g = np.zeros(len(a)), np.zeros(len(a))
+    for k in range(half_steps):
+        if k % 2 == 0:
+            f = -logsumexp(T + g[None, :], axis=1)
+        else:
+            g = np.log(a) - logsumexp(T + f[:, None] + np.log(a)[:, None], axis=0)
+    return np.exp(f[:, None] + T + g[None, :])
+
+
+def scores(seed, n, scale, tau):
+    x = scale * np.random.default_rng(seed).standard_normal((n, 2))
+    return x @ x.T / tau
+
+
+@pytest.mark.parametrize("n, numpy_entries", [(12, symmetric.NUMPY_ENTRIES), (12, 0), (130, symmetric.NUMPY_ENTRIES)])
+def test_a_batch_of_symmetric_problems_reaches_the_plain_loops_fixed_point(monkeypatch, n, numpy_entries):
+    # Newton's steps (n <= 96) in numpy and in torch, and heavy-ball steps alone
+    monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
+    C = np.stack([scores(1, n, 1.0, 0.3), scores(2, n, 2.0, 1.0), scores(11, n, 1.0, 0.15)])
+    a = np.random.default_rng(4).random((3, n)) + 0.2
+    a /= a.sum(-1, keepdims=True)
+    res = solve_symmetric(torch.as_tensor(C), torch.as_tensor(a), None, 1e-11, 200)
+    assert res.converged.all() and (res.column_error <= 1e-11).all()
+    for b in range(3):
+        oracle = plain_sinkhorn(C[b], a[b], 6000)
+        assert np.abs(a[b] @ oracle - a[b]).sum() + np.abs(oracle.sum(1) - 1).max() < 1e-12  # the oracle converged
+        np.testing.assert_allclose(res.attention[b].numpy(), oracle, rtol=0, atol=1e-9)
+        alone = solve_symmetric(torch.as_tensor(C[b]), torch.as_tensor(a[b]), None, 1e-11, 200)
+        assert int(alone.iterations) == int(res.iterations[b])  # each system stops for itself
+
+
+@pytest.mark.parametrize("numpy_entries", [symmetric.NUMPY_ENTRIES, 0])  # numpy, then torch
+def test_a_fixed_count_is_the_plain_loop_bit_for_rounding(monkeypatch, numpy_entries):
+    monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
+    C, a = scores(5, 9, 1.5, 0.4), np.full(9, 1 / 9)
+    for n_iter in (2, 3, 6):
+        K, _ = fixed_symmetric(torch.as_tensor(C), torch.as_tensor(a), n_iter, None)
+        np.testing.assert_allclose(K.numpy(), plain_sinkhorn(C, a, n_iter), rtol=0, atol=1e-14)
+    assert fixed_symmetric(torch.as_tensor(C) / 1e-3, torch.as_tensor(a), 3, None) is None  # out of range
+
+
+def test_float32_reaches_its_tolerance():
+    C = torch.as_tensor(np.stack([scores(6, 40, 1.0, 0.2), scores(7, 40, 1.0, 0.5)]), dtype=torch.float32)
+    res = solve_symmetric(C, torch.full((40,), 1 / 40), None, 1e-5, 200)
+    assert res.attention.dtype == torch.float32 and res.converged.all()
+    np.testing.assert_allclose(res.attention.double().numpy()[0], plain_sinkhorn(C[0].double().numpy(), np.full(40, 1 / 40), 3000),
+                               atol=2e-5)
+
+
+def test_systems_the_symmetric_solver_gives_up_on_are_solved_by_the_general_one(monkeypatch):
+    x0 = sinkflow.random_particles(10, 2, seed=8, manifold="sphere")
+    reference = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=3, manifold="sphere", temperature=0.1)
+    monkeypatch.setattr(dense_fields, "SYMMETRIC_BUDGET", 1)
+    fallback = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=3, manifold="sphere", temperature=0.1,
+                                 monitors=["marginal_errors"])
+    assert fallback.converged and fallback.monitors["column_error"].max() < 1e-10
+    np.testing.assert_allclose(fallback.positions, reference.positions, atol=1e-9)
+    assert (fallback.sinkhorn_iterations > reference.sinkhorn_iterations).all()  # the general solver's half-steps
+
+
+@pytest.mark.parametrize("manifold, integrator", [("sphere", "euler"), ("euclidean", "rk4")])
+def test_the_flow_is_the_general_solvers_flow(monkeypatch, manifold, integrator):
+    x0 = sinkflow.random_particles(20, 2, seed=9, manifold=manifold)
+    kwargs = dict(h=0.05, steps=12, manifold=manifold, integrator=integrator, temperature=0.2)
+    fast = {k: sinkflow.simulate(x0, "sinkhorn", n_iter=k, **kwargs) for k in (None, 3)}
+    monkeypatch.setattr("sinkflow.particles._simulate._symmetric_psd", lambda W: False)
+    general = {k: sinkflow.simulate(x0, "sinkhorn", n_iter=k, **kwargs) for k in (None, 3)}
+    np.testing.assert_allclose(fast[None].positions, general[None].positions, rtol=0, atol=1e-9)  # both to 1e-10
+    np.testing.assert_allclose(fast[3].positions, general[3].positions, rtol=0, atol=1e-13)
+    assert fast[None].sinkhorn_iterations.sum() < general[None].sinkhorn_iterations.sum() / 10
+
+
+@pytest.mark.parametrize("numpy_entries", [symmetric.NUMPY_ENTRIES, 0])
+def test_systems_far_from_their_warm_start_take_heavy_ball_steps_the_others_newtons(monkeypatch, numpy_entries):
+    monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
+    C = torch.as_tensor(np.stack([scores(s, 20, 1.0, 0.2) for s in range(4)]))
+    a = torch.full((20,), 1 / 20, dtype=torch.float64)
+    solved = solve_symmetric(C, a, None, 1e-11, 200)
+    kick = torch.as_tensor(np.random.default_rng(0).standard_normal((4, 20))) * torch.tensor([0.0, 3.0, 0.0, 3.0])[:, None]
+    warm = solve_symmetric(C, a, solved.g + kick, 1e-11, 200)
+    assert warm.converged.all()
+    np.testing.assert_allclose(warm.attention.numpy(), solved.attention.numpy(), atol=1e-9)
+    assert (warm.iterations[[1, 3]] > warm.iterations[[0, 2]]).all()
