@@ -37,7 +37,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     # particle flows and their energies
     "sinkflow.particles": ("simulate", "Trajectory", "random_particles", "cluster_statistics",
                            "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere",
-                           "entropic_ot", "gradient_flow_error", "jacobian_asymmetry"),
+                           "entropic_ot", "gradient_flow_error", "jacobian_asymmetry", "harmonic_attention_field",
+                           "harmonic_kernel"),
     # heat-diffusion limit: references, rescaled flows, distances
     "sinkflow.heat": ("GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid",
                       "heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map",

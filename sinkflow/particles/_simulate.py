@@ -42,6 +42,7 @@ from sinkflow._backend import check_finite, check_float, check_number, check_see
 from sinkflow._checks import check_choice
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
+from sinkflow.particles._harmonic_fields import HarmonicParticleField, harmonic_choice
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 from sinkflow.particles._integrators import ParticleField, INTEGRATORS
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder, _as_monitor_names
@@ -79,6 +80,9 @@ class Trajectory:
         Whether the field was evaluated block-wise (:mod:`sinkflow.particles`).
     landmarks : int or None
         Number of landmarks of an approximate flow (:mod:`sinkflow.particles`).
+    harmonic_order : int or None
+        Truncation order (:math:`K` on the circle, :math:`L` on :math:`S^2`) of the exact fast
+        harmonic field, when :func:`simulate` chose it (:func:`sinkflow.particles.harmonic_attention_field`).
     """
 
     times: np.ndarray
@@ -96,6 +100,7 @@ class Trajectory:
     weights: Any = None
     chunked: bool = False
     landmarks: int | None = None
+    harmonic_order: int | None = None
 
     @property
     def final(self):
@@ -254,7 +259,10 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         fixed ``n_iter`` (each layer normalizes from scratch, as a Sinkformer does).
     chunked : bool, optional
         Evaluate the field block-wise (:mod:`sinkflow.particles`, memory O(n) per block). Default:
-        automatically when one ``n x n`` matrix would exceed 512 MiB.
+        automatically when one ``n x n`` matrix would exceed 512 MiB. Left at None on
+        ``manifold="sphere"`` in ``d = 2, 3`` with SoftMax or Sinkhorn and identity matrices, the
+        exact fast harmonic field (:func:`sinkflow.particles.harmonic_attention_field`, truncated to
+        ``tol``) is used when cheaper (``Trajectory.harmonic_order``); ``False`` forces the dense field.
     landmarks : int, optional
         Approximate the attention with ``m`` landmarks in ``O(n m)`` per step
         (:mod:`sinkflow.particles`): Nyström for ``"sinkhorn"``, ``"softmax"``,
@@ -321,8 +329,10 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     tracks_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, Wq, Wk, Wv))
     X = X.clone() if tracks_grad else X.detach().clone()
     sphere = manifold == "sphere"
+    harmonic = None if chunked is not None or tracks_grad else harmonic_choice(
+        X, variant, W, Wv, a, float(temperature), _solver_tol(tol, X.dtype), sphere, landmarks)
     if chunked is None:
-        chunked = n > dense_limit(X.dtype) and landmarks is None
+        chunked = n > dense_limit(X.dtype) and landmarks is None and harmonic is None
     if tracks_grad and (chunked or landmarks is not None):
         raise ValueError("gradients through simulate need the dense evaluation (chunked=False, no landmarks)")
     _check_monitors_fit(monitors, n)
@@ -333,6 +343,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     field = ParticleField(variant, W, Wv, n_iter, a, tau, _solver_tol(tol, X.dtype), max_iter, bool(chunked), landmarks,
                           n_iter is None if warm_start is None else bool(warm_start), sphere,
                           "marginal_errors" in monitors)
+    field = field if harmonic is None else HarmonicParticleField.wrap(field, harmonic)
     # energy monitors use W / tau (the bilinear form of the scores)
     W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).detach().to(torch.float64)
     a64 = None if a is None else a.detach().to(torch.float64) / a.detach().to(torch.float64).sum()
@@ -349,7 +360,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         converged=run.converged, attention=variant.name, integrator=integrator, manifold=manifold, h=float(h),
         n_iter=None if n_iter is None else int(n_iter), temperature=tau,
         weights=from_torch(a, numpy_out), chunked=bool(chunked),
-        landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))
+        landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks),
+        harmonic_order=None if harmonic is None else harmonic.order)
 
 
 def _check_positions(X, manifold):
