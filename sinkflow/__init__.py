@@ -47,7 +47,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                       "wasserstein2_to_grid",
                       "mean_field_flow", "MeanFieldResult"),
     # clustering on the circle and the sphere: linear theory and cluster counts
-    "sinkflow.clustering": ("circle_growth_rate", "fastest_mode", "sphere_growth_rate", "count_clusters",
+    "sinkflow.clustering": ("circle_growth_rate", "predict_clusters", "fastest_mode", "sphere_growth_rate", "count_clusters",
                             "angular_density"),
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
     "sinkflow.sweeps": ("sweep", "SweepError"),
