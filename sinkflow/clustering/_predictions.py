@@ -149,7 +149,7 @@ def position_error(measured, predicted) -> float:
 def plateau_clusters(beta: float, seed: int, n: int = 20_000, normalization: str = "softmax", *,
                      h: float = 0.1, plateau: float = 2.0, tol: float = 1e-10) -> dict:
     r"""One run of the experiment: ``n`` i.i.d. uniform particles, their prediction, and their clusters
-    at ``plateau`` times the formation time.
+    at the formation time and at ``plateau`` times it.
 
     :func:`sinkflow.simulate` on the circle (``manifold="sphere"``, ``d = 2``, float64, Euler step
     ``h`` capped at :func:`sinkflow.particles.largest_safe_step`; the exact harmonic field above a
@@ -159,8 +159,9 @@ def plateau_clusters(beta: float, seed: int, n: int = 20_000, normalization: str
     -------
     dict
         ``beta, seed, n, normalization, predicted`` (:math:`k^*`), ``seeded`` (the amplified-amplitude
-        count), ``count`` (measured), ``error`` (:func:`position_error`, NaN when the counts differ),
-        ``time`` (the plateau time), ``predicted_positions``, ``positions``.
+        count), ``count`` (measured at the plateau), ``error`` (:func:`position_error`, NaN when the
+        counts differ), ``count_formation`` and ``error_formation`` (the same at the formation time),
+        ``time`` (the plateau time), ``formation_time``, ``predicted_positions``, ``positions``.
     """
     from sinkflow.particles import largest_safe_step, simulate
 
@@ -168,10 +169,13 @@ def plateau_clusters(beta: float, seed: int, n: int = 20_000, normalization: str
     x0 = np.stack([np.cos(theta), np.sin(theta)], 1)
     pred = predict_clusters(theta, beta, normalization)
     h = min(float(h), largest_safe_step(x0, normalization, temperature=1 / beta))
-    steps = int(round(plateau * pred.formation_time / h))
-    x = simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta, tol=tol,
-                          save_every=max(steps, 1)).final
-    found = cluster_positions(x)
+    at_formation = max(1, int(round(pred.formation_time / h)))
+    steps = int(round(plateau * at_formation))
+    traj = simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta, tol=tol,
+                    save_every=at_formation)
+    early, found = cluster_positions(traj.positions[1]), cluster_positions(traj.final)
     return dict(beta=float(beta), seed=int(seed), n=int(n), normalization=normalization, predicted=pred.count,
                 seeded=pred.seeded_count, count=int(found.size), error=position_error(found, pred.positions),
-                time=steps * h, predicted_positions=pred.positions.tolist(), positions=found.tolist())
+                count_formation=int(early.size), error_formation=position_error(early, pred.positions),
+                time=steps * h, formation_time=at_formation * h, predicted_positions=pred.positions.tolist(),
+                positions=found.tolist())
