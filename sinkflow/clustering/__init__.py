@@ -8,7 +8,8 @@ harmonic on :math:`S^2`) and form that many clusters before they merge. Start re
 the predicted count :func:`fastest_mode`, the formation time, and the cluster counts of particles
 (:func:`particle_cluster_count`) and of densities (:func:`angular_density`, :func:`count_clusters`);
 ``_predictions.py`` predicts the count and the positions from an initial configuration
-(:func:`predict_clusters`) and runs Bruno et al.'s experiment (:func:`plateau_clusters`).
+(:func:`predict_clusters`) and runs Bruno et al.'s experiment (:func:`plateau_clusters`);
+``_metastability.py`` measures how long each count lasts and checks plateaus as saddles.
 The mean-field velocity on a circle grid that :func:`sinkflow.mean_field_flow` integrates stays in
 :mod:`sinkflow.heat` (``_circle_field.py``), one floor down.
 """
@@ -19,8 +20,11 @@ from sinkflow.clustering._linear_theory import (
 )
 from sinkflow.clustering._predictions import (
     ClusterPrediction, cluster_positions, plateau_clusters, position_error, predict_clusters,
+    sphere_plateau_clusters,
 )
+from sinkflow.clustering._metastability import count_history, dwell_times, energy_hessian
 
 __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formation_time", "fourier_amplitude",
            "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "ClusterPrediction",
-           "predict_clusters", "cluster_positions", "position_error", "plateau_clusters"]
+           "predict_clusters", "cluster_positions", "position_error", "plateau_clusters", "sphere_plateau_clusters",
+           "count_history", "dwell_times", "energy_hessian"]

@@ -26,7 +26,8 @@ from sinkflow.clustering._linear_theory import (
 )
 from sinkflow.heat._circle_field import CIRCLE_NORMALIZATIONS, uniform_angles
 
-__all__ = ["ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters"]
+__all__ = ["ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
+           "sphere_plateau_clusters"]
 
 
 @dataclass(frozen=True)
@@ -179,3 +180,35 @@ def plateau_clusters(beta: float, seed: int, n: int = 20_000, normalization: str
                 count_formation=int(early.size), error_formation=position_error(early, pred.positions),
                 time=steps * h, formation_time=at_formation * h, predicted_positions=pred.positions.tolist(),
                 positions=found.tolist())
+
+
+def sphere_plateau_clusters(beta: float, seed: int, n: int = 10_000, normalization: str = "softmax", *,
+                            h: float = 0.1, plateau: float = 2.0, radius: float = 0.05, tol: float = 1e-8) -> dict:
+    r"""Clusters of ``n`` i.i.d. uniform particles on :math:`S^2` at ``plateau`` times the formation time
+    :math:`\log\sqrt n / \max_l \lambda_l` (:func:`~sinkflow.clustering.sphere_growth_rate`).
+
+    Clusters are the connected components of the graph of pairs closer than ``radius`` (chordal)
+    holding at least 1% of the particles. Returns ``beta, seed, n, normalization, l_star`` (the fastest
+    zonal degree), ``count``, ``sizes`` and ``time``.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
+    from sinkflow.clustering._linear_theory import sphere_growth_rate
+    from sinkflow.particles import largest_safe_step, random_particles, simulate
+
+    x0 = random_particles(int(n), 3, seed=seed, manifold="sphere")
+    degrees = np.arange(1, int(4 * math.sqrt(max(beta, 1.0))) + 6)
+    rates = sphere_growth_rate(degrees, beta, normalization)
+    h = min(float(h), largest_safe_step(x0, normalization, temperature=1 / beta))
+    steps = int(round(plateau * math.log(math.sqrt(n)) / rates.max() / h))
+    x = simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta, tol=tol,
+                 save_every=max(steps, 1)).final
+    pairs = cKDTree(x).query_pairs(radius, output_type="ndarray")
+    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(len(x), len(x)))
+    _, labels = connected_components(graph, directed=False)
+    sizes = np.sort(np.bincount(labels))[::-1]
+    sizes = sizes[sizes >= 0.01 * len(x)]
+    return dict(beta=float(beta), seed=int(seed), n=int(n), normalization=normalization,
+                l_star=int(degrees[np.argmax(rates)]), count=int(sizes.size), sizes=sizes.tolist(), time=steps * h)

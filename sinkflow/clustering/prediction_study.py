@@ -37,7 +37,8 @@ def run(out: Path, normalization: str, betas=BETAS, seeds=range(5), n: int = 20_
 
 def summarize(runs) -> list:
     """Per (normalization, n, beta): runs, counts, agreement with k* and with the seeded count (rate and
-    95% exact interval), median and largest position error where the count is k*."""
+    95% exact interval), median and largest position error where the count is k*, and the counts and
+    median position error at the formation time."""
     from sinkflow.bounds import binomial_interval
 
     groups: dict = {}
@@ -48,12 +49,15 @@ def summarize(runs) -> list:
         hits = sum(r["count"] == r["predicted"] for r in rs)
         seeded = sum(r["count"] == r["seeded"] for r in rs)
         errors = [r["error"] for r in rs if r["count"] == r["predicted"] and not math.isnan(r["error"])]
+        early = [r["error_formation"] for r in rs if not math.isnan(r.get("error_formation", math.nan))]
         rows.append(dict(normalization=norm, n=n, beta=beta, runs=len(rs), predicted=rs[0]["predicted"],
                          counts=[r["count"] for r in rs], agree=hits,
                          agree_interval=list(binomial_interval(hits, len(rs))),
                          seeded_agree=seeded, seeded_interval=list(binomial_interval(seeded, len(rs))),
                          median_error=float(np.median(errors)) if errors else math.nan,
-                         max_error=float(max(errors)) if errors else math.nan))
+                         max_error=float(max(errors)) if errors else math.nan,
+                         counts_formation=[r.get("count_formation") for r in rs],
+                         median_error_formation=float(np.median(early)) if early else math.nan))
     return rows
 
 
