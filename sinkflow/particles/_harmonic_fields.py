@@ -1,4 +1,4 @@
-r"""Exact fast attention fields on the circle and on the sphere :math:`S^2` (docs/theory/sphere.md).
+r"""Exact fast attention fields on the circle and on the sphere :math:`S^2` (docs/theory/clustering.md).
 
 With :math:`Q = K = V = I` and :math:`\beta = 1/\tau` the kernel of attention on the unit sphere
 depends on :math:`\langle x, y\rangle` only. Scaled by :math:`e^{-\beta}` (no overflow at any
