@@ -67,10 +67,12 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--betas", type=float, nargs="*", default=list(BETAS))
     parser.add_argument("--tol", type=float, default=1e-10)
     args = parser.parse_args(argv)
-    run(Path(args.out), args.normalization, args.betas, range(args.seeds), args.n, args.tol)
+    run(Path(args.out), args.normalization, args.betas, range(args.first_seed, args.first_seed + args.seeds), args.n,
+        args.tol)
 
 
 if __name__ == "__main__":
