@@ -101,7 +101,8 @@ def plot_predictions(data, cfg):
     d.set_xlabel("clusters at $t = 2t_f$")
     d.set_ylabel("fraction of runs")
     d.set_title(rf"Sinkhorn, $\beta = {cfg.tie_beta:g}$: $\lambda_3 = 0.495$, $\lambda_4 = 0.505$", fontsize=9)
-    d.legend(fontsize=7)
+    d.set_ylim(0, 1.2)
+    d.legend(fontsize=7, loc="upper right")  # above the empty counts 4-6
     return fig
 
 
