@@ -37,7 +37,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     # particle flows and their energies
     "sinkflow.particles": ("simulate", "Trajectory", "random_particles", "cluster_statistics", "renyi_centers",
                            "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere",
-                           "entropic_ot", "gradient_flow_error", "jacobian_asymmetry"),
+                           "entropic_ot", "gradient_flow_error", "jacobian_asymmetry", "harmonic_attention_field",
+                           "harmonic_kernel"),
     # heat-diffusion limit: references, rescaled flows, distances
     "sinkflow.heat": ("GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid",
                       "heat_flow", "heat_trajectory", "heat_velocity", "heat_reference", "barycentric_map",
@@ -47,7 +48,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                       "mean_field_flow", "MeanFieldResult",
                       "gaussian_moment_flow", "GaussianMomentFlow", "gaussian_attention_field", "AffineField"),
     # clustering on the circle and the sphere: linear theory and cluster counts
-    "sinkflow.clustering": ("circle_growth_rate", "fastest_mode", "sphere_growth_rate", "count_clusters",
+    "sinkflow.clustering": ("circle_growth_rate", "predict_clusters", "fastest_mode", "sphere_growth_rate", "count_clusters",
                             "angular_density", "phase_diagram"),
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
     "sinkflow.sweeps": ("sweep", "SweepError"),

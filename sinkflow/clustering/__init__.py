@@ -6,7 +6,10 @@ Tokens on the circle (or on :math:`S^2`) under :func:`sinkflow.simulate` with ``
 harmonic on :math:`S^2`) and form that many clusters before they merge. Start reading at
 ``_linear_theory.py``: the growth rates :func:`circle_growth_rate` and :func:`sphere_growth_rate`,
 the predicted count :func:`fastest_mode`, the formation time, and the cluster counts of particles
-(:func:`particle_cluster_count`) and of densities (:func:`angular_density`, :func:`count_clusters`).
+(:func:`particle_cluster_count`) and of densities (:func:`angular_density`, :func:`count_clusters`);
+``_predictions.py`` predicts the count and the positions from an initial configuration
+(:func:`predict_clusters`) and runs Bruno et al.'s experiment (:func:`plateau_clusters`);
+``_metastability.py`` measures how long each count lasts and checks plateaus as saddles;
 ``_phase_diagram.py``: the fraction of clustered systems against :math:`\beta` and :math:`t`
 (:func:`phase_diagram`, thousands of systems per ensemble call).
 The mean-field velocity on a circle grid that :func:`sinkflow.mean_field_flow` integrates stays in
@@ -18,6 +21,13 @@ from sinkflow.clustering._linear_theory import (
     angular_density, circle_energy, circle_growth_rate, count_clusters, fastest_mode, formation_time,
     fourier_amplitude, particle_cluster_count, sphere_growth_rate,
 )
+from sinkflow.clustering._predictions import (
+    ClusterPrediction, cluster_positions, plateau_clusters, position_error, predict_clusters,
+    sphere_plateau_clusters,
+)
+from sinkflow.clustering._metastability import count_history, dwell_times, energy_hessian
 
 __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formation_time", "fourier_amplitude",
-           "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram"]
+           "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram",
+           "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
+           "sphere_plateau_clusters", "count_history", "dwell_times", "energy_hessian"]

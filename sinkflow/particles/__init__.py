@@ -5,7 +5,8 @@ step), with its integrators (``_integrators.py``), monitors (``_monitors.py``) a
 guard (``_step_size.py``); the field on particles is evaluated densely
 (``_dense_fields.py``), block by block without an ``n x n`` matrix
 (``_blockwise_fields.py``) or with ``m`` Nyström landmarks in ``O(n m)``
-(``_lowrank_fields.py``, the landmarks chosen in ``_landmarks.py``); ``_energies.py`` has the energies and the gradient-flow checks.
+(``_lowrank_fields.py``, the landmarks chosen in ``_landmarks.py``) or, on the circle and
+:math:`S^2` with identity matrices, exactly in ``O(n r)`` by harmonic expansion (``_harmonic_fields.py`` on ``_harmonic_kernels.py``); ``_energies.py`` has the energies and the gradient-flow checks.
 Start reading at ``_simulate.py``.
 """
 
@@ -37,6 +38,12 @@ from sinkflow.particles._monitors import (
 from sinkflow.particles._step_size import (
     lipschitz_scale, largest_safe_step,
 )
+from sinkflow.particles._harmonic_kernels import (
+    HarmonicKernel, harmonic_kernel,
+)
+from sinkflow.particles._harmonic_fields import (
+    HARMONIC_MIN_N, HarmonicField, HarmonicParticleField, harmonic_attention_field, harmonic_choice,
+)
 from sinkflow.particles._simulate import (
     simulate, Trajectory, random_particles, default_tol,
 )
@@ -50,4 +57,6 @@ __all__ = [
     "gradient_flow_error", "jacobian_asymmetry", "ParticleField", "euler_step", "rk4_step", "INTEGRATORS",
     "MAX_MONITOR_N", "cluster_statistics", "MonitorContext", "MONITOR_FUNCTIONS", "MONITORS", "lipschitz_scale",
     "largest_safe_step", "simulate", "Trajectory", "random_particles", "default_tol", "causal_mask", "renyi_centers",
+    "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField", "HarmonicParticleField", "harmonic_kernel",
+    "harmonic_attention_field", "harmonic_choice",
 ]

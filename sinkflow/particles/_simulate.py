@@ -39,6 +39,7 @@ from sinkflow._checks import check_choice, check_numpy_float
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._causal import causal_mask
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
+from sinkflow.particles._harmonic_fields import HarmonicParticleField, harmonic_choice
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 from sinkflow.particles._integrators import ParticleField, INTEGRATORS, _integrate
 from sinkflow.particles._ensembles import is_ensemble, simulate_ensemble
@@ -154,7 +155,10 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         fixed ``n_iter`` (each layer normalizes from scratch, as a Sinkformer does).
     chunked : bool, optional
         Evaluate the field block-wise (:mod:`sinkflow.particles`, memory O(n) per block). Default:
-        automatically when one ``n x n`` matrix would exceed 512 MiB.
+        automatically when one ``n x n`` matrix would exceed 512 MiB. Left at None on
+        ``manifold="sphere"`` in ``d = 2, 3`` with SoftMax or Sinkhorn and identity matrices, the
+        exact fast harmonic field (:func:`sinkflow.particles.harmonic_attention_field`, truncated to
+        ``tol``) is used when cheaper (``Trajectory.harmonic_order``); ``False`` forces the dense field.
     landmarks : int, optional
         Approximate the attention with ``m`` landmarks in ``O(n m)`` per step
         (:mod:`sinkflow.particles`): Nyström for ``"sinkhorn"``, ``"softmax"``,
@@ -251,8 +255,10 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     tracks_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, Wq, Wk, Wv))
     X = X.clone() if tracks_grad else X.detach().clone()
     sphere = manifold == "sphere"
+    harmonic = None if chunked is not None or tracks_grad or causal is True else harmonic_choice(
+        X, variant, W, Wv, a, float(temperature), _solver_tol(tol, X.dtype), sphere, landmarks)
     if chunked is None:
-        chunked = n > dense_limit(X.dtype) and landmarks is None
+        chunked = n > dense_limit(X.dtype) and landmarks is None and harmonic is None
     if tracks_grad and (chunked or landmarks is not None):
         raise ValueError("gradients through simulate need the dense evaluation (chunked=False, no landmarks)")
     _check_monitors_fit(monitors, n)
@@ -265,6 +271,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
                           "marginal_errors" in monitors, symmetric=_symmetric_psd(W),
                           stages=4 if integrator == "rk4" else 1,
                           mask=causal_mask(n, X.device) if _check_flag(causal, "causal") else None)
+    field = field if harmonic is None else HarmonicParticleField.wrap(field, harmonic)
     # energy monitors use W / tau (the bilinear form of the scores)
     W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).detach().to(torch.float64)
     a64 = None if a is None else a.detach().to(torch.float64) / a.detach().to(torch.float64).sum()
@@ -281,7 +288,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         converged=run.converged, attention=variant.name, integrator=integrator, manifold=manifold, h=float(h),
         n_iter=None if n_iter is None else int(n_iter), temperature=tau,
         weights=from_torch(a, numpy_out), chunked=bool(chunked),
-        landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks))
+        landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks),
+        harmonic_order=None if harmonic is None else harmonic.order)
 
 
 def _check_flag(value, name: str) -> bool:

@@ -47,6 +47,9 @@ class Trajectory:
         Whether the field was evaluated block-wise (:mod:`sinkflow.particles`).
     landmarks : int or None
         Number of landmarks of an approximate flow (:mod:`sinkflow.particles`).
+    harmonic_order : int or None
+        Truncation order (:math:`K` on the circle, :math:`L` on :math:`S^2`) of the exact fast
+        harmonic field, when :func:`simulate` chose it (:func:`sinkflow.particles.harmonic_attention_field`).
     """
 
     times: np.ndarray
@@ -64,6 +67,7 @@ class Trajectory:
     weights: Any = None
     chunked: bool = False
     landmarks: int | None = None
+    harmonic_order: int | None = None
 
     @property
     def final(self):

@@ -4,8 +4,9 @@ r"""Figures of the mean-field equation (docs/theory/mean_field.md).
   the mean-field PDE at fixed :math:`\varepsilon` (W2 against :math:`n`, slope near -1/2), and
   the PDE -> the heat solution (density L1 against :math:`\varepsilon`, slope near 1).
 * ``circle_metastable_clusters``: the PDE on the circle from a near-uniform start, the cluster
-  count of particles against :math:`\beta` beside the fastest linear mode :math:`k^*(\beta)`,
-  and the energy staircase.
+  count of SoftMax and Sinkhorn particles against :math:`\beta` beside the fastest linear mode
+  :math:`k^*(\beta)`, and the energy staircase (one particle run, labelled with its count and its
+  seeded prediction, which can differ from :math:`k^*`).
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def _equal_clusters_energy(k: int, beta: float) -> float:
 
 def compute_clusters(cfg: ClustersConfig) -> dict:
     from sinkflow._backend import torch_threads
+    from sinkflow.bounds import binomial_interval
     import sinkflow.clustering as cs
     from sinkflow.heat import uniform_angles
 
@@ -156,61 +158,86 @@ def compute_clusters(cfg: ClustersConfig) -> dict:
     with torch_threads(1):
         r = sinkflow.mean_field_flow(_near_uniform(cfg, theta), theta, times, normalization=cfg.normalization,
                                      temperature=1 / cfg.beta_pde, manifold="circle")
-        counts = np.array([[cs.particle_cluster_count(b, 1000 * cfg.seed + s, cfg.n, cfg.normalization, h=cfg.h)
-                            for s in range(cfg.seeds)] for b in cfg.betas])
-        # one particle run at beta_pde for the energy staircase
+        counts = {norm: np.array([[cs.particle_cluster_count(b, 1000 * cfg.seed + s, cfg.n, norm, h=cfg.h)
+                                   for s in range(cfg.seeds)] for b in cfg.betas]) for norm in ("softmax", "sinkhorn")}
+        # one particle run at beta_pde for the energy staircase, with its own prediction
         th0 = np.random.default_rng(cfg.seed).uniform(0, 2 * np.pi, cfg.n)
         steps = int(round(cfg.t_end / cfg.h))
         traj = sinkflow.simulate(np.stack([np.cos(th0), np.sin(th0)], 1), cfg.normalization, h=cfg.h, steps=steps,
                                  manifold="sphere", temperature=1 / cfg.beta_pde, monitors=["energy"],
                                  monitor_every=max(1, steps // 200), save_every=steps)
     beta_fine = np.linspace(min(cfg.betas), max(cfg.betas), 200)
-    k_star = np.array([cs.fastest_mode(b, cfg.normalization) for b in cfg.betas])
+    k_star = {norm: np.array([cs.fastest_mode(b, norm) for b in cfg.betas]) for norm in ("softmax", "sinkhorn")}
+    agree = {norm: int((counts[norm] == k_star[norm][:, None]).sum()) for norm in counts}
+    runs = counts["softmax"].size
     return {"theta": theta, "times": times, "densities": r.densities,
             "pde_counts": np.array([cs.count_clusters(d) for d in r.densities]),
             "pde_energy": np.array([cs.circle_energy(d, cfg.beta_pde) for d in r.densities]),
             "particle_energy": traj.monitors["energy"], "particle_energy_times": traj.monitor_times,
-            "betas": np.asarray(cfg.betas), "counts": counts,
-            "k_star": k_star,
+            "particle_count": cs.count_clusters(cs.angular_density(np.arctan2(traj.final[:, 1], traj.final[:, 0]))),
+            "particle_seeded_count": cs.predict_clusters(th0, cfg.beta_pde, cfg.normalization).seeded_count,
+            "betas": np.asarray(cfg.betas), "counts": counts["softmax"], "counts_sinkhorn": counts["sinkhorn"],
+            "k_star": k_star["softmax"], "k_star_sinkhorn": k_star["sinkhorn"],
             "cluster_levels": np.array([_equal_clusters_energy(k, cfg.beta_pde) for k in range(1, 5)]),
             "beta_fine": beta_fine, "k_star_fine": np.array([cs.fastest_mode(b, cfg.normalization) for b in beta_fine]),
             "k_star_sinkhorn_fine": np.array([cs.fastest_mode(b, "sinkhorn") for b in beta_fine]),
-            "agreement": float((counts == k_star[:, None]).mean())}
+            "agree": np.array([agree["softmax"], agree["sinkhorn"]]), "runs": runs,
+            "agree_intervals": np.array([binomial_interval(agree[k], runs) for k in ("softmax", "sinkhorn")])}
 
 
 def plot_clusters(data, cfg):
+    from matplotlib.colors import LogNorm
     from sinkflow.plots.style import COLORS, new_figure
 
-    fig, axes = new_figure(3, 1, width=3.4, height=2.9)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = new_figure(3, 1, width=3.8, height=3.1)
     a, b, c = axes[0]
-    im = a.pcolormesh(data["theta"], data["times"], data["densities"] * 2 * np.pi, shading="nearest", cmap="viridis")
-    fig.colorbar(im, ax=a, label=r"$2\pi\rho$")
+    rho = np.clip(data["densities"] * 2 * np.pi, 0.1, None)  # log scale: the formation (rho ~ 1) stays visible
+    im = a.pcolormesh(data["theta"], data["times"], rho, shading="nearest", cmap="viridis", norm=LogNorm(vmin=0.1))
+    fig.colorbar(im, ax=a).ax.set_title(r"$2\pi\rho$", fontsize=8)  # above the bar: off panel (b)'s label
     a.set_xlabel(r"$\theta$")
     a.set_ylabel("$t$")
-    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = {sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization):d}$")
-    jitter = np.linspace(-0.15, 0.15, data["counts"].shape[1])
-    for k in range(data["counts"].shape[1]):
-        b.plot(data["betas"] * (1 + 0.03 * jitter[k]), data["counts"][:, k], "o", color=COLORS["softmax"], alpha=0.6, ms=4,
-               label="particles (one per seed)" if k == 0 else None)
-    b.step(data["beta_fine"], data["k_star_fine"], where="mid", color=COLORS["reference"], label=r"$k^*(\beta)$ SoftMax")
+    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = {sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization):d}$"
+                "\n(log colour scale: the formation shows)", fontsize=9)
+    spread = np.linspace(-0.12, 0.12, data["counts"].shape[1])
+    for key, norm, shift in (("counts", "softmax", -0.12), ("counts_sinkhorn", "sinkhorn", 0.12)):
+        for k in range(data[key].shape[1]):
+            b.plot(data["betas"] * (1 + 0.04 * (spread[k] + shift)), data[key][:, k] + 0.06 * np.sign(shift), "o",
+                   color=COLORS[norm], alpha=0.6, ms=4,
+                   label=f"{LABELS[norm]} particles (one per seed)" if k == 0 else None)
+    b.step(data["beta_fine"], data["k_star_fine"], where="mid", color=COLORS["softmax"], label=r"$k^*(\beta)$ SoftMax")
     b.step(data["beta_fine"], data["k_star_sinkhorn_fine"], where="mid", color=COLORS["sinkhorn"], ls="--", lw=1,
            label=r"$k^*(\beta)$ Sinkhorn")
     b.set_xlabel(r"$\beta$")
-    b.set_ylabel("clusters at the plateau")
-    b.set_title(f"n = {cfg.n}, i.i.d. uniform start: {100 * data['agreement']:.0f}% agree")
-    b.legend()
-    e = data["particle_energy"]
-    c.plot(data["particle_energy_times"], e, color=COLORS["softmax"], label=f"particles (n = {cfg.n})")
-    c.plot(data["times"], data["pde_energy"], color=COLORS["reference"], ls="--", label="mean field")
+    b.set_ylabel("clusters at the plateau ($t = 2 t_f$)")
+    b.yaxis.set_major_locator(MaxNLocator(integer=True))
+    (lo_s, hi_s), (lo_k, hi_k) = data["agree_intervals"]
+    runs = int(data["runs"])
+    b.set_title(f"n = {cfg.n}, i.i.d. uniform starts: count = $k^*$ in\n"
+                f"SoftMax {data['agree'][0]}/{runs} [{100 * lo_s:.0f}, {100 * hi_s:.0f}]%, "
+                f"Sinkhorn {data['agree'][1]}/{runs} [{100 * lo_k:.0f}, {100 * hi_k:.0f}]% (95% CI)", fontsize=8)
+    b.legend(fontsize=7, loc="upper left")
+    _energy_panel(c, data, cfg, COLORS)
+    return fig
+
+
+def _energy_panel(c, data, cfg, COLORS):
+    """The energy staircase: the mean field (a 1e-3 start) and one particle run (an i.i.d. start, whose
+    count can differ from k*: its seeded count says which mode was ahead at the start)."""
+    c.plot(data["particle_energy_times"], data["particle_energy"], color=COLORS["softmax"],
+           label=f"particles, n = {cfg.n}: {int(data['particle_count'])} clusters\n"
+                 f"(seeded prediction {int(data['particle_seeded_count'])}, predict_clusters)")
+    c.plot(data["times"], data["pde_energy"], color=COLORS["reference"], ls="--",
+           label=f"mean field: {int(data['pde_counts'][-1])} clusters")
     for k in range(1, 5):  # k equal point clusters: E = e^beta / (2 beta k) + O(1/k^2) cross terms
         level = data["cluster_levels"][k - 1]
-        c.axhline(level, color=COLORS["reference"], lw=0.5, alpha=0.5)
-        c.text(data["times"][-1], level, f" {k}", va="center", fontsize=7)
+        c.axhline(level, color=COLORS["reference"], lw=0.5, alpha=0.4)
+        c.annotate(f"{k}", xy=(1.01, level), xycoords=("axes fraction", "data"), va="center", fontsize=7)
     c.set_xlabel("$t$")
-    c.set_ylabel(r"$E_\beta$")
+    c.set_ylabel(r"$E_\beta$ (grey: $k$ equal clusters, $k$ at right)")
     c.set_title(r"energy staircase, $\beta = %g$" % cfg.beta_pde)
-    c.legend()
-    return fig
+    c.legend(fontsize=7, loc="center right")
 
 
 register("circle_metastable_clusters", compute=compute_clusters, plot=plot_clusters, quick=ClustersConfig(),

@@ -1,0 +1,123 @@
+"""The exact fast fields on the circle and S^2 against independent oracles: the dense field, a direct
+quadrature of the expansion coefficients, scipy's Legendre polynomials (addition theorem), POT's Sinkhorn."""
+
+import numpy as np
+import ot
+import pytest
+import torch
+from scipy import special
+
+import sinkflow
+from sinkflow.particles import attention_field, harmonic_attention_field, harmonic_kernel
+from sinkflow.particles._harmonic_kernels import _sphere_features
+
+
+def _particles(n, d, seed, weighted):
+    x = sinkflow.random_particles(n, d, seed=seed, manifold="sphere")
+    if not weighted:
+        return x, None
+    a = np.random.default_rng(seed).uniform(0.2, 1.0, n)
+    return x, a / a.sum()
+
+
+def _dense(x, attention, beta, weights, **kw):
+    w = None if weights is None else torch.tensor(weights)
+    return attention_field(torch.tensor(x), attention, None, None, weights=w, temperature=1 / beta, **kw).velocity.numpy()
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("beta", [1.0, 7.0, 40.0])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_field_equals_dense_field(d, beta, weighted):
+    x, a = _particles(240, d, seed=int(beta) + d, weighted=weighted)
+    fast = harmonic_attention_field(x, "softmax", temperature=1 / beta, weights=a)
+    assert np.abs(fast.velocity - _dense(x, "softmax", beta, a)).max() < 1e-10
+    sink = harmonic_attention_field(x, "sinkhorn", temperature=1 / beta, weights=a, tol=1e-13)
+    assert sink.converged
+    assert np.abs(sink.velocity - _dense(x, "sinkhorn", beta, a, tol=1e-13)).max() < 1e-10
+    for n_iter in (1, 2, 5):  # a Sinkformer's fixed half-iterations, row step first
+        fixed = harmonic_attention_field(x, "sinkhorn", temperature=1 / beta, weights=a, n_iter=n_iter)
+        assert np.abs(fixed.velocity - _dense(x, "sinkhorn", beta, a, n_iter=n_iter)).max() < 1e-10
+
+
+@pytest.mark.parametrize("beta", [0.3, 5.0, 32.0, 900.0])
+def test_coefficients_are_the_kernel_expansion(beta):
+    """Direct quadrature: (1/2pi) int e^{beta(cos t - 1)} cos(kt) dt and (1/2) int e^{beta(t - 1)} P_l(t) dt."""
+    circle, sphere = harmonic_kernel(1 / beta, 2), harmonic_kernel(1 / beta, 3)
+    t = 2 * np.pi * np.arange(8192) / 8192  # trapezoid rule: exponentially accurate for periodic integrands
+    k = np.arange(circle.order + 1)
+    quad = (np.exp(beta * (np.cos(t) - 1))[None, :] * np.cos(np.outer(k, t))).mean(1)
+    np.testing.assert_allclose(circle.coefficients, quad, rtol=1e-9, atol=1e-15)
+    nodes, w = np.polynomial.legendre.leggauss(300)
+    l = np.arange(sphere.order + 1)
+    quad = 0.5 * (special.eval_legendre(l[:, None], nodes[None, :]) * np.exp(beta * (nodes - 1)) * w).sum(1)
+    np.testing.assert_allclose(sphere.coefficients, quad, rtol=1e-8, atol=2e-14)  # rounding of the quadrature sum
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_truncation_meets_the_requested_tolerance(d):
+    beta, tol, min_weight = 12.0, 1e-9, 1e-3
+    ker = harmonic_kernel(1 / beta, d, tol, min_weight)
+    budget = tol * min_weight / 4
+    t = np.cos(np.linspace(0, np.pi, 2001))
+    assert ker.tail <= budget
+    assert np.abs(ker(t) - np.exp(beta * (t - 1))).max() <= ker.tail + 1e-14  # + rounding of the sum
+    shorter = harmonic_kernel(1 / beta, d, tol * 1e6, min_weight)  # a looser tolerance: a lower order
+    assert shorter.order < ker.order
+    # the order is the smallest: one order less leaves more than the budget out
+    coarser = type(ker)(d, beta, ker.order - 1, ker.coefficients[:-1], 0.0)
+    assert np.abs(coarser(t) - np.exp(beta * (t - 1))).max() > budget
+
+
+def test_sphere_features_obey_the_addition_theorem():
+    x = sinkflow.random_particles(40, 3, seed=5, manifold="sphere")
+    x[0] = [0.0, 0.0, 1.0]  # a pole: no angle phi there
+    F = _sphere_features(torch.tensor(x), 9).numpy()
+    cos = np.clip(x @ x.T, -1, 1)
+    for l in range(10):
+        rows = F[l * l:(l + 1) ** 2]
+        np.testing.assert_allclose(rows.T @ rows, (2 * l + 1) / (4 * np.pi) * special.eval_legendre(l, cos), atol=1e-12)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_sinkhorn_scalings_are_pot_s(d):
+    beta = 6.0
+    x, a = _particles(150, d, seed=11, weighted=True)
+    fast = harmonic_attention_field(x, "sinkhorn", temperature=1 / beta, weights=a, tol=1e-13)
+    u = np.exp(fast.g)
+    kernel = np.exp(beta * (np.clip(x @ x.T, -1, 1) - 1))
+    plan = (a * u)[:, None] * kernel * (a * u)[None, :]  # a_i K^inf_ij
+    pot = ot.sinkhorn(a, a, -x @ x.T, 1 / beta, stopThr=1e-14, numItermax=100_000)
+    assert np.abs(plan - pot).max() < 1e-12
+    np.testing.assert_allclose(fast.velocity, (pot / a[:, None]) @ x, atol=1e-10)
+
+
+def test_simulate_chooses_the_harmonic_field_when_cheaper():
+    x0 = sinkflow.random_particles(600, 2, seed=2, manifold="sphere")
+    kw = dict(h=0.1, steps=4, manifold="sphere", temperature=0.2)
+    for attention in ("softmax", "sinkhorn"):
+        fast = sinkflow.simulate(x0, attention, **kw)
+        dense = sinkflow.simulate(x0, attention, chunked=False, **kw)
+        assert fast.harmonic_order == harmonic_kernel(0.2, 2, 1e-10, 1 / 600).order and dense.harmonic_order is None
+        assert np.abs(fast.final - dense.final).max() < 1e-9
+    rotated = np.array([[0.0, -1.0], [1.0, 0.0]])
+    assert sinkflow.simulate(x0, "softmax", W_V=rotated, **kw).harmonic_order is None  # not the identity
+    assert sinkflow.simulate(x0, "gaussian", **kw).harmonic_order is None
+    assert sinkflow.simulate(x0[:100], "softmax", **kw).harmonic_order is None  # small: dense is as fast
+    assert sinkflow.simulate(x0 * 2, "softmax", h=0.1, steps=1).harmonic_order is None  # Euclidean
+
+
+def test_bad_inputs_are_named():
+    x = sinkflow.random_particles(10, 2, seed=0, manifold="sphere")
+    with pytest.raises(ValueError, match="d"):
+        harmonic_kernel(1.0, 4)
+    with pytest.raises(ValueError, match="temperature"):
+        harmonic_kernel(-1.0, 2)
+    with pytest.raises(TypeError, match="tol"):
+        harmonic_kernel(1.0, 2, tol="small")
+    with pytest.raises(ValueError, match="unit vectors"):
+        harmonic_attention_field(2 * x)
+    with pytest.raises(ValueError, match="attention"):
+        harmonic_attention_field(x, "gaussian")
+    with pytest.raises(ValueError, match="shape"):
+        harmonic_attention_field(np.ones((3, 4)) / 2)
