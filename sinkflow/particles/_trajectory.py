@@ -74,6 +74,39 @@ class Trajectory:
     def steps(self) -> int:
         return len(self.sinkhorn_iterations)
 
+    def plot(self, ax=None, *, paths: bool = True, cluster_tol: float = 1e-2):
+        """Draw the flow as a still: the paths, the start (grey) and the end coloured by cluster.
+
+        The plane, the circle (``manifold="sphere"``, ``d = 2``) or the sphere :math:`S^2` in a
+        3-D view. For the animation, :func:`sinkflow.animate`.
+
+        Parameters
+        ----------
+        ax : matplotlib Axes, optional
+            Where to draw (a 3-D axes for ``d = 3``); a new figure by default.
+        paths : bool
+            Draw every particle's path.
+        cluster_tol : float
+            :math:`\\delta` of :func:`sinkflow.particles.cluster_labels` on the final state
+            (the colours); particles that end alone are grey.
+
+        Returns
+        -------
+        matplotlib Axes
+
+        Examples
+        --------
+        >>> import sinkflow
+        >>> x0 = sinkflow.random_particles(16, 2, seed=0, manifold="sphere")
+        >>> traj = sinkflow.simulate(x0, "softmax", manifold="sphere", temperature=0.2, steps=20)
+        >>> ax = traj.plot()
+        >>> ax.get_title()
+        'softmax, t = 2'
+        """
+        from sinkflow.particles._draw import plot_trajectory
+
+        return plot_trajectory(self, ax, paths=paths, cluster_tol=cluster_tol)
+
 
 def default_tol(dtype: torch.dtype) -> float:
     """Sinkhorn marginal tolerance of a flow in ``dtype``: 1e-10 in float64, else the solver's default.
