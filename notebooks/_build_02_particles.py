@@ -15,7 +15,9 @@ $x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j$ (docs/theory/gradient_flows.
    $T(x_i) = -n\nabla_{x_i} F^\infty$ with $F^\infty = \frac12 \mathrm{OT}_1(\mu, \mu)$, so the energy decreases,
    while SoftMax is not (its field Jacobian is not symmetric);
 3. clustering of tokens on the sphere (the layer-norm model of Geshkovski et al.), with sliders for
-   $\beta$, the number of Sinkhorn half-iterations and the step $h$.
+   $\beta$, the number of Sinkhorn half-iterations and the step $h$;
+4. the classroom demo: an animation of SoftMax beside Sinkhorn on the circle, with the predicted
+   number of clusters.
 
 Set `SINKFLOW_QUICK=1` for a fast run (small sizes). Inside Jupyter, uncomment `os.environ["SINKFLOW_QUICK"] = "1"` in the first code cell."""),
     nbf.v4.new_code_cell("""import os
@@ -94,6 +96,19 @@ cluster, large $\beta$ stays in long metastable multi-cluster phases."""),
     nbf.v4.new_code_cell("""spec = get("particles_sphere")
 cfg = spec.config(MODE)
 spec.plot(spec.compute(cfg), cfg)
+plt.show()"""),
+    nbf.v4.new_markdown_cell(r"""## 4. The classroom demo: SoftMax beside Sinkhorn on the circle
+
+Two flows from one start of 64 tokens on the circle ($Q = K = V = I$, $\beta = 8$): near the uniform
+start the mode $\cos k\theta$ with the largest growth rate wins, so about $k^*(\beta)$ clusters form
+(`sinkflow.fastest_mode`, docs/theory/mean_field.md). The prediction differs: $k^* = 4$ for SoftMax,
+$k^* = 5$ for Sinkhorn, and so do the flows. Each particle is coloured by the cluster it ends in;
+`anim.save("demo.gif")` writes the same animation to a file."""),
+    nbf.v4.new_code_cell("""runs = sinkflow.circle_demo(steps=80 if QUICK else 200)   # {"SoftMax": Trajectory, "Sinkhorn": Trajectory}
+anim = sinkflow.animate(runs, k_star=True)
+anim"""),
+    nbf.v4.new_markdown_cell(r"""The still version of one flow (paths, start in grey, end coloured by cluster):"""),
+    nbf.v4.new_code_cell("""runs["Sinkhorn"].plot()
 plt.show()"""),
     nbf.v4.new_markdown_cell(r"""## Exercises
 

@@ -8,7 +8,7 @@ import pytest
 from scipy.special import ive
 
 import sinkflow
-from sinkflow.heat import angular_density, count_clusters
+from sinkflow.clustering import angular_density, count_clusters
 
 matplotlib.use("Agg")
 
