@@ -14,7 +14,8 @@ from sinkflow._checks import check_choice
 from sinkflow.particles._energies import energy_0, energy_gaussian, energy_inf, energy_sphere
 from sinkflow.particles._integrators import ParticleField
 
-__all__ = ["MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "MonitorContext", "MONITOR_FUNCTIONS", "MONITORS"]
+__all__ = ["MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords", "MONITOR_FUNCTIONS", "MONITORS",
+           "MONITOR_KEYS"]
 
 
 #: Energy and cluster monitors build n x n float64 matrices: allowed up to this n.
@@ -146,6 +147,32 @@ def _cluster_monitor(Y, ev, ctx: MonitorContext) -> dict:
     return {"cluster_fraction": frac, "cluster_count": count}
 
 
+#: The keys each monitor writes in :attr:`Trajectory.monitors` (integer counts, float otherwise).
+MONITOR_KEYS = {"energy": ("energy",), "energy_inf": ("energy_inf",), "energy_0": ("energy_0",),
+                "marginal_errors": ("row_error", "column_error"), "clusters": ("cluster_fraction", "cluster_count")}
+_INTEGER_KEYS = ("cluster_count",)
+
+
+class MonitorRecords(dict):
+    """:attr:`Trajectory.monitors`: recorded arrays by key; a monitor's name as a key says which keys it wrote.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.particles import MonitorRecords
+    >>> records = MonitorRecords(cluster_fraction=np.zeros(2), cluster_count=np.ones(2, dtype=int))
+    >>> records["clusters"]
+    Traceback (most recent call last):
+    ...
+    KeyError: "the monitor 'clusters' writes the keys 'cluster_fraction', 'cluster_count'"
+    """
+
+    def __missing__(self, key):
+        if key in MONITOR_KEYS and MONITOR_KEYS[key] != (key,):
+            raise KeyError(f"the monitor {key!r} writes the keys " + ", ".join(map(repr, MONITOR_KEYS[key])))
+        raise KeyError(f"{key!r} was not recorded; recorded keys: {sorted(self)} (pass monitors=[...] to simulate)")
+
+
 #: Monitors by name: ``monitor(Y, evaluation_or_None, context) -> {key: value}``.
 MONITOR_FUNCTIONS = {"energy": _energy_monitor("energy"), "energy_inf": _energy_monitor("energy_inf"),
                      "energy_0": _energy_monitor("energy_0"), "marginal_errors": _marginal_error_monitor,
@@ -171,6 +198,11 @@ class _Recorder:
         self.every, self.ctx = every, ctx
         self.records: dict[str, list] = {}
         self.times: list[float] = []
+
+    def arrays(self) -> MonitorRecords:
+        """The records as numpy arrays: integer counts, float64 otherwise."""
+        return MonitorRecords({key: np.asarray(values, dtype=int if key in _INTEGER_KEYS else float)
+                               for key, values in self.records.items()})
 
     def __call__(self, k: int, Y, ev, force: bool = False):
         if not self.functions or (k % self.every and not force):

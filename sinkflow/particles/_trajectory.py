@@ -30,7 +30,9 @@ class Trajectory:
         Saved states, same type/device/dtype as ``x0`` (``n_saved = steps + 1`` with
         ``save_every=1``); ``...`` is the batch shape of an ensemble (none for one system).
     monitors : dict[str, numpy.ndarray]
-        Recorded quantities (see module docstring), one value per ``monitor_times`` (and system).
+        Recorded quantities, one value per ``monitor_times`` (and system); the keys of each
+        monitor are listed under ``monitors`` in :func:`simulate` (``"cluster_count"`` is an
+        integer array; a monitor's name as a key raises a ``KeyError`` naming its keys).
     monitor_times : numpy.ndarray
     sinkhorn_iterations : numpy.ndarray (steps, ...)
         Solver iterations per step (all stages of RK4 summed), per system: half-iterations, or

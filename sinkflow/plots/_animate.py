@@ -118,7 +118,7 @@ def animate(trajectories, *, frames: int | None = 200, fps: int = 20, cluster_to
     ...         for kind in ("softmax", "sinkhorn")}
     >>> anim = sinkflow.animate(runs, frames=5, k_star=True)
     >>> len(anim), [ax.get_title() for ax in anim.figure.axes]
-    (5, ['softmax: $k^* = 2$', 'sinkhorn: $k^* = 3$'])
+    (5, ['softmax: $k^* = 3$', 'sinkhorn: $k^* = 4$'])
     """
     runs = _as_runs(trajectories)
     cluster_tol = check_number(cluster_tol, "cluster_tol", positive=True)
