@@ -209,3 +209,25 @@ def test_notebook_widgets_have_a_static_fallback(path):
 def test_notebook_says_how_to_switch_quick_mode_in_jupyter(path):
     nb = nbformat.read(path, as_version=4)
     assert any('os.environ["SINKFLOW_QUICK"] = "1"' in c.source for c in nb.cells)
+
+
+TRAINING_NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "05_doubly_stochastic_training.ipynb"
+
+
+def test_the_training_notebook_quotes_no_number_its_cells_do_not_print():
+    # issue 31: the prose quoted measured values (0.26 / 0.33, 0.18 ...) that the cells then printed differently;
+    # a decimal in the prose must be a constant of the code (a paper's range, chance), never a measurement
+    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    decimals = set(re.findall(r"(?<![\w.^_{])\d+\.\d+(?![\w.])", re.sub(r"\$[^$]*\$", "", prose)))
+    assert decimals and not [d for d in sorted(decimals) if d not in code]
+
+
+def test_every_verdict_of_the_training_notebook_says_why_it_contradicts():
+    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
+    import ast
+
+    calls = [node for c in nb.cells if c.cell_type == "code" for node in ast.walk(ast.parse(c.source))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "versus_paper"]
+    assert len(calls) == 4 and all(len(call.args) == 3 for call in calls)  # (agrees, claim, why)
