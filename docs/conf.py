@@ -1,7 +1,8 @@
 """Sphinx configuration of the sinkflow docs (``sinkflow docs`` builds them with -W).
 
 Environment:
-- ``SINKFLOW_DOCS_QUICK=1``: notebooks are not executed (CI's quick build); the gallery
+- ``SINKFLOW_DOCS_QUICK=1``: notebooks are not executed (CI's quick build): their stored
+  quick-mode outputs are shown (``notebooks/_store_outputs.py``); the gallery
   is still rendered, from the figures' quick configurations.
 - ``SINKFLOW_DOCS_FIGURES=0`` (``sinkflow docs --skip-figures``): gallery images are not
   rendered (only cached, up-to-date ones are shown); pages and code are built as usual.
@@ -54,7 +55,7 @@ root_doc = "index"
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
 
-# myst-nb: notebooks execute at build time (cached by content), never shipped with outputs.
+# myst-nb: the full build executes the notebooks (cached by content); the quick one shows their stored outputs.
 nb_execution_mode = "off" if QUICK else "cache"
 nb_execution_timeout = 300
 nb_execution_raise_on_error = True  # a broken notebook breaks the docs build

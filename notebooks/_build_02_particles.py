@@ -1,4 +1,4 @@
-"""Generate notebooks/02_particles_and_gradient_flows.ipynb (committed without outputs)."""
+"""Generate notebooks/02_particles_and_gradient_flows.ipynb (then store its outputs: python notebooks/_store_outputs.py)."""
 
 from pathlib import Path
 
@@ -109,7 +109,7 @@ start the mode $\cos k\theta$ with the largest growth rate wins, so about $k^*(\
 $k^* = 5$ for Sinkhorn, and so do the flows. Each particle is coloured by the cluster it ends in;
 `anim.save("demo.gif")` writes the same animation to a file."""),
     nbf.v4.new_code_cell("""runs = sinkflow.circle_demo(steps=80 if QUICK else 200)   # {"SoftMax": Trajectory, "Sinkhorn": Trajectory}
-anim = sinkflow.animate(runs, k_star=True)
+anim = sinkflow.animate(runs, k_star=True, frames=30 if QUICK else 200)
 anim"""),
     nbf.v4.new_markdown_cell(r"""The still version of one flow (paths, start in grey, end coloured by cluster):"""),
     nbf.v4.new_code_cell("""runs["Sinkhorn"].plot()

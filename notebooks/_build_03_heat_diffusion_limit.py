@@ -1,4 +1,4 @@
-"""Generate notebooks/03_heat_diffusion_limit.ipynb (committed without outputs).
+"""Generate notebooks/03_heat_diffusion_limit.ipynb (then store its outputs: python notebooks/_store_outputs.py).
 
     python notebooks/_build_03_heat_diffusion_limit.py
 """

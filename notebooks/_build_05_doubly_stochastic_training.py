@@ -1,4 +1,4 @@
-"""Generate notebooks/05_doubly_stochastic_training.ipynb (no outputs): python notebooks/_build_05_doubly_stochastic_training.py"""
+"""Generate notebooks/05_doubly_stochastic_training.ipynb (then store its outputs: python notebooks/_store_outputs.py): python notebooks/_build_05_doubly_stochastic_training.py"""
 
 from pathlib import Path
 

@@ -264,9 +264,9 @@ def write_notebooks(srcdir: Path) -> None:
         if not (source / stale.name).exists():
             stale.unlink()
     index = ["# Notebooks", "",
-             "Teaching notebooks from the repository's `notebooks/` folder, executed when the docs are built "
-             "(in quick mode, `SINKFLOW_QUICK=1`; outputs are cached and never committed). Run them yourself "
-             "with `jupyter lab notebooks/`.", ""]
+             "Teaching notebooks from the repository's `notebooks/` folder, with their quick-mode outputs "
+             "(`SINKFLOW_QUICK=1`) stored in the repository: the quick build shows those, the full build "
+             "executes the notebooks again. Run them yourself with `jupyter lab notebooks/`.", ""]
     if books:
         index += ["```{toctree}", ":maxdepth: 1", "", *[b.stem for b in books], "```", ""]
     else:

@@ -80,6 +80,7 @@ def plot_snapshots(data, cfg):
         a.plot(data["grid"], data["pdf1d"][k], color=COLORS["reference"], label=r"$\rho_0 * G_{2t}$")
         a.set_title(f"$t = {t:g}$,  $W_2 = {data['w2_1d'][k]:.3f}$")
         a.set_xlabel("$x$")
+        a.set_ylabel(r"density $\rho_t(x)$")
         b = axes[1, k]
         x = data["x2d"][k]
         b.scatter(x[:, 0], x[:, 1], s=3, color=COLORS["sinkhorn"], alpha=0.6, lw=0)
@@ -87,8 +88,7 @@ def plot_snapshots(data, cfg):
         b.contour(ax, ax, data["pdf2d"][k].T, levels=6, colors=COLORS["reference"], linewidths=0.7)
         b.set_aspect("equal")
         b.set_xlabel("$x_1$")
-    axes[0, 0].set_ylabel(r"$\rho_t$")
-    axes[1, 0].set_ylabel("$x_2$")
+        b.set_ylabel("$x_2$")
     axes[0, 0].legend(loc="upper left")
     fig.suptitle(rf"Sinkhorn attention flow vs heat equation ($n = {cfg.n_1d}$, $\varepsilon = {cfg.eps_1d:g}$ in 1D; "
                  rf"$n = {cfg.n_2d}$, $\varepsilon = {cfg.eps_2d:g}$ in 2D)")

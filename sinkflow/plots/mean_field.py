@@ -86,6 +86,7 @@ def plot_limits(data, cfg):
         a.plot(y, sol, lw=1, label=rf"PDE, $\varepsilon = {e:g}$")
     a.set_xlim(-4, 4)
     a.set_xlabel("$x$")
+    a.set_ylabel(r"density $\rho_t(x)$")
     a.set_title(rf"Sinkhorn mean field at $t = {cfg.t:g}$")
     a.legend()
     _loglog_panel(b, data["n"], data["w2"], data["n_slope"], COLORS["sinkhorn"], "rms", center=data["w2_rms"],

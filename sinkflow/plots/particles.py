@@ -82,7 +82,7 @@ def plot_trajectories(data: dict, cfg: FlowConfig):
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
     axes[0, 0].legend(loc="best")
-    fig.suptitle(rf"$x_i \leftarrow x_i + h\sum_j K_{{ij}} W_V x_j$, $h={cfg.h}$, {cfg.steps} steps, "
+    fig.suptitle(rf"$x_i \leftarrow x_i + h\,\Sigma_j K_{{ij}} W_V x_j$, $h={cfg.h}$, {cfg.steps} steps, "
                  rf"$W_K = W = {_w_text(data['W'])}$, $W_V = W/\tau$, $\tau={cfg.temperature:g}$")
     return fig
 
