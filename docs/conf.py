@@ -51,6 +51,9 @@ source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-n
 exclude_patterns = ["_build", "jupyter_execute", "**/.ipynb_checkpoints", "_ext"]
 root_doc = "index"
 
+# Docutils' smart quotes would turn the "--" of every command-line flag (--full) into an en dash.
+smartquotes = False
+
 # MyST: $...$ and $$...$$ math, ::: fences, heading anchors for cross-page links.
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3

@@ -135,3 +135,20 @@ def test_theory_page_renders_offline_in_a_browser(html, browser, page):
     assert not report["failed"], f"local files that did not load: {report['failed']}"
     broken = [src for src, ok in report["images"] if not ok]
     assert not broken, f"images that did not load: {broken}"
+
+
+def test_rendering_bugs_of_issue_31_stay_fixed(html):
+    # a constant shows its own comment, not float's docstring (autodoc reads `#:` in the defining module)
+    pages = {p.name: p.read_text() for p in (html / "api" / "generated").glob("*LANDMARK_CONSTANT.html")}
+    assert len(pages) == 2, sorted(pages)
+    for name, text in pages.items():
+        assert "Convert a string or number to a floating point number" not in text, name
+        assert "constant" in text and "log(4n / delta)" in text.replace("&#8239;", " ") or "Bernstein" in text, name
+    # a table cell holds the whole description (a bare | of ||C - C~|| ended it)
+    gallery = (html / "gallery" / "index.html").read_text()
+    assert "vs landmarks, against delta" in gallery
+    every_page = [p.read_text() for p in html.rglob("*.html")]
+    # command-line flags keep their two hyphens (smart quotes made --full an en dash)
+    assert not [t for t in every_page if re.search(r"\u2013(full|quick|all|help)\b", t)]
+    # an escaped underscore inside \text{} shows its backslash in MathJax
+    assert not [t for t in every_page if re.search(r"\\text\{[^}]*\\_", t)]

@@ -72,6 +72,26 @@ def _entry(path: str, obj) -> str:
     return path
 
 
+def _data_path(name: str, folder: str) -> str:
+    """The module where the constant ``name`` of ``folder`` is assigned: autodoc reads its ``#:``
+    comment there (through the package it would show the docstring of ``float``)."""
+    import importlib
+    import pkgutil
+    import re
+
+    package = importlib.import_module(folder)
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{folder}.{info.name}")
+        if re.search(rf"^{name}\s*[:=]", inspect.getsource(module), re.M):
+            return f"{module.__name__}.{name}"
+    return f"{folder}.{name}"
+
+
+def _table_cell(text: str) -> str:
+    """``text`` inside a Markdown table cell: a bare ``|`` (as in ``||C - C~||``) would end the cell."""
+    return text.replace("|", "\\|")
+
+
 def _autosummary(entries) -> list[str]:
     return [".. autosummary::", "   :toctree: generated", "   :nosignatures:", ""] + [f"   {e}" for e in entries] + [""]
 
@@ -90,9 +110,10 @@ def write_api(srcdir: Path) -> None:
     groups: dict[str, list[str]] = {}
     for name in sinkflow.__all__:
         obj = getattr(sinkflow, name)
-        module = getattr(obj, "__module__", None) or "sinkflow"
+        module = getattr(obj, "__module__", None) or sinkflow._ORIGIN.get(name, "sinkflow")
         module = module.split("._")[0]  # the public folder of a private module (sinkflow.attention._scores)
-        groups.setdefault(module, []).append(_entry(f"sinkflow.{name}", obj))
+        is_data = getattr(obj, "__module__", None) is None and name in sinkflow._ORIGIN
+        groups.setdefault(module, []).append(_data_path(name, module) if is_data else _entry(f"sinkflow.{name}", obj))
         seen[id(obj)] = name
     lines = _heading("API reference", "=") + [
         "Generated at build time from ``sinkflow.__all__`` and the ``__all__`` of every public "
@@ -239,7 +260,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
              "regenerates all of them at publication size; `sinkflow figures --list` lists them.", ""]
     if reg:
         index += ["| figure | description |", "|---|---|"]
-        index += [f"| [`{n}`]({n}.md) | {s.description} |" for n, s in reg.items()]
+        index += [f"| [`{n}`]({n}.md) | {_table_cell(s.description)} |" for n, s in reg.items()]
         index += ["", "```{toctree}", ":hidden:", "", *reg, "```", ""]
     else:
         index += ["No figure is registered in this build.", ""]
