@@ -198,6 +198,25 @@ def _committed_images(folder: Path, spec, images: Path) -> list[list[str]]:
     return rows
 
 
+def _gallery_index(reg, files) -> list[str]:
+    """The gallery's front page: a thumbnail per figure with an image (each links to the figure's
+    page), then the table of every figure and its description."""
+    index = ["# Figure gallery", "",
+             "Every figure registered in `sinkflow.plots`, made at docs build time from the quick "
+             "configuration by the code shown on its page. `sinkflow figures --all --full` "
+             "regenerates all of them at publication size; `sinkflow figures --list` lists them.", ""]
+    if not reg:
+        return index + ["No figure is registered in this build.", ""]
+    for name in reg:
+        stills = [f for f in files.get(name, []) if f.endswith((".png", ".gif"))]
+        if stills:
+            index += [f"```{{image}} _images/{stills[0]}", f":alt: {name}", ":width: 32%",
+                      f":target: {name}.html", ":class: sf-thumbnail", "```", ""]
+    index += ["| figure | description |", "|---|---|"]
+    index += [f"| [`{n}`]({n}.md) | {_table_cell(s.description)} |" for n, s in reg.items()]
+    return index + ["", "```{toctree}", ":hidden:", "", *reg, "```", ""]
+
+
 def _fence(text: str, lang: str = "python") -> str:
     ticks = "`" * max(3, 1 + max((len(r) for r in text.split("\n") if set(r) == {"`"}), default=0))
     return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}\n"
@@ -254,17 +273,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
     for stale in folder.glob("*.md"):
         if stale.stem != "index" and stale.stem not in reg:
             stale.unlink()
-    index = ["# Figure gallery", "",
-             "Every figure registered in `sinkflow.plots`, made at docs build time from the quick "
-             "configuration by the code shown on its page. `sinkflow figures --all --full` "
-             "regenerates all of them at publication size; `sinkflow figures --list` lists them.", ""]
-    if reg:
-        index += ["| figure | description |", "|---|---|"]
-        index += [f"| [`{n}`]({n}.md) | {_table_cell(s.description)} |" for n, s in reg.items()]
-        index += ["", "```{toctree}", ":hidden:", "", *reg, "```", ""]
-    else:
-        index += ["No figure is registered in this build.", ""]
-    _write_if_changed(folder / "index.md", "\n".join(index))
+    _write_if_changed(folder / "index.md", "\n".join(_gallery_index(reg, files)))
     return files
 
 

@@ -123,8 +123,8 @@ class NormalizationsConfig:
 
 def compute_normalizations(cfg: NormalizationsConfig) -> dict:
     from sinkflow._backend import torch_threads
-    from sinkflow.heat._heat_velocity import NORMALIZATIONS
-    from sinkflow.heat._rescaled_flow import largest_safe_dt
+    from sinkflow.heat import NORMALIZATIONS
+    from sinkflow.heat import largest_safe_dt
 
     g = mixture_1d()
     times = np.linspace(0, cfg.t_end, cfg.n_times)
@@ -168,7 +168,7 @@ def _floor_band(ax, t, floor, label):
 
 
 def plot_normalizations(data, cfg):
-    from sinkflow.heat._heat_velocity import NORMALIZATIONS
+    from sinkflow.heat import NORMALIZATIONS
     from sinkflow.plots.style import COLORS, new_figure
 
     fig, axes = new_figure(2, 1, width=3.6, height=2.9)

@@ -43,7 +43,7 @@ class LandmarkErrorsConfig:
 
 def compute_errors(cfg: LandmarkErrorsConfig) -> dict:
     import sinkflow
-    from sinkflow.heat._landmark_errors import heat_variance_errors, landmark_flow_errors
+    from sinkflow.heat import heat_variance_errors, landmark_flow_errors
 
     x0 = sinkflow.random_particles(cfg.n, 2, seed=cfg.seed)
     r = landmark_flow_errors(x0, cfg.landmarks, h=cfg.h, steps=cfg.steps, temperature=cfg.temperature)

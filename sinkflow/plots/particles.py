@@ -182,7 +182,7 @@ class SphereConfig:
 
 def compute_sphere(cfg: SphereConfig) -> dict:
     """SA dynamics of Geshkovski et al. (Q = K = V = I, beta = 1/tau) on S^{d-1}."""
-    from sinkflow.particles._step_size import largest_safe_step
+    from sinkflow.particles import largest_safe_step
 
     x0 = sinkflow.random_particles(cfg.n, cfg.d, seed=cfg.seed, manifold="sphere")
     betas = sorted(set(cfg.betas) | set(cfg.phase_betas))
