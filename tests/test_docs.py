@@ -153,3 +153,13 @@ def test_rendering_bugs_of_issue_31_stay_fixed(html):
     assert not [t for t in every_page if re.search(r"\u2013(full|quick|all|help)\b", t)]
     # an escaped underscore inside \text{} shows its backslash in MathJax
     assert not [t for t in every_page if re.search(r"\\text\{[^}]*\\_", t)]
+
+
+def test_the_landing_page_fits_a_screen_and_the_gallery_has_thumbnails(html):
+    article = re.search(r"<article.*?</article>", (html / "index.html").read_text(), re.S).group(0)
+    assert len(re.findall(r"<a class=\"reference internal\"", article)) <= 25  # was about 60
+    gallery = (html / "gallery" / "index.html").read_text()
+    thumbs = re.findall(r'<a class="reference external image-reference" href="([\w.]+)\.html"><img[^>]*sf-thumbnail',
+                        gallery)
+    defaults = sorted(n for n, s in __import__("sinkflow.plots", fromlist=["registry"]).registry().items() if s.default)
+    assert sorted(thumbs) == defaults  # the quick build shows the committed default figures

@@ -171,7 +171,7 @@ def plot_normalizations(data, cfg):
     from sinkflow.heat import NORMALIZATIONS
     from sinkflow.plots.style import COLORS, new_figure
 
-    fig, axes = new_figure(2, 1, width=3.6, height=2.9)
+    fig, axes = new_figure(2, 1, width=5.0, height=2.9)
     a, b = axes[0]
     t = data["times"]
     for norm in NORMALIZATIONS:
@@ -180,18 +180,18 @@ def plot_normalizations(data, cfg):
     a.plot(t, data["w2_own_softmax_gaussian"], "--", color=COLORS["gaussian"], label=r"SoftMax vs $\rho_0 * G_{4t}$")
     _floor_band(a, t, data["w2_floor"], f"i.i.d. samples: median, range of {cfg.floor_draws}")
     a.set_yscale("log")
-    a.set_xlabel("$t$")
+    a.set_xlabel("time $t$")
     a.set_ylabel(r"$W_2(\mu^n_t, \rho_0 * G_{2t})$")
     a.set_title(rf"Against the heat equation ($n = {cfg.n}$, $\varepsilon = {cfg.eps:g}$)")
-    a.legend(fontsize=7)
+    a.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the panel: no curve through its text
     for norm in ("unnormalized", "sinkhorn"):
         b.plot(t, data[f"w2_pme_{norm}"], "o-", ms=3, color=COLORS[COLOR_KEYS[norm]], label=LABELS[norm])
     _floor_band(b, t, data["w2_pme_floor"], f"i.i.d. samples: median, range of {cfg.floor_draws}")
     b.set_yscale("log")
-    b.set_xlabel("$t$")
+    b.set_xlabel("time $t$")
     b.set_ylabel(r"$W_2$ to Barenblatt at $t_0 + 2t$")
     b.set_title(r"Against $\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)$" + rf" ($\varepsilon = {cfg.eps_pme:g}$)")
-    b.legend(fontsize=7)
+    b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.text(0.5, 0.0, "At $t = 0$ each curve is the $W_2$ of its initial sample alone: one i.i.d. draw, as random as "
              "the grey band (median and range of other draws). On the left that draw is in the upper tail (its points "
              "split unevenly between the two modes), which the flow then forgets.",
