@@ -89,6 +89,7 @@ def plot_errors(data: dict, cfg: LandmarkErrorsConfig):
     ax.legend(fontsize=7)
     ax = axes[0, 3]
     ax.loglog(data["heat_sizes"], data["heat_error"], "o-", color=COLORS["sinkhorn"])
+    ax.set_xticks(data["heat_sizes"], [f"{int(v):,}" for v in data["heat_sizes"]])  # the sizes run
     ax.xaxis.set_minor_formatter(NullFormatter())  # 2x10^2, 3x10^2 ... collide
     ax.set_xlabel("particles $n$")
     ax.set_ylabel(r"$|\mathrm{var\ growth} - 2t|$")
