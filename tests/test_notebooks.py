@@ -98,8 +98,10 @@ def _widget_images(model_id, widgets, seen):
     return _images(state.get("outputs", []), widgets, seen) + sum(_widget_images(c, widgets, seen) for c in children)
 
 
-# MPLBACKEND unset: the kernel uses IPython's inline backend, as in Jupyter.
-NOTEBOOK_ENV = {"SINKFLOW_QUICK": "1", "MPLBACKEND": None}
+# MPLBACKEND unset: the kernel uses IPython's inline backend, as in Jupyter. PYTHONPATH: the kernel imports
+# this checkout's sinkflow (not another installed copy), as the tests in this process do.
+NOTEBOOK_ENV = {"SINKFLOW_QUICK": "1", "MPLBACKEND": None,
+                "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
 
 
 # The library must not warn about its own defaults (issue 19: the tour's heat-flow step did):
