@@ -252,7 +252,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
         elif not fresh:  # a stale image is not shown; the committed default figure is, if it is current
             rows = _committed_images(srcdir.parent / "figures", spec, images)
         files[name] = [r[2] for r in rows]
-        page = [f"# `{name}`", "", spec.description or "", "",
+        page = [f"# `{name}`", "", *([f"**{spec.caption}**", ""] if spec.caption else []), spec.description or "", "",
                 f"Quick configuration (`sinkflow figures {name}`; `--full` for the publication size):", "",
                 _fence(repr(spec.quick)), ""]
         for f in files[name]:

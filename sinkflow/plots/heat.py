@@ -100,7 +100,9 @@ def plot_snapshots(data, cfg):
 
 register("heat_snapshots", compute=compute_snapshots, plot=plot_snapshots, quick=SnapshotConfig(),
          full=SnapshotConfig(n_1d=4000, n_2d=1500, eps_1d=0.02, eps_2d=0.05, dt=0.005, times=(0.0, 0.1, 0.3, 0.6)),
-         default=True, description="Sinkhorn particles against the exact heat solution, 1D and 2D mixtures")
+         default=True, description="Sinkhorn particles against the exact heat solution, 1D and 2D mixtures",
+         caption=('Sinkhorn attention particles follow the exact heat solution in 1D and 2D: '
+                  'histograms and scatter match the heat density at every time shown.'))
 
 
 # ---------------------------------------------------------------------------------------
@@ -201,7 +203,9 @@ def plot_normalizations(data, cfg):
 
 register("heat_normalizations", compute=compute_normalizations, plot=plot_normalizations, quick=NormalizationsConfig(),
          full=NormalizationsConfig(n=3000, eps=0.05, dt=0.005, dt_dot=0.001, t_end=1.0, n_times=11, n_pme=3000, eps_pme=0.01),
-         default=True, description="W2 to the heat solution over time: Sinkhorn vs SoftMax (Gaussian, dot) vs unnormalized")
+         default=True, description="W2 to the heat solution over time: Sinkhorn vs SoftMax (Gaussian, dot) vs unnormalized",
+         caption=('Only Sinkhorn attention follows the heat equation: its W2 stays near the i.i.d. sampling '
+                  'floor, while SoftMax (both scores) and the unnormalized kernel drift away.'))
 
 
 # ---------------------------------------------------------------------------------------

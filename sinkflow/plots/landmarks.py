@@ -101,7 +101,9 @@ register("landmark_flow_errors", compute=compute_errors, plot=plot_errors, quick
          full=LandmarkErrorsConfig(n=128, landmarks=(8, 16, 32, 64, 128), steps=40,
                                    heat_sizes=(1000, 10_000, 100_000), heat_landmarks=256, temperature=4.0),
          description="Nyström-approximated Sinkhorn flows: spectral and field error, deviation with Grönwall "
-                     "estimate, F^inf, heat variance error vs n")
+                     "estimate, F^inf, heat variance error vs n",
+         caption=('A Nyström-approximated Sinkhorn flow stays close to the exact one: its deviation '
+                  'stays below the Grönwall estimate and shrinks as landmarks are added.'))
 
 
 @dataclass(frozen=True)
@@ -204,4 +206,6 @@ def plot_heat_2d(data: dict, cfg: LandmarkHeat2DConfig):
 register("landmark_heat_2d", compute=compute_heat_2d, plot=plot_heat_2d, quick=LandmarkHeat2DConfig(),
          full=LandmarkHeat2DConfig(n_exact=3000, n_landmark=1_000_000, landmarks=256),
          description="Sinkhorn heat layer in 2D: exact particles and their Nyström approximation (n = 10^6 full) "
-                     "against the heat solution, variance gap and radial density")
+                     "against the heat solution, variance gap and radial density",
+         caption=('With 256 Nyström landmarks, 3,000 particles follow the 2D heat equation more closely '
+                  'than 300 exact Sinkhorn particles: the variance gap is less than half.'))

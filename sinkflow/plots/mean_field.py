@@ -110,7 +110,9 @@ def plot_limits(data, cfg):
 register("mean_field_limits", compute=compute_limits, plot=plot_limits, quick=LimitsConfig(),
          full=LimitsConfig(n_values=(100, 200, 400, 800, 1600, 3200), seeds=16, eps_values=(0.4, 0.2, 0.1, 0.05, 0.025),
                            cells=481),
-         default=True, description="The two errors apart: particles -> mean-field PDE in n, PDE -> heat in eps")
+         default=True, description="The two errors apart: particles -> mean-field PDE in n, PDE -> heat in eps",
+         caption=('The Sinkhorn layer has two limits, seen apart: particles approach the mean-field PDE as n '
+                  'grows, and the PDE approaches the heat equation at first order in eps.'))
 
 
 # ---------------------------------------------------------------------------------------

@@ -111,9 +111,13 @@ def plot_energy(data: dict, cfg: FlowConfig):
 _flow_quick = FlowConfig(n=24, steps=20, error_every=5)
 _flow_full = FlowConfig(n=64, steps=60, h=0.05, error_every=6)
 register("particles_trajectories", compute=compute_flows, plot=plot_trajectories, quick=_flow_quick, full=_flow_full,
-         default=True, description="2D particle trajectories under SoftMax vs Sinkhorn attention (same W, same start)")
+         default=True, description="2D particle trajectories under SoftMax vs Sinkhorn attention (same W, same start)",
+         caption=('From one start, with the same W and values, SoftMax and Sinkhorn attention move the '
+                  'tokens along different paths: the normalization alone changes the flow.'))
 register("particles_energy", compute=compute_flows, plot=plot_energy, quick=_flow_quick, full=_flow_full,
-         default=True, description="F^inf along SoftMax and Sinkhorn flows, and the error of T = -n grad F")
+         default=True, description="F^inf along SoftMax and Sinkhorn flows, and the error of T = -n grad F",
+         caption=('Sinkhorn attention is a gradient flow: its field is -n grad F^inf to rounding error '
+                  "and F^inf decreases; SoftMax's field misses its candidate gradient."))
 
 
 # ----------------------------------------------------------------------------------------

@@ -113,3 +113,12 @@ def test_the_gallery_code_imports_no_private_module_of_a_folder(name):
     for fn in (spec.compute, spec.plot):
         private = re.findall(r"sinkflow\.(?!_backend\b)\w+\._\w+", inspect.getsource(fn))
         assert not private, f"{name}: {fn.__name__} imports {private}; use the folder's public name"
+
+
+@pytest.mark.parametrize("name", [n for n in DEFAULT if n not in ELSEWHERE])
+def test_every_default_figure_states_one_claim_in_a_two_line_caption(name):
+    import textwrap
+
+    caption = get(name).caption
+    assert caption.strip(), f"{name}: register(..., caption='the one claim of the figure')"
+    assert len(textwrap.wrap(caption, 100)) <= 2 and caption.endswith("."), f"{name}: {caption!r}"
