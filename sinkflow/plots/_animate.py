@@ -15,11 +15,10 @@ import numpy as np
 
 import sinkflow
 from sinkflow._checks import check_number
-from sinkflow.particles import Trajectory
-from sinkflow.particles._draw import (
-    SINGLE, add_axes, cluster_colors, draw_points, frame_axes, geometry, move_points, positions_of, shared_limits,
-)
 from sinkflow.plots.style import style
+
+# sinkflow.particles (and torch) load on the first animation, not with sinkflow.plots: `sinkflow figures --list`
+# imports no torch (tests/cli/test_cli.py)
 
 __all__ = ["ParticleAnimation", "animate", "circle_demo"]
 
@@ -120,6 +119,8 @@ def animate(trajectories, *, frames: int | None = 200, fps: int = 20, cluster_to
     >>> len(anim), [ax.get_title() for ax in anim.figure.axes]
     (5, ['softmax: $k^* = 3$', 'sinkhorn: $k^* = 4$'])
     """
+    from sinkflow.particles._draw import geometry, move_points, positions_of
+
     runs = _as_runs(trajectories)
     cluster_tol = check_number(cluster_tol, "cluster_tol", positive=True)
     fps = check_number(fps, "fps", integer=True, positive=True)
@@ -174,6 +175,8 @@ def _freeze_background(fig, moving) -> None:
 
 
 def _as_runs(trajectories) -> dict:
+    from sinkflow.particles import Trajectory
+
     if isinstance(trajectories, Trajectory):
         return {trajectories.attention: trajectories}
     if not isinstance(trajectories, Mapping):
@@ -214,6 +217,8 @@ def _frame_times(runs, frames) -> np.ndarray:
 def _figure(runs, positions, geom, titles, cluster_tol, size, dpi):
     """A figure outside pyplot (no duplicate still in Jupyter), one panel per flow, particles at t = 0."""
     from matplotlib.figure import Figure
+
+    from sinkflow.particles._draw import SINGLE, add_axes, cluster_colors, draw_points, frame_axes, shared_limits
 
     fig = Figure(figsize=(size * len(runs), size + 0.35), dpi=dpi, layout="constrained")
     limits = shared_limits(positions.values(), geom)
