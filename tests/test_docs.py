@@ -161,5 +161,7 @@ def test_the_landing_page_fits_a_screen_and_the_gallery_has_thumbnails(html):
     gallery = (html / "gallery" / "index.html").read_text()
     thumbs = re.findall(r'<a class="reference external image-reference" href="([\w.]+)\.html"><img[^>]*sf-thumbnail',
                         gallery)
-    defaults = sorted(n for n, s in __import__("sinkflow.plots", fromlist=["registry"]).registry().items() if s.default)
-    assert sorted(thumbs) == defaults  # the quick build shows the committed default figures
+    from sinkflow.plots import registry
+
+    defaults = {n for n, s in registry().items() if s.default}
+    assert defaults <= set(thumbs) <= set(registry())  # the quick build shows (at least) the committed default figures
