@@ -1,7 +1,8 @@
 """Sphinx configuration of the sinkflow docs (``sinkflow docs`` builds them with -W).
 
 Environment:
-- ``SINKFLOW_DOCS_QUICK=1``: notebooks are not executed (CI's quick build); the gallery
+- ``SINKFLOW_DOCS_QUICK=1``: notebooks are not executed (CI's quick build): their stored
+  quick-mode outputs are shown (``notebooks/_store_outputs.py``); the gallery
   is still rendered, from the figures' quick configurations.
 - ``SINKFLOW_DOCS_FIGURES=0`` (``sinkflow docs --skip-figures``): gallery images are not
   rendered (only cached, up-to-date ones are shown); pages and code are built as usual.
@@ -50,11 +51,14 @@ source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-n
 exclude_patterns = ["_build", "jupyter_execute", "**/.ipynb_checkpoints", "_ext"]
 root_doc = "index"
 
+# Docutils' smart quotes would turn the "--" of every command-line flag (--full) into an en dash.
+smartquotes = False
+
 # MyST: $...$ and $$...$$ math, ::: fences, heading anchors for cross-page links.
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
 
-# myst-nb: notebooks execute at build time (cached by content), never shipped with outputs.
+# myst-nb: the full build executes the notebooks (cached by content); the quick one shows their stored outputs.
 nb_execution_mode = "off" if QUICK else "cache"
 nb_execution_timeout = 300
 nb_execution_raise_on_error = True  # a broken notebook breaks the docs build

@@ -1,4 +1,4 @@
-"""Generate notebooks/02_particles_and_gradient_flows.ipynb (committed without outputs)."""
+"""Generate notebooks/02_particles_and_gradient_flows.ipynb (then store its outputs: python notebooks/_store_outputs.py)."""
 
 from pathlib import Path
 
@@ -15,7 +15,9 @@ $x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j$ (docs/theory/gradient_flows.
    $T(x_i) = -n\nabla_{x_i} F^\infty$ with $F^\infty = \frac12 \mathrm{OT}_1(\mu, \mu)$, so the energy decreases,
    while SoftMax is not (its field Jacobian is not symmetric);
 3. clustering of tokens on the sphere (the layer-norm model of Geshkovski et al.), with sliders for
-   $\beta$, the number of Sinkhorn half-iterations and the step $h$.
+   $\beta$, the number of Sinkhorn half-iterations and the step $h$;
+4. the classroom demo: an animation of SoftMax beside Sinkhorn on the circle, with the predicted
+   number of clusters.
 
 Set `SINKFLOW_QUICK=1` for a fast run (small sizes). Inside Jupyter, uncomment `os.environ["SINKFLOW_QUICK"] = "1"` in the first code cell."""),
     nbf.v4.new_code_cell("""import os
@@ -66,34 +68,51 @@ Tokens on $S^{d-1}$ follow $\dot x_i = P^\perp_{x_i}\big(\sum_j K_{ij} x_j\big)$
 ($\langle x_i, x_j\rangle > 1 - 10^{-3}$) and the final positions. The next cell wires it to
 sliders for $\beta$, `n_iter` (1 = SoftMax) and $h$ with ipywidgets installed; without, it draws the default
 setting once (so the notebook also runs headless)."""),
-    nbf.v4.new_code_cell("""N_SPHERE, T_MAX = (24, 8.0) if QUICK else (64, 25.0)
+    nbf.v4.new_code_cell("""N_SPHERE, T_MAX, H_MIN = (24, 6.0, 0.05) if QUICK else (64, 25.0, 0.02)  # quick: answers within a second
 x_sphere = sinkflow.random_particles(N_SPHERE, 3, seed=0, manifold="sphere")
 
 
 def explore(beta=4.0, n_iter=1, h=0.1):
-    steps = int(round(T_MAX / h))
-    traj = sinkflow.simulate(x_sphere, "sinkhorn", h=h, steps=steps, n_iter=int(n_iter), manifold="sphere",
-                             temperature=1.0 / beta, monitors=["clusters"], save_every=steps)
+    safe = sinkflow.particles.largest_safe_step(x_sphere, "sinkhorn", temperature=1.0 / beta)
+    step = min(h, safe)  # a larger step overshoots (simulate would warn)
+    steps = int(round(T_MAX / step))
+    traj = sinkflow.simulate(x_sphere, "sinkhorn", h=step, steps=steps, n_iter=int(n_iter), manifold="sphere",
+                             temperature=1.0 / beta, monitors=["clusters"], monitor_every=max(steps // 60, 1),
+                             save_every=steps)
     fig = plt.figure(figsize=(7.5, 3.0), layout="constrained")
     ax = fig.add_subplot(1, 2, 1)
     ax.plot(traj.monitor_times, traj.monitors["cluster_fraction"], color=COLORS["sinkhorn"])
-    ax.set_xlabel(r"$t$")
-    ax.set_ylabel("clustered pairs")
-    ax.set_title(rf"$\\beta={beta:g}$, $L={int(n_iter)}$, $h={h:g}$: {int(traj.monitors['cluster_count'][-1])} clusters")
+    ax.set_xlabel(r"time $t$")
+    ax.set_ylabel("fraction of clustered pairs")
+    capped = "" if step == h else f" (capped at {step:.2g})"
+    ax.set_title(rf"$\\beta={beta:g}$, $L={int(n_iter)}$, $h={h:g}${capped}: {traj.monitors['cluster_count'][-1]} clusters",
+                 fontsize=8)
     ax3 = fig.add_subplot(1, 2, 2, projection="3d")
     P = traj.final
     ax3.scatter(P[:, 0], P[:, 1], P[:, 2], color=COLORS["sinkhorn"], s=12)
     ax3.set_title(r"$x_i(T)$ on $S^2$")
-    plt.show()
-    return traj"""),
+    plt.show()"""),
     nbf.v4.new_code_cell("""from sinkflow.plots.interactive import interact
 
-interact(explore, beta=(0.5, 16.0, 0.5), n_iter=(1, 30, 1), h=(0.02, 0.5, 0.02));"""),
+interact(explore, beta=(0.5, 16.0, 0.5), n_iter=(1, 30, 1), h=(H_MIN, 0.5, 0.01));"""),
     nbf.v4.new_markdown_cell(r"""The phase diagram over $\beta$ and time (registered figure `particles_sphere`): small $\beta$ collapses to one
 cluster, large $\beta$ stays in long metastable multi-cluster phases."""),
     nbf.v4.new_code_cell("""spec = get("particles_sphere")
 cfg = spec.config(MODE)
 spec.plot(spec.compute(cfg), cfg)
+plt.show()"""),
+    nbf.v4.new_markdown_cell(r"""## 4. The classroom demo: SoftMax beside Sinkhorn on the circle
+
+Two flows from one start of 64 tokens on the circle ($Q = K = V = I$, $\beta = 8$): near the uniform
+start the mode $\cos k\theta$ with the largest growth rate wins, so about $k^*(\beta)$ clusters form
+(`sinkflow.fastest_mode`, docs/theory/mean_field.md). The prediction differs: $k^* = 4$ for SoftMax,
+$k^* = 5$ for Sinkhorn, and so do the flows. Each particle is coloured by the cluster it ends in;
+`anim.save("demo.gif")` writes the same animation to a file."""),
+    nbf.v4.new_code_cell("""runs = sinkflow.circle_demo(steps=80 if QUICK else 200)   # {"SoftMax": Trajectory, "Sinkhorn": Trajectory}
+anim = sinkflow.animate(runs, k_star=True, frames=30 if QUICK else 200)
+anim"""),
+    nbf.v4.new_markdown_cell(r"""The still version of one flow (paths, start in grey, end coloured by cluster):"""),
+    nbf.v4.new_code_cell("""runs["Sinkhorn"].plot()
 plt.show()"""),
     nbf.v4.new_markdown_cell(r"""## Exercises
 

@@ -35,7 +35,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                         "binomial_interval", "NystromErrors", "nystrom_errors", "NystromCheck",
                         "nystrom_check", "smallest_sufficient_landmarks"),
     # particle flows and their energies
-    "sinkflow.particles": ("simulate", "Trajectory", "random_particles", "cluster_statistics", "renyi_centers",
+    "sinkflow.particles": ("simulate", "Trajectory", "random_particles", "cluster_statistics", "cluster_labels",
+                           "renyi_centers",
                            "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere",
                            "entropic_ot", "gradient_flow_error", "jacobian_asymmetry", "harmonic_attention_field",
                            "harmonic_kernel"),
@@ -52,7 +53,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                             "angular_density", "phase_diagram"),
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
     "sinkflow.sweeps": ("sweep", "SweepError"),
-    "sinkflow.plots": ("plot_sweep",),
+    "sinkflow.plots": ("plot_sweep", "animate", "circle_demo", "ParticleAnimation"),
 }
 
 _ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -135,3 +135,33 @@ def test_theory_page_renders_offline_in_a_browser(html, browser, page):
     assert not report["failed"], f"local files that did not load: {report['failed']}"
     broken = [src for src, ok in report["images"] if not ok]
     assert not broken, f"images that did not load: {broken}"
+
+
+def test_rendering_bugs_of_issue_31_stay_fixed(html):
+    # a constant shows its own comment, not float's docstring (autodoc reads `#:` in the defining module)
+    expected = {"LANDMARK_CONSTANT": "constant c in m", "SHARP_LANDMARK_CONSTANT": "matrix-Bernstein argument"}
+    for name, words in expected.items():
+        pages = list((html / "api" / "generated").glob(f"*.{name}.html"))
+        assert len(pages) == 1, (name, pages)
+        text = pages[0].read_text()
+        assert words in text and "Convert a string or number to a floating point number" not in text, name
+    # a table cell holds the whole description (a bare | of ||C - C~|| ended it)
+    gallery = (html / "gallery" / "index.html").read_text()
+    assert "vs landmarks, against delta" in gallery
+    every_page = [p.read_text() for p in html.rglob("*.html")]
+    # command-line flags keep their two hyphens (smart quotes made --full an en dash)
+    assert not [t for t in every_page if re.search(r"\u2013(full|quick|all|help)\b", t)]
+    # an escaped underscore inside \text{} shows its backslash in MathJax
+    assert not [t for t in every_page if re.search(r"\\text\{[^}]*\\_", t)]
+
+
+def test_the_landing_page_fits_a_screen_and_the_gallery_has_thumbnails(html):
+    article = re.search(r"<article.*?</article>", (html / "index.html").read_text(), re.S).group(0)
+    assert len(re.findall(r"<a class=\"reference internal\"", article)) <= 25  # was about 60
+    gallery = (html / "gallery" / "index.html").read_text()
+    thumbs = re.findall(r'<a class="reference external image-reference" href="([\w.]+)\.html"><img[^>]*sf-thumbnail',
+                        gallery)
+    from sinkflow.plots import registry
+
+    defaults = {n for n, s in registry().items() if s.default}
+    assert defaults <= set(thumbs) <= set(registry())  # the quick build shows (at least) the committed default figures

@@ -72,6 +72,26 @@ def _entry(path: str, obj) -> str:
     return path
 
 
+def _data_path(name: str, folder: str) -> str:
+    """The module where the constant ``name`` of ``folder`` is assigned: autodoc reads its ``#:``
+    comment there (through the package it would show the docstring of ``float``)."""
+    import importlib
+    import pkgutil
+    import re
+
+    package = importlib.import_module(folder)
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{folder}.{info.name}")
+        if re.search(rf"^{name}\s*[:=]", inspect.getsource(module), re.M):
+            return f"{module.__name__}.{name}"
+    return f"{folder}.{name}"
+
+
+def _table_cell(text: str) -> str:
+    """``text`` inside a Markdown table cell: a bare ``|`` (as in ``||C - C~||``) would end the cell."""
+    return text.replace("|", "\\|")
+
+
 def _autosummary(entries) -> list[str]:
     return [".. autosummary::", "   :toctree: generated", "   :nosignatures:", ""] + [f"   {e}" for e in entries] + [""]
 
@@ -90,9 +110,10 @@ def write_api(srcdir: Path) -> None:
     groups: dict[str, list[str]] = {}
     for name in sinkflow.__all__:
         obj = getattr(sinkflow, name)
-        module = getattr(obj, "__module__", None) or "sinkflow"
+        module = getattr(obj, "__module__", None) or sinkflow._ORIGIN.get(name, "sinkflow")
         module = module.split("._")[0]  # the public folder of a private module (sinkflow.attention._scores)
-        groups.setdefault(module, []).append(_entry(f"sinkflow.{name}", obj))
+        is_data = getattr(obj, "__module__", None) is None and name in sinkflow._ORIGIN
+        groups.setdefault(module, []).append(_data_path(name, module) if is_data else _entry(f"sinkflow.{name}", obj))
         seen[id(obj)] = name
     lines = _heading("API reference", "=") + [
         "Generated at build time from ``sinkflow.__all__`` and the ``__all__`` of every public "
@@ -177,6 +198,25 @@ def _committed_images(folder: Path, spec, images: Path) -> list[list[str]]:
     return rows
 
 
+def _gallery_index(reg, files) -> list[str]:
+    """The gallery's front page: a thumbnail per figure with an image (each links to the figure's
+    page), then the table of every figure and its description."""
+    index = ["# Figure gallery", "",
+             "Every figure registered in `sinkflow.plots`, made at docs build time from the quick "
+             "configuration by the code shown on its page. `sinkflow figures --all --full` "
+             "regenerates all of them at publication size; `sinkflow figures --list` lists them.", ""]
+    if not reg:
+        return index + ["No figure is registered in this build.", ""]
+    for name in reg:
+        stills = [f for f in files.get(name, []) if f.endswith((".png", ".gif"))]
+        if stills:
+            index += [f"```{{image}} _images/{stills[0]}", f":alt: {name}", ":width: 32%",
+                      f":target: {name}.html", ":class: sf-thumbnail", "```", ""]
+    index += ["| figure | description |", "|---|---|"]
+    index += [f"| [`{n}`]({n}.md) | {_table_cell(s.description)} |" for n, s in reg.items()]
+    return index + ["", "```{toctree}", ":hidden:", "", *reg, "```", ""]
+
+
 def _fence(text: str, lang: str = "python") -> str:
     ticks = "`" * max(3, 1 + max((len(r) for r in text.split("\n") if set(r) == {"`"}), default=0))
     return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}\n"
@@ -212,7 +252,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
         elif not fresh:  # a stale image is not shown; the committed default figure is, if it is current
             rows = _committed_images(srcdir.parent / "figures", spec, images)
         files[name] = [r[2] for r in rows]
-        page = [f"# `{name}`", "", spec.description or "", "",
+        page = [f"# `{name}`", "", *([f"**{spec.caption}**", ""] if spec.caption else []), spec.description or "", "",
                 f"Quick configuration (`sinkflow figures {name}`; `--full` for the publication size):", "",
                 _fence(repr(spec.quick)), ""]
         for f in files[name]:
@@ -233,17 +273,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
     for stale in folder.glob("*.md"):
         if stale.stem != "index" and stale.stem not in reg:
             stale.unlink()
-    index = ["# Figure gallery", "",
-             "Every figure registered in `sinkflow.plots`, made at docs build time from the quick "
-             "configuration by the code shown on its page. `sinkflow figures --all --full` "
-             "regenerates all of them at publication size; `sinkflow figures --list` lists them.", ""]
-    if reg:
-        index += ["| figure | description |", "|---|---|"]
-        index += [f"| [`{n}`]({n}.md) | {s.description} |" for n, s in reg.items()]
-        index += ["", "```{toctree}", ":hidden:", "", *reg, "```", ""]
-    else:
-        index += ["No figure is registered in this build.", ""]
-    _write_if_changed(folder / "index.md", "\n".join(index))
+    _write_if_changed(folder / "index.md", "\n".join(_gallery_index(reg, files)))
     return files
 
 
@@ -264,9 +294,9 @@ def write_notebooks(srcdir: Path) -> None:
         if not (source / stale.name).exists():
             stale.unlink()
     index = ["# Notebooks", "",
-             "Teaching notebooks from the repository's `notebooks/` folder, executed when the docs are built "
-             "(in quick mode, `SINKFLOW_QUICK=1`; outputs are cached and never committed). Run them yourself "
-             "with `jupyter lab notebooks/`.", ""]
+             "Teaching notebooks from the repository's `notebooks/` folder, with their quick-mode outputs "
+             "(`SINKFLOW_QUICK=1`) stored in the repository: the quick build shows those, the full build "
+             "executes the notebooks again. Run them yourself with `jupyter lab notebooks/`.", ""]
     if books:
         index += ["```{toctree}", ":maxdepth: 1", "", *[b.stem for b in books], "```", ""]
     else:

@@ -33,7 +33,8 @@ from sinkflow.particles._integrators import (
     ParticleField, euler_step, rk4_step, INTEGRATORS,
 )
 from sinkflow.particles._monitors import (
-    MAX_MONITOR_N, cluster_statistics, MonitorContext, MONITOR_FUNCTIONS, MONITORS,
+    MAX_MONITOR_N, cluster_statistics, cluster_labels, MonitorContext, MonitorRecords, MONITOR_FUNCTIONS, MONITORS,
+    MONITOR_KEYS,
 )
 from sinkflow.particles._step_size import (
     lipschitz_scale, largest_safe_step,
@@ -55,8 +56,9 @@ __all__ = [
     "attention_field", "dense_limit", "check_matrix", "check_weights", "single_thread_if_small", "energy_0",
     "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
     "gradient_flow_error", "jacobian_asymmetry", "ParticleField", "euler_step", "rk4_step", "INTEGRATORS",
-    "MAX_MONITOR_N", "cluster_statistics", "MonitorContext", "MONITOR_FUNCTIONS", "MONITORS", "lipschitz_scale",
-    "largest_safe_step", "simulate", "Trajectory", "random_particles", "default_tol", "causal_mask", "renyi_centers",
+    "MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords", "MONITOR_FUNCTIONS",
+    "MONITORS", "MONITOR_KEYS", "lipschitz_scale", "largest_safe_step", "simulate", "Trajectory", "random_particles",
+    "default_tol", "causal_mask", "renyi_centers",
     "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField", "HarmonicParticleField", "harmonic_kernel",
     "harmonic_attention_field", "harmonic_choice",
 ]

@@ -5,6 +5,8 @@ marginal errors of the attention, cluster statistics.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from sinkflow._backend import check_number, to_torch
@@ -12,7 +14,8 @@ from sinkflow._checks import check_choice
 from sinkflow.particles._energies import energy_0, energy_gaussian, energy_inf, energy_sphere
 from sinkflow.particles._integrators import ParticleField
 
-__all__ = ["MAX_MONITOR_N", "cluster_statistics", "MonitorContext", "MONITOR_FUNCTIONS", "MONITORS"]
+__all__ = ["MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords", "MONITOR_FUNCTIONS", "MONITORS",
+           "MONITOR_KEYS"]
 
 
 #: Energy and cluster monitors build n x n float64 matrices: allowed up to this n.
@@ -45,9 +48,54 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
     """
     from scipy.sparse.csgraph import connected_components
 
+    close = _close_pairs(x, manifold, tol)
+    n = close.shape[0]
+    pairs = (int(close.sum()) - n) // 2
+    frac = pairs / (n * (n - 1) / 2) if n > 1 else 1.0
+    count, _ = connected_components(close, directed=False)
+    return float(frac), int(count)
+
+
+def cluster_labels(x, *, manifold: str = "sphere", tol: float = 1e-3):
+    r"""The cluster of every particle, numbered by decreasing size (0 is the largest).
+
+    Clusters are those of :func:`cluster_statistics` (connected components of the relation
+    "closer than ``tol``"); ties in size are numbered by their first particle.
+
+    Parameters
+    ----------
+    x : array (n, d)
+    manifold : {"sphere", "euclidean"}
+    tol : float
+        :math:`\delta` of :func:`cluster_statistics`.
+
+    Returns
+    -------
+    numpy.ndarray (n,) of int
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.particles import cluster_labels
+    >>> cluster_labels(np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])).tolist()
+    [1, 0, 0]
+    """
+    from scipy.sparse.csgraph import connected_components
+
+    _, raw = connected_components(_close_pairs(x, manifold, tol), directed=False)
+    sizes = np.bincount(raw)
+    first = np.array([np.flatnonzero(raw == c)[0] for c in range(sizes.size)])
+    order = np.lexsort((first, -sizes))  # largest first, then by first particle
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[raw]
+
+
+def _close_pairs(x, manifold: str, tol):
+    """The relation of :func:`cluster_statistics` as a boolean ``n x n`` numpy matrix (diagonal True)."""
+    check_choice(manifold, "manifold", ("sphere", "euclidean"))
     tol = check_number(tol, "tol", positive=True)
     X = to_torch(x, "x").detach()
-    n = X.shape[0]
     if manifold == "sphere":
         close = (X @ X.T) > 1 - tol
     else:
@@ -55,10 +103,7 @@ def cluster_statistics(x, *, manifold: str = "sphere", tol: float = 1e-3):
         d2 = sq[:, None] + sq[None, :] - 2 * X @ X.T
         close = d2 < 2 * tol * float(sq.mean())
     close.fill_diagonal_(True)
-    pairs = (int(close.sum()) - n) // 2
-    frac = pairs / (n * (n - 1) / 2) if n > 1 else 1.0
-    count, _ = connected_components(close.cpu().numpy(), directed=False)
-    return float(frac), int(count)
+    return close.cpu().numpy()
 
 
 @dataclass
@@ -102,6 +147,32 @@ def _cluster_monitor(Y, ev, ctx: MonitorContext) -> dict:
     return {"cluster_fraction": frac, "cluster_count": count}
 
 
+#: The keys each monitor writes in :attr:`Trajectory.monitors` (integer counts, float otherwise).
+MONITOR_KEYS = {"energy": ("energy",), "energy_inf": ("energy_inf",), "energy_0": ("energy_0",),
+                "marginal_errors": ("row_error", "column_error"), "clusters": ("cluster_fraction", "cluster_count")}
+_INTEGER_KEYS = ("cluster_count",)
+
+
+class MonitorRecords(dict):
+    """:attr:`Trajectory.monitors`: recorded arrays by key; a monitor's name as a key says which keys it wrote.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.particles import MonitorRecords
+    >>> records = MonitorRecords(cluster_fraction=np.zeros(2), cluster_count=np.ones(2, dtype=int))
+    >>> records["clusters"]
+    Traceback (most recent call last):
+    ...
+    KeyError: "the monitor 'clusters' writes the keys 'cluster_fraction', 'cluster_count'"
+    """
+
+    def __missing__(self, key):
+        if key in MONITOR_KEYS and MONITOR_KEYS[key] != (key,):
+            raise KeyError(f"the monitor {key!r} writes the keys " + ", ".join(map(repr, MONITOR_KEYS[key])))
+        raise KeyError(f"{key!r} was not recorded; recorded keys: {sorted(self)} (pass monitors=[...] to simulate)")
+
+
 #: Monitors by name: ``monitor(Y, evaluation_or_None, context) -> {key: value}``.
 MONITOR_FUNCTIONS = {"energy": _energy_monitor("energy"), "energy_inf": _energy_monitor("energy_inf"),
                      "energy_0": _energy_monitor("energy_0"), "marginal_errors": _marginal_error_monitor,
@@ -127,6 +198,11 @@ class _Recorder:
         self.every, self.ctx = every, ctx
         self.records: dict[str, list] = {}
         self.times: list[float] = []
+
+    def arrays(self) -> MonitorRecords:
+        """The records as numpy arrays: integer counts, float64 otherwise."""
+        return MonitorRecords({key: np.asarray(values, dtype=int if key in _INTEGER_KEYS else float)
+                               for key, values in self.records.items()})
 
     def __call__(self, k: int, Y, ev, force: bool = False):
         if not self.functions or (k % self.every and not force):

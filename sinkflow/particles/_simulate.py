@@ -146,7 +146,15 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     temperature : float or array (...)
         :math:`\tau > 0` (:math:`\beta = 1/\tau` on the sphere), one per system of an ensemble.
     monitors : str or iterable of str
-        Any of ``"energy", "energy_inf", "energy_0", "marginal_errors", "clusters"``.
+        Any of these, each writing its keys of :attr:`Trajectory.monitors` (one value per
+        ``monitor_times``; module docstring):
+
+        - ``"energy"``: key ``"energy"``, the energy whose descent the flow is checked against;
+        - ``"energy_inf"``, ``"energy_0"``: keys ``"energy_inf"``, ``"energy_0"``;
+        - ``"marginal_errors"``: keys ``"row_error"``, ``"column_error"``;
+        - ``"clusters"``: keys ``"cluster_fraction"`` (float) and ``"cluster_count"`` (integer).
+
+        Asking for a monitor's name instead of its key raises a ``KeyError`` naming its keys.
     monitor_every, save_every : int
         Record monitors / positions every so many steps (the last state is always kept).
     warm_start : bool, optional
@@ -282,7 +290,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
                          variant.name, fixed_count=n_iter is not None)
     return Trajectory(
         times=run.steps * float(h), positions=from_torch(run.positions, numpy_out),
-        monitors={key: np.asarray(val, dtype=float) for key, val in record.records.items()},
+        monitors=record.arrays(),
         monitor_times=np.array(record.times) * float(h),
         sinkhorn_iterations=run.iterations if variant.normalization == "sinkhorn" else np.zeros(steps, dtype=int),
         converged=run.converged, attention=variant.name, integrator=integrator, manifold=manifold, h=float(h),

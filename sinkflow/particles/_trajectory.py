@@ -30,7 +30,9 @@ class Trajectory:
         Saved states, same type/device/dtype as ``x0`` (``n_saved = steps + 1`` with
         ``save_every=1``); ``...`` is the batch shape of an ensemble (none for one system).
     monitors : dict[str, numpy.ndarray]
-        Recorded quantities (see module docstring), one value per ``monitor_times`` (and system).
+        Recorded quantities, one value per ``monitor_times`` (and system); the keys of each
+        monitor are listed under ``monitors`` in :func:`simulate` (``"cluster_count"`` is an
+        integer array; a monitor's name as a key raises a ``KeyError`` naming its keys).
     monitor_times : numpy.ndarray
     sinkhorn_iterations : numpy.ndarray (steps, ...)
         Solver iterations per step (all stages of RK4 summed), per system: half-iterations, or
@@ -77,6 +79,39 @@ class Trajectory:
     @property
     def steps(self) -> int:
         return len(self.sinkhorn_iterations)
+
+    def plot(self, ax=None, *, paths: bool = True, cluster_tol: float = 1e-2):
+        """Draw the flow as a still: the paths, the start (grey) and the end coloured by cluster.
+
+        The plane, the circle (``manifold="sphere"``, ``d = 2``) or the sphere :math:`S^2` in a
+        3-D view. For the animation, :func:`sinkflow.animate`.
+
+        Parameters
+        ----------
+        ax : matplotlib Axes, optional
+            Where to draw (a 3-D axes for ``d = 3``); a new figure by default.
+        paths : bool
+            Draw every particle's path.
+        cluster_tol : float
+            :math:`\\delta` of :func:`sinkflow.particles.cluster_labels` on the final state
+            (the colours); particles that end alone are grey.
+
+        Returns
+        -------
+        matplotlib Axes
+
+        Examples
+        --------
+        >>> import sinkflow
+        >>> x0 = sinkflow.random_particles(16, 2, seed=0, manifold="sphere")
+        >>> traj = sinkflow.simulate(x0, "softmax", manifold="sphere", temperature=0.2, steps=20)
+        >>> ax = traj.plot()
+        >>> ax.get_title()
+        'softmax, t = 2'
+        """
+        from sinkflow.particles._draw import plot_trajectory
+
+        return plot_trajectory(self, ax, paths=paths, cluster_tol=cluster_tol)
 
 
 def default_tol(dtype: torch.dtype) -> float:

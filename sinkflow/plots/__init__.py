@@ -4,7 +4,8 @@ A figure module (``sinkflow/plots/<topic>.py``) computes data from a config and 
 and registers both with :func:`register`; every module of this folder is discovered on first
 use of the registry. ``sinkflow figures`` renders them (:func:`render`), leaving a figure
 whose data agree with its committed reference data alone (:func:`stale`, :class:`Tolerance`).
-``style.py`` is the one matplotlib style; ``tables.py`` plots users' sweep tables.
+``style.py`` is the one matplotlib style; ``tables.py`` plots users' sweep tables; ``_animate.py``
+animates particle flows (:func:`animate`, the classroom preset :func:`circle_demo`).
 Start reading at ``_registry.py`` (what a figure is), ``_render.py`` (how it is written),
 ``_reference.py`` (how a rerun is compared), then any topic module (``normalizations.py`` is short).
 """
@@ -37,9 +38,13 @@ from sinkflow.plots._render import (
     stale,
 )
 from sinkflow.plots.tables import plot_sweep
+from sinkflow.plots._animate import ParticleAnimation, animate, circle_demo
 
 __all__ = [
     "plot_sweep",
+    "animate",
+    "circle_demo",
+    "ParticleAnimation",
     "FigureSpec",
     "register",
     "unregister",

@@ -54,6 +54,8 @@ class FigureSpec:
     tolerances : tuple of (str, Tolerance)
         Tolerances for the flat data keys matching each pattern (first match wins); other
         keys are compared within :data:`DEFAULT_TOLERANCE`.
+    caption : str
+        The one claim the figure makes, in at most two lines (shown under it in the gallery).
     """
 
     name: str
@@ -65,6 +67,7 @@ class FigureSpec:
     description: str = ""
     formats: tuple = FORMATS
     tolerances: tuple = ()
+    caption: str = ""
 
     def writable(self, requested=None) -> tuple:
         """The formats to write for ``requested`` (default: PNG and PDF, or what the figure supports),
@@ -89,7 +92,7 @@ class FigureSpec:
 
 
 def register(name: str, *, compute, plot, quick, full=None, default: bool = True, description: str = "",
-             formats: tuple = FORMATS, tolerances: dict | None = None) -> FigureSpec:
+             formats: tuple = FORMATS, tolerances: dict | None = None, caption: str = "") -> FigureSpec:
     """Register a figure (called at import time by figure modules).
 
     Parameters
@@ -114,6 +117,8 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
         ``pattern -> Tolerance`` for data keys that need another tolerance than
         :data:`DEFAULT_TOLERANCE` when a rerun is compared with the reference data (say why
         next to it: the measured spread across CPU kernels).
+    caption : str
+        The one claim the figure makes, for a reader of a slide: at most two lines.
 
     Returns
     -------
@@ -143,7 +148,7 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
     if not all(isinstance(t, Tolerance) for t in (tolerances or {}).values()):
         raise TypeError(f"figure {name!r}: tolerances must map key patterns to Tolerance instances")
     spec = FigureSpec(name, compute, plot, quick, full if full is not None else quick, default, description,
-                      tuple(formats), tuple((tolerances or {}).items()))
+                      tuple(formats), tuple((tolerances or {}).items()), str(caption))
     _REGISTRY[name] = spec
     return spec
 

@@ -43,7 +43,7 @@ class LandmarkErrorsConfig:
 
 def compute_errors(cfg: LandmarkErrorsConfig) -> dict:
     import sinkflow
-    from sinkflow.heat._landmark_errors import heat_variance_errors, landmark_flow_errors
+    from sinkflow.heat import heat_variance_errors, landmark_flow_errors
 
     x0 = sinkflow.random_particles(cfg.n, 2, seed=cfg.seed)
     r = landmark_flow_errors(x0, cfg.landmarks, h=cfg.h, steps=cfg.steps, temperature=cfg.temperature)
@@ -54,6 +54,8 @@ def compute_errors(cfg: LandmarkErrorsConfig) -> dict:
 
 
 def plot_errors(data: dict, cfg: LandmarkErrorsConfig):
+    from matplotlib.ticker import NullFormatter
+
     from sinkflow.plots.style import COLORS, PALETTE, new_figure
 
     fig, axes = new_figure(4, 1, width=3.1, height=2.8)
@@ -63,27 +65,35 @@ def plot_errors(data: dict, cfg: LandmarkErrorsConfig):
     ax.semilogy(m, np.maximum(data["spectral"], floor), "o-", color=COLORS["gaussian"], label=r"$\|G-\tilde G\|_2/\|G\|_2$")
     ax.semilogy(m, np.maximum(data["field"], floor), "s--", color=COLORS["sinkhorn"], label=r"field error $\delta_m$")
     ax.set_xlabel(r"landmarks $m$ ($m = n$: exact)")
-    ax.set_title(rf"errors at the start, n = {cfg.n}, $\tau$ = {cfg.temperature:g}")
+    ax.set_ylabel("relative error at $t = 0$")
+    ax.set_title(rf"errors at the start, $n = {cfg.n}$, $\tau = {cfg.temperature:g}$")
     ax.legend(fontsize=7)
     ax = axes[0, 1]
     for i, mi in enumerate(m[:-1]):
         c = PALETTE[i % len(PALETTE)]
         ax.semilogy(data["times"][1:], data["deviation"][i, 1:], "-", color=c, label=f"m = {mi}")
         ax.semilogy(data["times"][1:], data["bound_estimate"][i, 1:], ":", color=c)
-    ax.set_xlabel("t")
-    ax.set_title(rf"deviation (—) and Grönwall estimate (···), $L_{{est}} = {data['lipschitz_estimate']:.1f}$")
-    ax.legend(fontsize=7)
+    ax.plot([], [], "-", color="0.3", label="deviation")
+    ax.plot([], [], ":", color="0.3", label=rf"Grönwall, $L_{{est}} = {data['lipschitz_estimate']:.1f}$")
+    ax.set_xlabel("time $t$")
+    ax.set_ylabel(r"$\max_i |x^m_i(t) - x_i(t)|$")
+    ax.set_title("deviation from the exact flow")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax = axes[0, 2]
     ax.plot(data["times"], data["energy_exact"], color=COLORS["reference"], label="exact")
     for i, mi in enumerate(m[:-1]):
         ax.plot(data["times"], data["energy"][i], "--", color=PALETTE[i % len(PALETTE)], label=f"m = {mi}")
-    ax.set_xlabel("t")
+    ax.set_xlabel("time $t$")
+    ax.set_ylabel(r"energy $F^\infty$")
     ax.set_title(r"$F^\infty$ along the approximate flows")
     ax.legend(fontsize=7)
     ax = axes[0, 3]
     ax.loglog(data["heat_sizes"], data["heat_error"], "o-", color=COLORS["sinkhorn"])
-    ax.set_xlabel("particles n")
-    ax.set_title(f"heat layer, m = {cfg.heat_landmarks}: |var growth - 2t|")
+    ax.set_xticks(data["heat_sizes"], [f"{int(v):,}" for v in data["heat_sizes"]])  # the sizes run
+    ax.xaxis.set_minor_formatter(NullFormatter())  # 2x10^2, 3x10^2 ... collide
+    ax.set_xlabel("particles $n$")
+    ax.set_ylabel(r"$|\mathrm{var\ growth} - 2t|$")
+    ax.set_title(f"heat layer, $m = {cfg.heat_landmarks}$ landmarks")
     return fig
 
 
@@ -91,7 +101,9 @@ register("landmark_flow_errors", compute=compute_errors, plot=plot_errors, quick
          full=LandmarkErrorsConfig(n=128, landmarks=(8, 16, 32, 64, 128), steps=40,
                                    heat_sizes=(1000, 10_000, 100_000), heat_landmarks=256, temperature=4.0),
          description="Nyström-approximated Sinkhorn flows: spectral and field error, deviation with Grönwall "
-                     "estimate, F^inf, heat variance error vs n")
+                     "estimate, F^inf, heat variance error vs n",
+         caption=('A Nyström-approximated Sinkhorn flow stays close to the exact one: its deviation '
+                  'stays below the Grönwall estimate and shrinks as landmarks are added.'))
 
 
 @dataclass(frozen=True)
@@ -194,4 +206,6 @@ def plot_heat_2d(data: dict, cfg: LandmarkHeat2DConfig):
 register("landmark_heat_2d", compute=compute_heat_2d, plot=plot_heat_2d, quick=LandmarkHeat2DConfig(),
          full=LandmarkHeat2DConfig(n_exact=3000, n_landmark=1_000_000, landmarks=256),
          description="Sinkhorn heat layer in 2D: exact particles and their Nyström approximation (n = 10^6 full) "
-                     "against the heat solution, variance gap and radial density")
+                     "against the heat solution, variance gap and radial density",
+         caption=('With 256 Nyström landmarks, 3,000 particles follow the 2D heat equation more closely '
+                  'than 300 exact Sinkhorn particles: the variance gap is less than half.'))

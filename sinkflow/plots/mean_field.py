@@ -87,6 +87,7 @@ def plot_limits(data, cfg):
         a.plot(y, sol, lw=1, label=rf"PDE, $\varepsilon = {e:g}$")
     a.set_xlim(-4, 4)
     a.set_xlabel("$x$")
+    a.set_ylabel(r"density $\rho_t(x)$")
     a.set_title(rf"Sinkhorn mean field at $t = {cfg.t:g}$")
     a.legend()
     _loglog_panel(b, data["n"], data["w2"], data["n_slope"], COLORS["sinkhorn"], "rms", center=data["w2_rms"],
@@ -110,7 +111,9 @@ def plot_limits(data, cfg):
 register("mean_field_limits", compute=compute_limits, plot=plot_limits, quick=LimitsConfig(),
          full=LimitsConfig(n_values=(100, 200, 400, 800, 1600, 3200), seeds=16, eps_values=(0.4, 0.2, 0.1, 0.05, 0.025),
                            cells=481),
-         default=True, description="The two errors apart: particles -> mean-field PDE in n, PDE -> heat in eps")
+         default=True, description="The two errors apart: particles -> mean-field PDE in n, PDE -> heat in eps",
+         caption=('The Sinkhorn layer has two limits, seen apart: particles approach the mean-field PDE as n '
+                  'grows, and the PDE approaches the heat equation at first order in eps.'))
 
 
 # ---------------------------------------------------------------------------------------

@@ -93,22 +93,22 @@ def plot_error(data: dict, cfg: SweepConfig):
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.axhline(data["eps"], color=COLORS["bound"], lw=1, label=r"$\varepsilon = \lambda / \|C\|_2$")
-    for x, ls, label in ((2 * cfg.n, ":", rf"$m = 2n = {2 * cfg.n}$: every lifted point (exact)"),
-                         (data["m_required_sharp"], "--", r"theorem's $m(\varepsilon,\delta)$, sharper constant 28/3"),
-                         (data["m_required"], "-", r"theorem's $m(\varepsilon,\delta)$, constant 56/3")):
-        ax.axvline(x, color=COLORS["reference"], ls=ls, lw=1, label=label)
-    ax.set_xlim(m[0] / 1.3, data["m_required"] * 1.5)
+    ax.axvline(2 * cfg.n, color=COLORS["reference"], ls=":", lw=1, label=rf"$m = 2n = {2 * cfg.n}$: exact")
+    # the theorem's m is far right of the data: named in the legend, not drawn on a stretched axis
+    ax.plot([], [], " ", label=rf"theorem's $m(\varepsilon,\delta)$: {data['m_required_sharp']:,.0f} (constant 28/3), "
+                              rf"{data['m_required']:,.0f} (56/3)")
+    ax.set_xlim(m[0] / 1.3, 2 * cfg.n * 1.5)
     ax.set_xlabel(r"landmarks $m$")
-    ax.set_ylabel(r"$\|C - \tilde C\|_2 \,/\, \|C\|_2$, Gaussian kernel $C$")
-    ax.set_title(rf"$n = {cfg.n}$, $p = {cfg.p}$, $d_{{stat}} = {data['d_stat']:.0f}$, "
-                 rf"$\delta = {cfg.delta:g}$; mean, bars: range of {cfg.trials} draws", fontsize=8)
+    ax.set_ylabel(r"relative error $\|C - \tilde C\|_2 \,/\, \|C\|_2$")
+    ax.set_title(rf"Gaussian kernel $C$: $n = {cfg.n}$, $p = {cfg.p}$, $d_{{stat}} = {data['d_stat']:.0f}$" + "\n"
+                 + rf"mean and range of {cfg.trials} draws, $\delta = {cfg.delta:g}$", fontsize=8)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7)
     right.loglog(m, data["nystromformer"], "d-.", color=COLORS["softmax"], label="Nyströmformer (segment means)")
     right.axvline(cfg.n, color=COLORS["reference"], ls=":", lw=1, label=rf"$m = n = {cfg.n}$")
     right.set_xlim(ax.get_xlim()[0], cfg.n * 1.5)
     right.set_xlabel(r"landmarks $m$")
-    right.set_ylabel(r"$\|S - \tilde S\|_2 \,/\, \|S\|_2$, SoftMax $S$")
-    right.set_title("Nyströmformer against SoftMax attention (deterministic)", fontsize=8)
+    right.set_ylabel(r"relative error $\|S - \tilde S\|_2 \,/\, \|S\|_2$")
+    right.set_title("Nyströmformer against SoftMax $S$" + "\n" + "(segment means: deterministic)", fontsize=8)
     right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7)
     return fig
 
@@ -117,7 +117,9 @@ register("nystrom_error_vs_landmarks", compute=compute_error, plot=plot_error,
          quick=SweepConfig(), full=SweepConfig(n=512, landmarks=(2, 4, 8, 16, 32, 64, 128, 256, 512), trials=10),
          default=True,
          description="Nyström spectral error vs landmarks (Skyformer pinv/iterative, Nyströmformer, unlifted) "
-                     "against lambda and the theorem's m")
+                     "against lambda and the theorem's m",
+         caption=("Skyformer's lifted Nyström reaches the error eps = 0.1 with about 32 landmarks, far fewer "
+                  "than the theorem's thousands; unlifted uniform Nyström stalls near 0.5."))
 
 
 # --------------------------------------------------------------------------- (b) d_stat and m vs n, scale

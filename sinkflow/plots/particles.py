@@ -82,7 +82,7 @@ def plot_trajectories(data: dict, cfg: FlowConfig):
         ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
         ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
     axes[0, 0].legend(loc="best")
-    fig.suptitle(rf"$x_i \leftarrow x_i + h\sum_j K_{{ij}} W_V x_j$, $h={cfg.h}$, {cfg.steps} steps, "
+    fig.suptitle(rf"$x_i \leftarrow x_i + h\,\Sigma_j K_{{ij}} W_V x_j$, $h={cfg.h}$, {cfg.steps} steps, "
                  rf"$W_K = W = {_w_text(data['W'])}$, $W_V = W/\tau$, $\tau={cfg.temperature:g}$")
     return fig
 
@@ -111,9 +111,13 @@ def plot_energy(data: dict, cfg: FlowConfig):
 _flow_quick = FlowConfig(n=24, steps=20, error_every=5)
 _flow_full = FlowConfig(n=64, steps=60, h=0.05, error_every=6)
 register("particles_trajectories", compute=compute_flows, plot=plot_trajectories, quick=_flow_quick, full=_flow_full,
-         default=True, description="2D particle trajectories under SoftMax vs Sinkhorn attention (same W, same start)")
+         default=True, description="2D particle trajectories under SoftMax vs Sinkhorn attention (same W, same start)",
+         caption=('From one start, with the same W and values, SoftMax and Sinkhorn attention move the '
+                  'tokens along different paths: the normalization alone changes the flow.'))
 register("particles_energy", compute=compute_flows, plot=plot_energy, quick=_flow_quick, full=_flow_full,
-         default=True, description="F^inf along SoftMax and Sinkhorn flows, and the error of T = -n grad F")
+         default=True, description="F^inf along SoftMax and Sinkhorn flows, and the error of T = -n grad F",
+         caption=('Sinkhorn attention is a gradient flow: its field is -n grad F^inf to rounding error '
+                  "and F^inf decreases; SoftMax's field misses its candidate gradient."))
 
 
 # ----------------------------------------------------------------------------------------
@@ -182,7 +186,7 @@ class SphereConfig:
 
 def compute_sphere(cfg: SphereConfig) -> dict:
     """SA dynamics of Geshkovski et al. (Q = K = V = I, beta = 1/tau) on S^{d-1}."""
-    from sinkflow.particles._step_size import largest_safe_step
+    from sinkflow.particles import largest_safe_step
 
     x0 = sinkflow.random_particles(cfg.n, cfg.d, seed=cfg.seed, manifold="sphere")
     betas = sorted(set(cfg.betas) | set(cfg.phase_betas))

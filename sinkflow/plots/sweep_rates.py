@@ -30,7 +30,7 @@ class SweepRatesConfig:
 
 def compute(cfg: SweepRatesConfig) -> dict:
     from sinkflow.experiments import sinkhorn_convergence
-    from sinkflow.sweeps._points import expand_grid
+    from sinkflow.sweeps import expand_grid
 
     grid = {"n": cfg.n, "scale": list(cfg.scales), "seed": [cfg.seed + s for s in cfg.seeds], "tol": cfg.tol}
     points = expand_grid(grid)

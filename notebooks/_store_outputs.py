@@ -1,0 +1,95 @@
+"""Execute the notebooks in quick mode and store their outputs, small and stable:
+
+    python notebooks/_build_02_particles.py      # (re)generate a notebook from its script, then
+    python notebooks/_store_outputs.py [NAME ...] # store its outputs (all notebooks by default)
+
+Why stored outputs: a reader who opens a notebook on GitHub, in JupyterLab without running it,
+or in the quick docs build (which executes nothing) sees every figure and printed number.
+The outputs are those of quick mode (``SINKFLOW_QUICK=1``), without ipywidgets (each slider cell
+shows its default setting as a static figure), with volatile metadata stripped (execution
+timestamps, widget state, kernel versions): re-running the script on unchanged notebooks
+rewrites the same figures. Each notebook records the SHA-256 of its code
+(``metadata.sinkflow.code_sha256``); ``tests/test_notebooks.py`` fails when the code changed
+since the outputs were stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+HERE = Path(__file__).resolve().parent
+
+#: Kernel-side prelude (not stored): ipywidgets hidden, so slider cells draw their default once;
+#: PNGs without the volatile ``Software``/date chunks of matplotlib's metadata.
+PRELUDE = """import sys as _sys
+_sys.modules["ipywidgets"] = None
+import matplotlib as _mpl
+_mpl.rcParams["svg.hashsalt"] = "sinkflow"
+from matplotlib_inline.backend_inline import set_matplotlib_formats as _formats
+_formats("png", metadata={"Software": None})
+"""
+
+
+def code_sha256(nb) -> str:
+    """SHA-256 of a notebook's code cells, in order (what its outputs depend on)."""
+    code = "\n\x00".join(c.source for c in nb.cells if c.cell_type == "code")
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+def strip_volatile(nb) -> None:
+    """Drop what changes from run to run without the notebook changing."""
+    nb.metadata.pop("widgets", None)
+    nb.metadata.pop("language_info", None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for out in cell.outputs:
+            out.get("metadata", {}).clear() if "metadata" in out else None
+            data = out.get("data", {})
+            data.pop("application/vnd.jupyter.widget-view+json", None)
+            if out.output_type in ("display_data", "execute_result") and not data:
+                continue
+            kept.append(out)
+        cell.outputs = kept
+
+
+def store(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    prelude = nbformat.v4.new_code_cell(PRELUDE)
+    nb.cells.insert(0, prelude)
+    env = {**os.environ, "SINKFLOW_QUICK": "1", "OMP_NUM_THREADS": "1",  # this checkout's sinkflow
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    env.pop("MPLBACKEND", None)
+    with tempfile.TemporaryDirectory() as cwd:  # whatever a notebook writes stays out of the checkout
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute(env=env)
+    nb.cells.pop(0)
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        cell.execution_count = i + 1
+        for out in cell.outputs:
+            if "execution_count" in out:
+                out.execution_count = i + 1
+    strip_volatile(nb)
+    nb.metadata["sinkflow"] = {"outputs": "quick mode (SINKFLOW_QUICK=1), stored by notebooks/_store_outputs.py",
+                               "code_sha256": code_sha256(nb)}
+    nbformat.write(nb, path)
+    print(f"{path.name}: {path.stat().st_size / 1e3:.0f} kB")
+
+
+def main(names) -> None:
+    paths = sorted(HERE.glob("[0-9]*.ipynb"))
+    for path in paths:
+        if not names or any(name in path.name for name in names):
+            store(path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
