@@ -1,6 +1,6 @@
 """Bruno et al.'s experiment at their scale, and its summary: cluster counts and positions against the prediction.
 
-``python -m sinkflow.clustering.prediction_study --normalization softmax --out docs/data/cluster_predictions_softmax.json``
+``python -m sinkflow.clustering.prediction_study --normalization softmax --out docs/data/clustering/cluster_predictions_softmax.json``
 runs :func:`sinkflow.clustering.plateau_clusters` for every (seed, beta) of the grid (seeds outer, so a
 partial run covers every beta) and rewrites the JSON after each run; :func:`summarize` turns the runs
 into agreement rates with exact (Clopper-Pearson) 95% intervals (:func:`sinkflow.bounds.binomial_interval`).

@@ -5,7 +5,7 @@ r"""Figure of the clustering experiment at the field's scale (docs/theory/cluste
   its exact 95% interval, the position error against the prediction of
   :func:`sinkflow.clustering.predict_clusters`, and how the Sinkhorn count splits with :math:`N` at
   :math:`\beta = 5` (modes 3 and 4 tied). The runs take hours on a CPU, so the figure draws the
-  committed runs (``docs/data/cluster_predictions.json``, written by
+  committed runs (``docs/data/clustering/cluster_predictions.json``, written by
   ``python -m sinkflow.clustering.prediction_study``); quick and full configurations read the same file.
 """
 
@@ -24,7 +24,7 @@ _NORMS = ("softmax", "sinkhorn")
 
 @dataclass(frozen=True)
 class PredictionsConfig:
-    source: str = "docs/data/cluster_predictions.json"
+    source: str = "docs/data/clustering/cluster_predictions.json"
     n: int = 20_000
     tie_beta: float = 5.0
 
