@@ -25,7 +25,7 @@ __all__ = []
 
 
 def is_padding(mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> bool:
-    """Whether ``mask`` (..., n, m) is a padding mask: admissible exactly on its rows x columns.
+    r"""Whether ``mask`` (..., n, m) is a padding mask: admissible exactly on its rows x columns.
 
     A mask broadcast along queries or keys (stride 0: key or query padding) is one without a
     look; any other costs one comparison of the mask and one sync. Under ``torch.compile`` the

@@ -19,8 +19,8 @@ matplotlib.use("Agg")
 
 FIGURES = Path(__file__).parents[2] / "figures"
 DEFAULT = sorted(name for name, spec in registry().items() if spec.default)
-#: Redrawn on another branch (issue 30): checked there.
-ELSEWHERE = {"circle_metastable_clusters"}
+#: Figures checked elsewhere (none today).
+ELSEWHERE: set[str] = set()
 
 
 def _unflatten(flat: dict) -> dict:
