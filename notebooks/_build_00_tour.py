@@ -7,7 +7,7 @@ import nbformat as nbf
 md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 
 cells = [
-    md("""# A ten-minute tour of sinkflow
+    md("""# 00 · A ten-minute tour of sinkflow
 
 **What this notebook shows.** How sinkflow turns attention scores into attention
 weights and how to check the theory about it numerically:

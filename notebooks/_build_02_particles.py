@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat as nbf
 
 cells = [
-    nbf.v4.new_markdown_cell(r"""# Tokens as particles: attention flows and Wasserstein gradient flows
+    nbf.v4.new_markdown_cell(r"""# 02 · Tokens as particles: attention flows and Wasserstein gradient flows
 
 A residual self-attention layer moves every token $x_i$ by one explicit Euler step,
 $x_i \leftarrow x_i + h \sum_j K_{ij}(X)\, W_V x_j$ (docs/theory/gradient_flows.md). This notebook shows

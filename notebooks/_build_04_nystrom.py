@@ -9,7 +9,7 @@ md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))  # noqa: E731
 code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))  # noqa: E731
 
 md(r"""
-# Nyström for kernelized attention: how many landmarks, and what the theorem promises
+# 04 · Nyström for kernelized attention: how many landmarks, and what the theorem promises
 
 Skyformer (Chen et al., NeurIPS 2021) replaces SoftMax by the Gaussian kernel
 $C_{ij} = \exp(-\|q_i - k_j\|^2 / (2\sqrt p))$ and approximates it with a Nyström method on the

@@ -254,3 +254,11 @@ def test_every_verdict_of_the_training_notebook_says_why_it_contradicts():
     calls = [node for c in nb.cells if c.cell_type == "code" for node in ast.walk(ast.parse(c.source))
              if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "versus_paper"]
     assert len(calls) == 4 and all(len(call.args) == 3 for call in calls)  # (agrees, claim, why)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_notebook_title_carries_its_number(path):
+    nb = nbformat.read(path, as_version=4)
+    title = next(line for cell in nb.cells if cell.cell_type == "markdown"
+                 for line in cell.source.splitlines() if line.startswith("# "))
+    assert title.startswith(f"# {path.name[:2]} · "), f"{path.name}: title {title!r} should start with '# {path.name[:2]} · '"
