@@ -246,7 +246,6 @@ def gaussian_attention_field(mean, cov, *, normalization: str, W_Q=None, W_K=Non
 def _solve(m0, S0, times, rhs, rtol, atol):
     from scipy.integrate import solve_ivp
 
-    d = m0.size
     y0 = np.concatenate([m0, S0.ravel()])
     t_end = float(times[-1])
     if t_end == 0:

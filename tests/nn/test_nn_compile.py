@@ -75,7 +75,7 @@ def test_fullgraph_compile_without_autograd(normalization):
 
 def test_non_finite_input_is_refused_inside_the_compiled_graph():
     torch._dynamo.reset()
-    mha, (x, pad) = _module("sinkhorn"), _inputs("sinkhorn")
+    mha, (x, _) = _module("sinkhorn"), _inputs("sinkhorn")
     compiled = torch.compile(mha, fullgraph=True, backend="eager")
     compiled(x, x, x, need_weights=False)
     bad = x.clone()

@@ -9,7 +9,6 @@ import itertools
 from pathlib import Path
 
 import matplotlib
-import numpy as np
 import pytest
 
 from sinkflow.plots import get, read_reference, reference_path, registry
