@@ -44,6 +44,10 @@ class ParticleAnimation:
     def __len__(self) -> int:
         return len(self.times)
 
+    def __repr__(self) -> str:
+        return (f"<ParticleAnimation: {len(self)} frames, t = {self.times[0]:.3g} to {self.times[-1]:.3g}, "
+                f"{len(self.figure.axes)} panel(s), {self.fps} fps>")
+
     def to_html(self) -> str:
         """The animation as one self-contained HTML/JavaScript player (frames embedded as PNG)."""
         return self.animation.to_jshtml(fps=self.fps, default_mode="loop")
@@ -51,8 +55,19 @@ class ParticleAnimation:
     def _repr_html_(self) -> str:
         return self.to_html()
 
+    def to_gif(self, *, fps: int | None = None) -> bytes:
+        """The animation as the bytes of a looping GIF: it plays wherever an image shows, no
+        JavaScript needed (``IPython.display.Image(anim.to_gif())``; the notebooks store it so)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            return self.save(Path(folder) / "animation.gif", fps=fps).read_bytes()
+
     def save(self, path, *, fps: int | None = None) -> Path:
-        """Write the animation to ``path``: ``.gif`` (Pillow) or ``.mp4`` (needs ffmpeg on the PATH)."""
+        """Write the animation to ``path``: ``.gif`` (Pillow) or ``.mp4`` (needs ffmpeg on the PATH).
+
+        The frames keep the animation's ``dpi`` (:func:`animate`): its still background is painted
+        at that resolution."""
         from matplotlib import animation as mpl_animation
 
         path = Path(path)

@@ -38,6 +38,8 @@ def test_a_saved_gif_has_one_frame_per_time_and_ends_on_the_final_state(tmp_path
     assert np.abs(first.astype(int) - last.astype(int)).sum() > 0  # the particles moved
     np.testing.assert_allclose(anim.times, traj.times[np.linspace(0, 12, 7).round().astype(int)])
     np.testing.assert_allclose(_points(anim)[0].get_offsets(), traj.final)  # the last frame drawn is the end
+    assert path.read_bytes() == anim.to_gif()  # the bytes a notebook stores, no file needed
+    assert repr(anim) == "<ParticleAnimation: 7 frames, t = 0 to 0.6, 1 panel(s), 5 fps>"
 
 
 def test_the_html_player_embeds_every_frame():
