@@ -185,3 +185,21 @@ def test_an_ensemble_plots_each_system_as_run_alone():
     with pytest.raises(ValueError, match="system=i"):
         ens.plot(ax=ax)
     plt.close("all")
+
+
+def test_the_classroom_page_runs_as_written():
+    # issue 31's promise: the demo in three lines from docs/classroom.md, then the page's other snippets, as a
+    # teacher pastes them (one namespace, in order)
+    import textwrap
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "classroom.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    demo = [line for line in blocks[0].splitlines() if line.strip()]
+    assert len(demo) == 3, "the demo is three lines"
+    namespace = {}
+    for block in blocks:
+        exec(compile(textwrap.dedent(block), "classroom.md", "exec"), namespace)
+    anim = namespace["anim"]
+    assert len(anim) == 200 and [ax.get_title() for ax in anim.figure.axes] == ["SoftMax: $k^* = 4$", "Sinkhorn: $k^* = 5$"]
+    assert namespace["runs"].batch_shape == (3,)
