@@ -125,9 +125,10 @@ def panels(runs: dict, system=None, stacklevel: int = 3) -> tuple[dict, int]:
     :data:`MAX_PANELS` in all (one row per ensemble when there are several), with a warning
     when some are left out.
     """
+    named = lambda label, index: f"{label} [{', '.join(map(str, index))}]"
     if system is not None:
-        named = lambda label, traj: f"{label} [{', '.join(map(str, check_index(system, traj.batch_shape, 'system')))}]"
-        return {named(label, traj): traj.system(system) for label, traj in runs.items()}, len(runs)
+        return {named(label, check_index(system, traj.batch_shape, "system")): traj.system(system)
+                for label, traj in runs.items()}, len(runs)
     if not any(traj.batch_shape for traj in runs.values()):
         return dict(runs), len(runs)
     share = max(1, MAX_PANELS // len(runs))
@@ -138,10 +139,9 @@ def panels(runs: dict, system=None, stacklevel: int = 3) -> tuple[dict, int]:
         if count > share:
             warnings.warn(f"{label!r} is an ensemble of {count} systems {batch}: drawing the first {share} "
                           f"(at most {MAX_PANELS} panels); pick one with system=i", UserWarning, stacklevel=stacklevel)
-        shown = [i for i in range(min(count, share))] if batch else [None]
+        shown = list(range(min(count, share))) if batch else [None]
         for i in shown:
-            name = label if i is None else f"{label} [{', '.join(map(str, np.unravel_index(i, batch)))}]"
-            out[name] = traj if i is None else traj.system(i)
+            out[label if i is None else named(label, np.unravel_index(i, batch))] = traj if i is None else traj.system(i)
         widths.append(len(shown))
     return out, max(widths) if len(runs) > 1 else min(len(out), 3)
 
