@@ -38,7 +38,7 @@ _mpl.rcParams["svg.hashsalt"] = "sinkflow"
 from matplotlib_inline.backend_inline import set_matplotlib_formats as _formats
 _formats("png", metadata={"Software": None})
 import base64 as _base64
-from sinkflow.plots._animate import ParticleAnimation as _Animation
+from sinkflow import ParticleAnimation as _Animation
 _formatter = get_ipython().display_formatter
 _formatter.formatters["text/html"].for_type(_Animation, lambda anim: None)
 _formatter.mimebundle_formatter.for_type(
