@@ -91,6 +91,7 @@ def _mathjax_static() -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / "static")
 
 
-html_static_path = [_mathjax_static()]
+html_static_path = [_mathjax_static(), "_static"]
+html_css_files = ["sinkflow.css"]  # the gallery's thumbnails
 mathjax_path = "mathjax/tex-chtml.js"  # relative to _static: served with the pages, no CDN
 suppress_warnings = ["mystnb.unknown_mime_type"]

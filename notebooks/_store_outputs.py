@@ -6,9 +6,9 @@
 Why stored outputs: a reader who opens a notebook on GitHub, in JupyterLab without running it,
 or in the quick docs build (which executes nothing) sees every figure and printed number.
 The outputs are those of quick mode (``SINKFLOW_QUICK=1``), without ipywidgets (each slider cell
-shows its default setting as a static figure), with volatile metadata stripped (execution
-timestamps, widget state, kernel versions): re-running the script on unchanged notebooks
-rewrites the same figures. Each notebook records the SHA-256 of its code
+shows its default setting as a static figure), animations as GIFs (a live kernel shows the
+player), with volatile metadata stripped (execution timestamps, widget state, kernel versions):
+re-running the script on unchanged notebooks rewrites the same figures. Each notebook records the SHA-256 of its code
 (``metadata.sinkflow.code_sha256``); ``tests/test_notebooks.py`` fails when the code changed
 since the outputs were stored.
 """
@@ -27,13 +27,22 @@ from nbclient import NotebookClient
 HERE = Path(__file__).resolve().parent
 
 #: Kernel-side prelude (not stored): ipywidgets hidden, so slider cells draw their default once;
-#: PNGs without the volatile ``Software``/date chunks of matplotlib's metadata.
+#: PNGs without the volatile ``Software``/date chunks of matplotlib's metadata; an animation stored
+#: as a looping GIF (``image/gif``) instead of its JavaScript player: a GIF plays where a reader
+#: runs nothing (JupyterLab does not run the scripts of an untrusted notebook, GitHub never does)
+#: and is about a seventh of the player's size.
 PRELUDE = """import sys as _sys
 _sys.modules["ipywidgets"] = None
 import matplotlib as _mpl
 _mpl.rcParams["svg.hashsalt"] = "sinkflow"
 from matplotlib_inline.backend_inline import set_matplotlib_formats as _formats
 _formats("png", metadata={"Software": None})
+import base64 as _base64
+from sinkflow import ParticleAnimation as _Animation
+_formatter = get_ipython().display_formatter
+_formatter.formatters["text/html"].for_type(_Animation, lambda anim: None)
+_formatter.mimebundle_formatter.for_type(
+    _Animation, lambda anim, include=None, exclude=None: {"image/gif": _base64.b64encode(anim.to_gif()).decode()})
 """
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_number", "check_seed", "check_choice", "check_numpy_float"]
+__all__ = ["check_number", "check_seed", "check_choice", "check_numpy_float", "check_index"]
 
 
 def _is_torch(value: Any, cls: str) -> bool:
@@ -118,3 +118,23 @@ def check_choice(value: Any, name: str, choices) -> None:
     """
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_index(index: Any, shape: tuple, name: str) -> tuple:
+    """``index`` as a multi-index of ``shape`` (entries made non-negative): a tuple of ints, or one
+    int counting the entries of ``shape`` in C order; negative counts from the end."""
+    import numpy as np
+
+    if not shape:
+        raise ValueError(f"{name} selects in a batch, and this one has no batch dimensions (one system)")
+    count = int(np.prod(shape))
+    is_int = lambda i: isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+    if is_int(index):
+        if not -count <= index < count:
+            raise ValueError(f"{name}={index} is outside the {count} entries of the batch {shape}")
+        return tuple(int(i) for i in np.unravel_index(int(index) % count, shape))
+    if not isinstance(index, tuple) or not all(map(is_int, index)):
+        raise TypeError(f"{name} must be an int or a tuple of ints, got {index!r}")
+    if len(index) != len(shape) or not all(-b <= i < b for i, b in zip(index, shape)):
+        raise ValueError(f"{name}={index} is not a multi-index of the batch shape {shape}")
+    return tuple(int(i) % b for i, b in zip(index, shape))

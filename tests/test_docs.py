@@ -165,3 +165,19 @@ def test_the_landing_page_fits_a_screen_and_the_gallery_has_thumbnails(html):
 
     defaults = {n for n, s in registry().items() if s.default}
     assert defaults <= set(thumbs) <= set(registry())  # the quick build shows (at least) the committed default figures
+    # each thumbnail is named under it (a grid of unnamed pictures in the first trial)
+    named = re.findall(r'<figure class="[^"]*sf-gallery-item[^"]*"[^>]*>.*?<figcaption>(.*?)</figcaption>', gallery, re.S)
+    assert [re.sub(r"<[^>]+>|\s|\u00b6", "", c) for c in named] == thumbs
+
+
+def test_figure_pages_show_captions_and_descriptions_as_written(html):
+    # a caption holding "k*(beta)" opened an emphasis that ate the star and left a stray "*" at its end
+    import html as html_lib
+
+    from sinkflow.plots import registry
+
+    for name, spec in registry().items():
+        page = (html / "gallery" / f"{name}.html").read_text()
+        text = " ".join(html_lib.unescape(re.sub(r"<[^>]+>", "", page)).split())
+        for claim in (spec.caption, spec.description):
+            assert not claim or " ".join(claim.split()) in text, (name, claim)

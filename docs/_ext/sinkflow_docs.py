@@ -87,9 +87,9 @@ def _data_path(name: str, folder: str) -> str:
     return f"{folder}.{name}"
 
 
-def _table_cell(text: str) -> str:
-    """``text`` inside a Markdown table cell: a bare ``|`` (as in ``||C - C~||``) would end the cell."""
-    return text.replace("|", "\\|")
+def _plain(text: str) -> str:
+    """``text`` shown as written in Markdown: ``k*(beta)`` opened an emphasis that ate its star."""
+    return "".join("\\" + c if c in "\\`*_[]<>$|~" else c for c in text)
 
 
 def _autosummary(entries) -> list[str]:
@@ -210,10 +210,10 @@ def _gallery_index(reg, files) -> list[str]:
     for name in reg:
         stills = [f for f in files.get(name, []) if f.endswith((".png", ".gif"))]
         if stills:
-            index += [f"```{{image}} _images/{stills[0]}", f":alt: {name}", ":width: 32%",
-                      f":target: {name}.html", ":class: sf-thumbnail", "```", ""]
+            index += [f"```{{figure}} _images/{stills[0]}", f":alt: {name}", f":target: {name}.html",
+                      ":class: sf-thumbnail", ":figclass: sf-gallery-item", "", f"`{name}`", "```", ""]
     index += ["| figure | description |", "|---|---|"]
-    index += [f"| [`{n}`]({n}.md) | {_table_cell(s.description)} |" for n, s in reg.items()]
+    index += [f"| [`{n}`]({n}.md) | {_plain(s.description)} |" for n, s in reg.items()]
     return index + ["", "```{toctree}", ":hidden:", "", *reg, "```", ""]
 
 
@@ -252,7 +252,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
         elif not fresh:  # a stale image is not shown; the committed default figure is, if it is current
             rows = _committed_images(srcdir.parent / "figures", spec, images)
         files[name] = [r[2] for r in rows]
-        page = [f"# `{name}`", "", *([f"**{spec.caption}**", ""] if spec.caption else []), spec.description or "", "",
+        page = [f"# `{name}`", "", *([f"**{_plain(spec.caption)}**", ""] if spec.caption else []), _plain(spec.description or ""), "",
                 f"Quick configuration (`sinkflow figures {name}`; `--full` for the publication size):", "",
                 _fence(repr(spec.quick)), ""]
         for f in files[name]:

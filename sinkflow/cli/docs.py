@@ -8,10 +8,27 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["DEFAULT_OUT", "docs_source", "build_command", "add_arguments", "run"]
+__all__ = ["DEFAULT_OUT", "DOCS_MODULES", "docs_source", "missing_modules", "build_command", "add_arguments", "run"]
 
 #: Where ``sinkflow docs`` writes, relative to the folder it is run from (as ``sinkflow figures``).
 DEFAULT_OUT = "docs/_build/html"
+
+
+#: What the build imports, by module name: the ``docs`` extra of pyproject.toml.
+DOCS_MODULES = ("sphinx", "furo", "myst_nb", "numpydoc", "sphinxcontrib.bibtex")
+
+
+def missing_modules(names=None) -> list[str]:
+    """The modules of ``names`` (:data:`DOCS_MODULES` by default) that cannot be imported here."""
+    import importlib.util
+
+    def absent(name):
+        try:
+            return importlib.util.find_spec(name) is None
+        except ModuleNotFoundError:  # a dotted name whose parent is absent
+            return True
+
+    return [name for name in (DOCS_MODULES if names is None else names) if absent(name)]
 
 
 def docs_source() -> Path:
@@ -44,6 +61,11 @@ def run(args) -> int:
     if not (source / "conf.py").is_file():
         print(f"sinkflow docs: no Sphinx project at {source} (the docs ship with a source checkout: "
               "pip install -e . from a clone)", file=sys.stderr)
+        return 2
+    missing = missing_modules()
+    if missing:
+        print(f"sinkflow docs: the build needs the docs extra (missing: {', '.join(missing)}); install it from "
+              "the clone: pip install -e \".[docs]\"", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
     env = {**os.environ, "SINKFLOW_DOCS_QUICK": "1" if args.quick else os.environ.get("SINKFLOW_DOCS_QUICK", "0"),

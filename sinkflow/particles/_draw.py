@@ -10,17 +10,23 @@ folders above it (``plots`` is above ``particles``): ``Trajectory.plot`` cannot 
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 
 from sinkflow._backend import from_torch, to_torch
-from sinkflow._checks import check_number
+from sinkflow._checks import check_index, check_number
 from sinkflow.particles._monitors import cluster_labels
 
 __all__ = ["GEOMETRIES", "geometry", "positions_of", "cluster_colors", "add_axes", "shared_limits", "frame_axes",
-           "draw_points", "move_points", "plot_trajectory"]
+           "draw_points", "move_points", "panels", "plot_trajectory", "MAX_PANELS"]
 
 #: How a flow is drawn, by (manifold, dimension): the plane, the unit circle, the sphere S^2, space.
 GEOMETRIES = {("euclidean", 2): "plane", ("sphere", 2): "circle", ("sphere", 3): "sphere", ("euclidean", 3): "space"}
+
+#: At most this many panels in one picture: an ensemble draws its first systems on a grid (3 a row).
+MAX_PANELS = 6
 
 #: Colour of a particle that ends alone (a cluster of one).
 SINGLE = (0.62, 0.62, 0.62, 1.0)
@@ -111,11 +117,47 @@ def move_points(points, geom: str, x) -> None:
         points.set_offsets(x[:, :2])
 
 
-def plot_trajectory(traj, ax=None, *, paths: bool = True, cluster_tol: float = 1e-2):
+def panels(runs: dict, system=None, stacklevel: int = 3) -> tuple[dict, int]:
+    """The flows drawn, one panel each, and the number of columns of their grid.
+
+    A one-system flow is one panel (flows side by side); ``system`` picks that system of every
+    ensemble; otherwise an ensemble shows its first systems, labelled by their index, at most
+    :data:`MAX_PANELS` in all (one row per ensemble when there are several), with a warning
+    when some are left out.
+    """
+    named = lambda label, index: f"{label} [{', '.join(map(str, index))}]"
+    if system is not None:
+        return {named(label, check_index(system, traj.batch_shape, "system")): traj.system(system)
+                for label, traj in runs.items()}, len(runs)
+    if not any(traj.batch_shape for traj in runs.values()):
+        return dict(runs), len(runs)
+    share = max(1, MAX_PANELS // len(runs))
+    out, widths = {}, []
+    for label, traj in runs.items():
+        batch = traj.batch_shape
+        count = math.prod(batch)
+        if count > share:
+            warnings.warn(f"{label!r} is an ensemble of {count} systems {batch}: drawing the first {share} "
+                          f"(at most {MAX_PANELS} panels); pick one with system=i", UserWarning, stacklevel=stacklevel)
+        shown = list(range(min(count, share))) if batch else [None]
+        for i in shown:
+            out[label if i is None else named(label, np.unravel_index(i, batch))] = traj if i is None else traj.system(i)
+        widths.append(len(shown))
+    return out, max(widths) if len(runs) > 1 else min(len(out), 3)
+
+
+def plot_trajectory(traj, ax=None, *, paths: bool = True, cluster_tol: float = 1e-2, system=None):
     """The still picture of :meth:`Trajectory.plot` (see there)."""
     import matplotlib.pyplot as plt
 
     cluster_tol = check_number(cluster_tol, "cluster_tol", positive=True)
+    if system is not None:
+        traj = traj.system(system)
+    if traj.batch_shape:
+        if ax is not None:
+            raise ValueError(f"an ensemble of {math.prod(traj.batch_shape)} systems draws on a grid of its own: "
+                             "pass ax=None, or pick one system with system=i")
+        return _plot_grid(traj, paths, cluster_tol)
     P = positions_of(traj)
     geom = geometry(traj.manifold, P.shape[2])
     if ax is None:
@@ -130,3 +172,19 @@ def plot_trajectory(traj, ax=None, *, paths: bool = True, cluster_tol: float = 1
     draw_points(ax, geom, P[-1], colors)
     ax.set_title(f"{traj.attention}, t = {float(traj.times[-1]):.3g}")
     return ax
+
+
+def _plot_grid(traj, paths: bool, cluster_tol: float) -> np.ndarray:
+    """The stills of an ensemble's first systems on one figure (:func:`panels`); their Axes."""
+    import matplotlib.pyplot as plt
+
+    runs, cols = panels({traj.attention: traj}, stacklevel=5)  # the caller of Trajectory.plot
+    rows = -(-len(runs) // cols)
+    fig = plt.figure(figsize=(3.0 * cols, 3.0 * rows), layout="constrained")
+    geom = geometry(traj.manifold, np.shape(traj.positions)[-1])
+    axes = []
+    for i, (label, one) in enumerate(runs.items()):
+        ax = plot_trajectory(one, add_axes(fig, (rows, cols, i + 1), geom), paths=paths, cluster_tol=cluster_tol)
+        ax.set_title(f"{label}, t = {float(one.times[-1]):.3g}")
+        axes.append(ax)
+    return np.array(axes, dtype=object)

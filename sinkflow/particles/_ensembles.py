@@ -30,7 +30,8 @@ from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax, get_
 from sinkflow.particles._dense_fields import (DENSE_BYTES_LIMIT, check_matrix, check_weights, dense_limit,
                                               single_thread_if_small)
 from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
-from sinkflow.particles._monitors import MONITOR_FUNCTIONS, MonitorContext, _as_monitor_names, _energy_kind, _Recorder
+from sinkflow.particles._monitors import (MONITOR_FUNCTIONS, MonitorContext, MonitorRecords, _as_monitor_names, _energy_kind,
+                                        _Recorder)
 from sinkflow.particles._step_size import _check_step_size, _lipschitz, _symmetric_psd
 from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, _solver_tol
 
@@ -184,7 +185,7 @@ def _system_by_system(simulate, systems, attention, steps, options):
     first = runs[0]
     stack = lambda key: np.stack([getattr(r, key) for r in runs], axis=1)
     return replace(first, times=stack("times"), positions=torch.stack([torch.as_tensor(r.positions) for r in runs], 1),
-                   monitors={k: np.stack([r.monitors[k] for r in runs], 1) for k in first.monitors},
+                   monitors=MonitorRecords({k: np.stack([r.monitors[k] for r in runs], 1) for k in first.monitors}),
                    monitor_times=stack("monitor_times"), sinkhorn_iterations=stack("sinkhorn_iterations"),
                    converged=np.array([r.converged for r in runs]), temperature=systems.tau.cpu().numpy(),
                    h=systems.h.cpu().numpy(), weights=None if systems.a is None else systems.a)
@@ -202,7 +203,7 @@ def _in_batches(systems, variant, steps, options):
     cat = lambda key, axis=1: np.concatenate([getattr(c, key) for c in chunks], axis=axis)
     first = chunks[0]
     return replace(first, positions=torch.cat([c.positions for c in chunks], 1),
-                   monitors={k: np.concatenate([c.monitors[k] for c in chunks], 1) for k in first.monitors},
+                   monitors=MonitorRecords({k: np.concatenate([c.monitors[k] for c in chunks], 1) for k in first.monitors}),
                    sinkhorn_iterations=cat("sinkhorn_iterations"), converged=cat("converged", 0),
                    times=cat("times"), monitor_times=cat("monitor_times"),
                    temperature=cat("temperature", 0), h=cat("h", 0), weights=systems.a)
@@ -232,7 +233,7 @@ def _chunk(systems, variant, steps, options):
     monitor_steps = np.array(record.times)
     return Trajectory(
         times=run.steps[:, None] * hs, positions=run.positions,
-        monitors={k: np.asarray(v, dtype=float).reshape(len(v), -1) for k, v in record.records.items()},
+        monitors=MonitorRecords({k: v.reshape(len(v), -1) for k, v in record.arrays().items()}),
         monitor_times=monitor_steps[:, None] * hs,
         sinkhorn_iterations=run.iterations if variant.normalization == "sinkhorn" else np.zeros_like(run.iterations),
         converged=np.broadcast_to(run.converged, (systems.count,)).copy(), attention=variant.name,
@@ -305,7 +306,7 @@ def _shaped(traj, systems, numpy_out, tau_batched, h_batched):
     times = lambda v: per_time(v) if h_batched else v[:, 0]  # one time axis for a common h
     return replace(
         traj, positions=from_torch(per_time(traj.positions), numpy_out), times=times(traj.times),
-        monitors={k: per_time(v) for k, v in traj.monitors.items()}, monitor_times=times(traj.monitor_times),
+        monitors=MonitorRecords({k: per_time(v) for k, v in traj.monitors.items()}), monitor_times=times(traj.monitor_times),
         sinkhorn_iterations=per_time(traj.sinkhorn_iterations), converged=np.asarray(traj.converged).reshape(batch),
         temperature=np.asarray(traj.temperature).reshape(batch) if tau_batched else float(systems.tau[0]),
         h=np.asarray(traj.h).reshape(batch) if h_batched else float(systems.h[0]),

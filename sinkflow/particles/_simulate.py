@@ -116,7 +116,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     ----------
     x0 : array (..., n, d) or torch.Tensor
         Initial particles. Leading dimensions are an ensemble of independent systems (see
-        Ensembles below). numpy in -> numpy out; torch in (``x0`` or any of ``W_Q``, ``W_K``,
+        Notes). numpy in -> numpy out; torch in (``x0`` or any of ``W_Q``, ``W_K``,
         ``W_V``, ``weights``) -> torch out on that tensor's device and dtype (CUDA works
         unchanged; float16 / bfloat16 landmark fields are computed in float32). Must be finite, floating (numpy defaults
         to float64), and on the unit sphere for ``manifold="sphere"``. A torch ``x0`` (or
@@ -193,16 +193,6 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         by its own value, :math:`\dot x_0 = W_V x_0` (fixed on the sphere for ``W_V = I``).
         Evaluated densely (no ``chunked``, no ``landmarks``).
 
-    Ensembles
-    ---------
-    Leading dimensions of ``x0``, ``W_Q``, ``W_K``, ``W_V``, ``weights``, ``temperature`` and ``h``
-    broadcast together into a batch of independent systems; each evolves exactly as it would
-    alone (float64: within 1e-12, iteration counts equal), its monitors, iteration counts and
-    convergence reported per system (``Trajectory.positions`` of shape ``(T, ..., n, d)``). The
-    dense attentions run as one batched flow (a Sinkhorn solve to tolerance stops each system
-    when it converges), in chunks of systems when the batch would not fit the dense budget;
-    landmarks, block-wise fields, registered attentions and gradients run system by system.
-
     Returns
     -------
     Trajectory
@@ -217,6 +207,18 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         weights, weights not summing to 1, points off the sphere, unknown options; batch
         dimensions that do not broadcast, or a non-positive temperature of some system (the
         message names the parameter).
+
+    Notes
+    -----
+    Ensembles: leading dimensions of ``x0``, ``W_Q``, ``W_K``, ``W_V``, ``weights``,
+    ``temperature`` and ``h`` broadcast together into a batch of independent systems; each
+    evolves exactly as it would alone (float64: within 1e-12, iteration counts equal), its
+    monitors, iteration counts and convergence reported per system (``Trajectory.positions`` of
+    shape ``(T, ..., n, d)``). The dense attentions run as one batched flow (a Sinkhorn solve to
+    tolerance stops each system when it converges), in chunks of systems when the batch would not
+    fit the dense budget; landmarks, block-wise fields, registered attentions and gradients run
+    system by system. One system of an ensemble is ``traj.system(i)``; :func:`sinkflow.animate`
+    and :meth:`Trajectory.plot` draw its first systems on a grid.
 
     Examples
     --------

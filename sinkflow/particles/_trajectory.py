@@ -5,13 +5,14 @@ ensemble: the manifolds, the Sinkhorn tolerance of a dtype, positions on the sph
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number
+from sinkflow._checks import check_index
 
 __all__ = ["MANIFOLDS", "Trajectory", "default_tol"]
 
@@ -80,7 +81,56 @@ class Trajectory:
     def steps(self) -> int:
         return len(self.sinkhorn_iterations)
 
-    def plot(self, ax=None, *, paths: bool = True, cluster_tol: float = 1e-2):
+    @property
+    def batch_shape(self) -> tuple:
+        """The leading batch shape of an ensemble (:func:`sinkflow.simulate` with ``x0`` of shape
+        ``(..., n, d)``); ``()`` for one system."""
+        return tuple(np.shape(self.positions)[1:-2])
+
+    def system(self, index) -> "Trajectory":
+        """One system of an ensemble, as the :class:`Trajectory` of that system alone.
+
+        Parameters
+        ----------
+        index : int or tuple of int
+            A multi-index into :attr:`batch_shape`, or one int counting the systems in C order
+            (``traj.system(5)`` of a ``(2, 3)`` batch is ``traj.system((1, 2))``); negative
+            counts from the end.
+
+        Returns
+        -------
+        Trajectory
+            Its positions ``(n_saved, n, d)``, times, monitors (``"cluster_count"`` stays an
+            integer array), iterations, ``h``, temperature and weights; as the run of that system
+            alone.
+
+        Raises
+        ------
+        ValueError
+            The trajectory is one system, or ``index`` is outside the batch.
+        TypeError
+            ``index`` is neither an int nor a tuple of ints.
+
+        Examples
+        --------
+        >>> import numpy as np, sinkflow
+        >>> x0 = np.stack([sinkflow.random_particles(8, 2, seed=s, manifold="sphere") for s in range(3)])
+        >>> ens = sinkflow.simulate(x0, "softmax", manifold="sphere", steps=4, monitors=["clusters"])
+        >>> ens.batch_shape, ens.system(-1).positions.shape, ens.system(2).monitors["cluster_count"].dtype.kind
+        ((3,), (5, 8, 2), 'i')
+        """
+        index = check_index(index, self.batch_shape, "system")
+        at = lambda v: v if v is None else v[(slice(None),) + index]  # arrays with a time axis first
+        per_time = lambda v: at(v) if np.ndim(v) > 1 else v  # times shared by every system when h is
+        per_system = lambda v: v if np.ndim(v) == 0 else v[index].item()
+        return replace(self, positions=at(self.positions), times=per_time(self.times),
+                       monitors=type(self.monitors)({k: at(v) for k, v in self.monitors.items()}),
+                       monitor_times=per_time(self.monitor_times), sinkhorn_iterations=at(self.sinkhorn_iterations),
+                       converged=bool(np.asarray(self.converged)[index]), h=per_system(self.h),
+                       temperature=per_system(self.temperature),
+                       weights=None if self.weights is None or np.ndim(self.weights) == 1 else self.weights[index])
+
+    def plot(self, ax=None, *, paths: bool = True, cluster_tol: float = 1e-2, system=None):
         """Draw the flow as a still: the paths, the start (grey) and the end coloured by cluster.
 
         The plane, the circle (``manifold="sphere"``, ``d = 2``) or the sphere :math:`S^2` in a
@@ -95,10 +145,20 @@ class Trajectory:
         cluster_tol : float
             :math:`\\delta` of :func:`sinkflow.particles.cluster_labels` on the final state
             (the colours); particles that end alone are grey.
+        system : int or tuple of int, optional
+            For an ensemble: draw this system alone (:meth:`system`). Without it an ensemble draws
+            its first systems on a grid of its own, three a row, at most six (a warning says how
+            many were left out).
 
         Returns
         -------
         matplotlib Axes
+            One Axes; for an ensemble without ``system``, a numpy array of them (one per system).
+
+        Raises
+        ------
+        ValueError
+            ``ax`` given for a whole ensemble, ``system`` of a one-system flow or outside the batch.
 
         Examples
         --------
@@ -111,7 +171,7 @@ class Trajectory:
         """
         from sinkflow.particles._draw import plot_trajectory
 
-        return plot_trajectory(self, ax, paths=paths, cluster_tol=cluster_tol)
+        return plot_trajectory(self, ax, paths=paths, cluster_tol=cluster_tol, system=system)
 
 
 def default_tol(dtype: torch.dtype) -> float:

@@ -44,6 +44,10 @@ class ParticleAnimation:
     def __len__(self) -> int:
         return len(self.times)
 
+    def __repr__(self) -> str:
+        return (f"<ParticleAnimation: {len(self)} frames, t = {self.times[0]:.3g} to {self.times[-1]:.3g}, "
+                f"{len(self.figure.axes)} panel(s), {self.fps} fps>")
+
     def to_html(self) -> str:
         """The animation as one self-contained HTML/JavaScript player (frames embedded as PNG)."""
         return self.animation.to_jshtml(fps=self.fps, default_mode="loop")
@@ -51,8 +55,19 @@ class ParticleAnimation:
     def _repr_html_(self) -> str:
         return self.to_html()
 
+    def to_gif(self, *, fps: int | None = None) -> bytes:
+        """The animation as the bytes of a looping GIF: it plays wherever an image shows, no
+        JavaScript needed (``IPython.display.Image(anim.to_gif())``; the notebooks store it so)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            return self.save(Path(folder) / "animation.gif", fps=fps).read_bytes()
+
     def save(self, path, *, fps: int | None = None) -> Path:
-        """Write the animation to ``path``: ``.gif`` (Pillow) or ``.mp4`` (needs ffmpeg on the PATH)."""
+        """Write the animation to ``path``: ``.gif`` (Pillow) or ``.mp4`` (needs ffmpeg on the PATH).
+
+        The frames keep the animation's ``dpi`` (:func:`animate`): its still background is painted
+        at that resolution."""
         from matplotlib import animation as mpl_animation
 
         path = Path(path)
@@ -72,7 +87,7 @@ class ParticleAnimation:
 
 
 def animate(trajectories, *, frames: int | None = 200, fps: int = 20, cluster_tol: float = 1e-2,
-            k_star: bool = False, size: float = 2.6, dpi: int = 72) -> ParticleAnimation:
+            k_star: bool = False, size: float = 2.6, dpi: int = 72, system=None) -> ParticleAnimation:
     r"""Animate one particle flow, or several side by side, in one call.
 
     Parameters
@@ -81,6 +96,9 @@ def animate(trajectories, *, frames: int | None = 200, fps: int = 20, cluster_to
         One flow, or labelled flows drawn side by side with shared limits (all on the same
         manifold, in the same dimension). The plane (``d = 2``), the circle
         (``manifold="sphere"``, ``d = 2``), the sphere :math:`S^2` and 3-D space (3-D views).
+        An ensemble (:func:`sinkflow.simulate` with ``x0`` of shape ``(..., n, d)``) shows its
+        first systems on a grid, three a row, labelled by their index: at most six panels in
+        all (one row per ensemble when there are several; a warning says how many were left out).
     frames : int or None
         At most this many frames, evenly spaced in time over the shortest flow (each panel
         shows its last saved state at that time); ``None``: every saved state.
@@ -95,6 +113,8 @@ def animate(trajectories, *, frames: int | None = 200, fps: int = 20, cluster_to
         and the unnormalized kernel, with :math:`Q = K = V = I` (the prediction's setting).
     size, dpi : float, int
         Panel size (inches) and resolution: the cost of a frame grows with their product.
+    system : int or tuple of int, optional
+        Animate only this system of each ensemble (:meth:`sinkflow.Trajectory.system`).
 
     Returns
     -------
@@ -107,7 +127,7 @@ def animate(trajectories, *, frames: int | None = 200, fps: int = 20, cluster_to
         ``trajectories`` is neither a Trajectory nor a mapping of them.
     ValueError
         An empty mapping, flows on different manifolds or dimensions, ``d`` not 2 or 3,
-        ``k_star`` off the circle.
+        ``k_star`` off the circle, ``system`` of a one-system flow or outside the batch.
 
     Examples
     --------
@@ -118,10 +138,18 @@ def animate(trajectories, *, frames: int | None = 200, fps: int = 20, cluster_to
     >>> anim = sinkflow.animate(runs, frames=5, k_star=True)
     >>> len(anim), [ax.get_title() for ax in anim.figure.axes]
     (5, ['softmax: $k^* = 3$', 'sinkhorn: $k^* = 4$'])
-    """
-    from sinkflow.particles._draw import geometry, move_points, positions_of
 
-    runs = _as_runs(trajectories)
+    An ensemble of three starts, on a grid:
+
+    >>> import numpy as np
+    >>> x0 = np.stack([sinkflow.random_particles(16, 2, seed=s, manifold="sphere") for s in range(3)])
+    >>> ens = sinkflow.simulate(x0, "sinkhorn", manifold="sphere", temperature=0.2, steps=20)
+    >>> [ax.get_title() for ax in sinkflow.animate(ens, frames=2).figure.axes]
+    ['sinkhorn [0]', 'sinkhorn [1]', 'sinkhorn [2]']
+    """
+    from sinkflow.particles._draw import geometry, move_points, panels, positions_of
+
+    runs, columns = panels(_as_runs(trajectories), system)
     cluster_tol = check_number(cluster_tol, "cluster_tol", positive=True)
     fps = check_number(fps, "fps", integer=True, positive=True)
     frames = check_number(frames, "frames", integer=True, positive=True, allow_none=True)
@@ -132,7 +160,7 @@ def animate(trajectories, *, frames: int | None = 200, fps: int = 20, cluster_to
     times = _frame_times(runs, frames)
     index = {label: np.searchsorted(traj.times, times, side="right") - 1 for label, traj in runs.items()}
     with style():
-        fig, points = _figure(runs, positions, geom, k_star, cluster_tol, size, dpi)
+        fig, points = _figure(runs, positions, geom, k_star, cluster_tol, (size, dpi, columns))
         label_text = fig.suptitle(f"t = {times[0]:.2f}", x=0.02, ha="left", fontsize=9)
         _freeze_background(fig, [*points.values(), label_text])
 
@@ -214,17 +242,20 @@ def _frame_times(runs, frames) -> np.ndarray:
     return saved[np.linspace(0, len(saved) - 1, frames).round().astype(int)]
 
 
-def _figure(runs, positions, geom, titles, cluster_tol, size, dpi):
-    """A figure outside pyplot (no duplicate still in Jupyter), one panel per flow, particles at t = 0."""
+def _figure(runs, positions, geom, titles, cluster_tol, layout):
+    """A figure outside pyplot (no duplicate still in Jupyter), one panel per flow on a grid of
+    ``columns``, particles at t = 0; ``layout`` is ``(size, dpi, columns)``."""
     from matplotlib.figure import Figure
 
     from sinkflow.particles._draw import SINGLE, add_axes, cluster_colors, draw_points, frame_axes, shared_limits
 
-    fig = Figure(figsize=(size * len(runs), size + 0.35), dpi=dpi, layout="constrained")
+    size, dpi, columns = layout
+    rows = -(-len(runs) // columns)
+    fig = Figure(figsize=(size * columns, size * rows + 0.35), dpi=dpi, layout="constrained")
     limits = shared_limits(positions.values(), geom)
     points = {}
     for i, (label, traj) in enumerate(runs.items()):
-        ax = add_axes(fig, (1, len(runs), i + 1), geom)
+        ax = add_axes(fig, (rows, columns, i + 1), geom)
         frame_axes(ax, geom, limits)
         P = positions[label]
         draw_points(ax, geom, P[0], [SINGLE], size=3.0)  # where the particles started, faint

@@ -85,3 +85,18 @@ def test_every_command_module_has_a_parser_and_a_runner():
     for module, _help in COMMANDS.values():
         mod = importlib.import_module(module)
         assert callable(mod.add_arguments) and callable(mod.run), module
+
+
+def test_docs_without_the_docs_extra_says_what_to_install(monkeypatch, capsys):
+    # issue 31: after README's first command (no docs extra) `sinkflow docs --quick` printed
+    # "No module named sphinx" and then "FAILED (warnings are errors)"
+    from sinkflow.cli import docs
+
+    assert docs.missing_modules() == []  # the test extra installs the docs extra
+    assert docs.missing_modules(("sphinx", "no_such_module", "sphinxcontrib.no_such_module")) == [
+        "no_such_module", "sphinxcontrib.no_such_module"]
+    monkeypatch.setattr(docs, "DOCS_MODULES", ("sphinx", "no_such_module"))
+    monkeypatch.setattr(docs.subprocess, "call", lambda *a, **k: pytest.fail("sphinx was started"))
+    assert main(["docs", "--quick", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "missing: no_such_module" in err and 'pip install -e ".[docs]"' in err

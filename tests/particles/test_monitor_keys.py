@@ -43,3 +43,37 @@ def test_the_cluster_count_is_an_integer_and_the_monitor_name_says_its_keys():
         traj.monitors["clusters"]
     with pytest.raises(KeyError, match="recorded keys"):
         traj.monitors["energy"]
+
+
+def test_an_ensemble_counts_clusters_as_integers_and_each_system_is_its_run_alone():
+    x0 = np.stack([sinkflow.random_particles(8, 2, seed=s, manifold="sphere") for s in range(4)]).reshape(2, 2, 8, 2)
+    h = np.array([[0.05, 0.1], [0.1, 0.05]])
+    options = dict(manifold="sphere", temperature=0.25, steps=6, monitors=["clusters", "energy"])
+    for kind in ("softmax", "sinkhorn"):
+        ens = sinkflow.simulate(x0, kind, h=h, **options)
+        assert ens.batch_shape == (2, 2) and ens.monitors["cluster_count"].dtype.kind == "i"
+        with pytest.raises(KeyError, match="'cluster_fraction', 'cluster_count'"):
+            ens.monitors["clusters"]
+        for flat, index in enumerate(np.ndindex(2, 2)):
+            alone = sinkflow.simulate(x0[index], kind, h=float(h[index]), **options)
+            one = ens.system(flat)
+            assert one.batch_shape == () and one.h == alone.h and one.temperature == alone.temperature
+            np.testing.assert_allclose(one.positions, alone.positions, atol=1e-9)
+            np.testing.assert_allclose(one.times, alone.times)
+            np.testing.assert_array_equal(one.sinkhorn_iterations, alone.sinkhorn_iterations)
+            np.testing.assert_array_equal(one.monitors["cluster_count"], alone.monitors["cluster_count"])
+            np.testing.assert_allclose(one.monitors["energy"], alone.monitors["energy"], rtol=1e-9)
+            np.testing.assert_allclose(ens.system(index).positions, one.positions)
+
+
+def test_selecting_a_system_names_the_index_that_does_not_fit():
+    ens = sinkflow.simulate(np.stack([sinkflow.random_particles(4, 2, seed=s) for s in range(3)]), "softmax", steps=1)
+    assert ens.system(-1).positions.shape == (2, 4, 2)
+    with pytest.raises(ValueError, match="outside the 3"):
+        ens.system(3)
+    with pytest.raises(ValueError, match="multi-index"):
+        ens.system((0, 0))
+    with pytest.raises(TypeError, match="system must be an int"):
+        ens.system(1.0)
+    with pytest.raises(ValueError, match="one system"):
+        ens.system(0).system(0)

@@ -38,6 +38,8 @@ def test_a_saved_gif_has_one_frame_per_time_and_ends_on_the_final_state(tmp_path
     assert np.abs(first.astype(int) - last.astype(int)).sum() > 0  # the particles moved
     np.testing.assert_allclose(anim.times, traj.times[np.linspace(0, 12, 7).round().astype(int)])
     np.testing.assert_allclose(_points(anim)[0].get_offsets(), traj.final)  # the last frame drawn is the end
+    assert path.read_bytes() == anim.to_gif()  # the bytes a notebook stores, no file needed
+    assert repr(anim) == "<ParticleAnimation: 7 frames, t = 0 to 0.6, 1 panel(s), 5 fps>"
 
 
 def test_the_html_player_embeds_every_frame():
@@ -128,3 +130,76 @@ def test_the_classroom_preset_ends_with_the_predicted_clusters():
         found = count_clusters(angular_density(np.arctan2(x[:, 1], x[:, 0])))
         assert found == sinkflow.fastest_mode(8.0, kind), (label, found)
     assert sinkflow.fastest_mode(8.0, "softmax") != sinkflow.fastest_mode(8.0, "sinkhorn")
+
+
+def _ensemble(count=3, kind="sinkhorn", steps=10):
+    """``count`` starts on the circle, each with its own step size, as one ensemble and as single runs."""
+    x0 = np.stack([sinkflow.random_particles(10, 2, seed=s, manifold="sphere") for s in range(count)])
+    h = 0.04 + 0.01 * np.arange(count)
+    options = dict(manifold="sphere", temperature=0.2, steps=steps)
+    singles = [sinkflow.simulate(x0[i], kind, h=float(h[i]), **options) for i in range(count)]
+    return sinkflow.simulate(x0, kind, h=h, **options), singles
+
+
+def test_an_ensemble_animates_as_a_grid_of_its_systems_each_as_run_alone():
+    ens, singles = _ensemble()
+    anim = sinkflow.animate(ens, frames=None)
+    assert [ax.get_title() for ax in anim.figure.axes] == ["sinkhorn [0]", "sinkhorn [1]", "sinkhorn [2]"]
+    for k in (0, len(anim) - 1):  # each panel moves its system's particles, at that system's times
+        anim.animation._func(k)
+        for points, one in zip(_points(anim), singles):
+            at = np.searchsorted(one.times, anim.times[k], side="right") - 1
+            np.testing.assert_allclose(points.get_offsets(), one.positions[at], atol=1e-9)
+    alone = sinkflow.animate(singles[1], frames=4)
+    picked = sinkflow.animate(ens, frames=4, system=1, k_star=True)
+    np.testing.assert_allclose(picked.times, alone.times)
+    np.testing.assert_allclose(_points(picked)[0].get_offsets(), _points(alone)[0].get_offsets())
+    assert picked.figure.axes[0].get_title().startswith("sinkhorn [1]: $k^*")
+
+
+def test_a_large_ensemble_draws_at_most_six_panels_and_says_so():
+    ens, _ = _ensemble(count=8, steps=2)
+    with pytest.warns(UserWarning, match="first 6 .*system=i"):
+        anim = sinkflow.animate(ens, frames=2)
+    assert len(anim.figure.axes) == 6
+    with pytest.warns(UserWarning, match="first 3"):  # two ensembles: one row of 3 each
+        anim = sinkflow.animate({"a": ens, "b": ens}, frames=2)
+    rows = sorted({round(ax.get_position().y0, 3) for ax in anim.figure.axes})
+    assert len(anim.figure.axes) == 6 and len(rows) == 2
+    with pytest.raises(ValueError, match="outside"):
+        sinkflow.animate(ens, system=8)
+    with pytest.raises(ValueError, match="one system"):
+        sinkflow.animate(_circle_runs(steps=2), system=0)
+
+
+def test_an_ensemble_plots_each_system_as_run_alone():
+    import matplotlib.pyplot as plt
+
+    ens, singles = _ensemble(steps=4)
+    axes = ens.plot()
+    assert len(axes) == 3
+    for ax, one in zip(axes, singles):
+        np.testing.assert_allclose(ax.collections[-1].get_offsets(), one.final, atol=1e-9)
+    ax = ens.plot(system=2)
+    np.testing.assert_allclose(ax.collections[-1].get_offsets(), singles[2].final, atol=1e-9)
+    with pytest.raises(ValueError, match="system=i"):
+        ens.plot(ax=ax)
+    plt.close("all")
+
+
+def test_the_classroom_page_runs_as_written():
+    # issue 31's promise: the demo in three lines from docs/classroom.md, then the page's other snippets, as a
+    # teacher pastes them (one namespace, in order)
+    import textwrap
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "classroom.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    demo = [line for line in blocks[0].splitlines() if line.strip()]
+    assert len(demo) == 3, "the demo is three lines"
+    namespace = {}
+    for block in blocks:
+        exec(compile(textwrap.dedent(block), "classroom.md", "exec"), namespace)
+    anim = namespace["anim"]
+    assert len(anim) == 200 and [ax.get_title() for ax in anim.figure.axes] == ["SoftMax: $k^* = 4$", "Sinkhorn: $k^* = 5$"]
+    assert namespace["runs"].batch_shape == (3,)
