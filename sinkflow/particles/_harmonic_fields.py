@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
@@ -55,8 +56,8 @@ __all__ = ["HarmonicField", "harmonic_attention_field", "HarmonicParticleField",
 HARMONIC_MIN_N = 512
 _NORMALIZATIONS = {"softmax": "row", "sinkhorn": "sinkhorn"}
 _COST_RATIO = 2  # the harmonic field replaces the dense one when rank * _COST_RATIO <= n (benchmarks/bench_harmonic.py)
-_OMEGA = 2.0 / 3.0  # damping of the plain symmetric Sinkhorn iteration (contraction <= 1/3, module docstring)
-_ALPHA, _MU = 4 / (1 + math.sqrt(2)) ** 2, ((math.sqrt(2) - 1) / (math.sqrt(2) + 1)) ** 2  # heavy ball on [1, 2]
+_OMEGA = 0.5  # mixing of the moment iteration: its linearization's spectrum [-1, 0] mapped into [-1/3, 1/3]
+_HISTORY = 12  # Anderson's memory (moment-space residuals kept)
 
 
 @dataclass(frozen=True)
@@ -197,34 +198,97 @@ def _column_error(F, a, row_sums, s):
 
 
 def _symmetric_sinkhorn(F, a, g0, tol, max_iter, need_errors) -> FieldEvaluation:
-    """:math:`y = \\log u` by the heavy-ball iteration :math:`y \\leftarrow y - \\alpha \\log r + \\mu (y - y_{prev})`
-    (module docstring), momentum dropped for good once the marginal error grows."""
-    log_u = torch.zeros_like(a) if g0 is None else g0.clone()
-    log_prev, log_next = log_u.clone(), torch.empty_like(a)
-    vel, sums = torch.empty_like(F.X), torch.empty_like(a)
-    M, done, err, rate, momentum = F.moments(_values(F.X, a * torch.exp(log_u))), 0, math.inf, _ALPHA, _MU
+    """The symmetric scaling by Anderson acceleration of the moment map :math:`H` (module docstring).
+
+    Sweep ``j`` evaluates the kernel sums ``E = Phi Lambda P`` of the current iterate ``u`` (moments
+    ``P``; its marginal error), forms the kernel sums ``D`` of Anderson's next point from ``E`` and
+    the stored sums of the earlier points (the point is a combination of them), and accumulates the
+    moments of ``u_next = 1 / D``: one matrix-vector product each way per iteration, features used
+    once. The field (numerators) is computed once, for the converged ``u``.
+    """
+    u = torch.ones_like(a) if g0 is None else torch.exp(g0)
+    P = F.moments((a * u)[:, None])
+    accel, E, D, u_next = _Anderson(F.lam, P), torch.empty_like(a), torch.empty_like(a), torch.empty_like(a)
+    done, err = 0, math.inf
     while done < max_iter:
         done += 1
-        err_sum = torch.zeros((), dtype=a.dtype, device=a.device)
+        c = accel.next_point()
+        Y = torch.empty_like(a) if c is not None else None  # sums of the damped image of the last point
+        state = {"err": 0.0, "positive": True}
 
         def step(i0, i1, R):
-            nonlocal err_sum
-            y = log_u[i0:i1]
-            r = torch.exp(y) * R[:, 0]  # row sums of u_i K a_j u_j
-            err_sum = err_sum + (a[i0:i1] * (r - 1).abs()).sum()
-            sums[i0:i1], vel[i0:i1] = R[:, 0], R[:, 1:] / R[:, :1]
-            torch.add(y, torch.log(r), alpha=-rate, out=log_next[i0:i1]).add_(y - log_prev[i0:i1], alpha=momentum)
-            return _values(F.X[i0:i1], a[i0:i1] * torch.exp(log_next[i0:i1]))
+            E[i0:i1] = R[:, 0]
+            state["err"] += float((a[i0:i1] * (u[i0:i1] * R[:, 0] - 1).abs()).sum())
+            if c is None:  # the first point is P itself
+                D[i0:i1] = R[:, 0]
+            else:
+                accel.combine(c, Y, R[:, 0], D, i0, i1)
+            state["positive"] &= bool((D[i0:i1] > 0).all())
+            torch.reciprocal(D[i0:i1], out=u_next[i0:i1])
+            return (a[i0:i1] * u_next[i0:i1])[:, None]
 
-        M = F.sweep(M, step)
-        err, previous = float(err_sum), err
+        P_next = F.sweep(P, step)
+        err = state["err"]
         if err <= tol or not math.isfinite(err):
             break
-        if err > previous and momentum:  # far from the fixed point: the plain damped iteration
-            rate, momentum = _OMEGA, 0.0
-        log_prev, log_u, log_next = log_u, log_next, log_prev
-    col = _column_error(F, a, sums, torch.exp(log_u)) if need_errors else math.nan
-    return FieldEvaluation(vel, None, log_u, done, err <= tol, 0.0 if need_errors else math.nan, col)
+        if not state["positive"]:  # extrapolated too far: the plain step from u, history dropped
+            D.copy_(E)
+            torch.reciprocal(D, out=u_next)
+            P_next, accel, Y = F.moments((a * u_next)[:, None]), _Anderson(F.lam, P), None
+        accel.push(P_next, Y, D)
+        u, u_next, P = u_next, u, P_next
+        D = torch.empty_like(a)
+    vel, sums = _rows(F, a, u)
+    col = _column_error(F, a, sums, u) if need_errors else math.nan
+    return FieldEvaluation(vel, None, torch.log(u), done + 1, err <= tol, 0.0 if need_errors else math.nan, col)
+
+
+class _Anderson:
+    """Anderson acceleration (type II, mixing :data:`_OMEGA`, memory :data:`_HISTORY`) of the moment
+    map :math:`x \\mapsto H(x)`, residuals :math:`f = H(x) - x` weighted by :math:`\\Lambda` (their
+    effect on the kernel sums).
+
+    The next point is :math:`\\sum_i c_i y_i` over the damped images
+    :math:`y_i = (1 - \\omega) x_i + \\omega H(x_i)`, so its kernel sums are the same combination of the
+    sums :math:`Y_i = (1 - \\omega) D_i + \\omega E_i`, kept per particle: no product with the features.
+    """
+
+    def __init__(self, lam: torch.Tensor, x0: torch.Tensor):
+        self.w, self.xs, self.hs, self.Ys, self.D_last = lam.numpy().ravel(), [x0.numpy().ravel().copy()], [], [], None
+
+    def next_point(self):
+        """Coefficients ``c`` of the next point over the stored damped images (None at the first
+        point: the moments themselves)."""
+        if not self.hs and self.D_last is None:
+            return None
+        fs = [hi - xi for xi, hi in zip(self.xs, self.hs)]
+        c = np.zeros(len(fs))
+        c[-1] = 1.0
+        if len(fs) > 1:
+            dF = np.diff(np.array(fs), axis=0).T
+            gamma = np.linalg.lstsq(self.w[:, None] * dF, self.w * fs[-1], rcond=None)[0]
+            c[1:] -= gamma
+            c[:-1] += gamma
+        ys = (1 - _OMEGA) * np.array(self.xs) + _OMEGA * np.array(self.hs)
+        self.pending = c @ ys
+        return c
+
+    def combine(self, c, Y, E, D, i0, i1):
+        """Rows ``i0:i1``: ``Y`` of the last point from its image's sums ``E``, and ``D = sum_i c_i Y_i``."""
+        torch.add(self.D_last[i0:i1], E - self.D_last[i0:i1], alpha=_OMEGA, out=Y[i0:i1])
+        stored = self.Ys + [Y]
+        torch.mul(stored[0][i0:i1], float(c[0]), out=D[i0:i1])
+        for ci, Yi in zip(c[1:], stored[1:]):
+            D[i0:i1].add_(Yi[i0:i1], alpha=float(ci))
+
+    def push(self, h_next: torch.Tensor, Y, D: torch.Tensor):
+        """After a sweep: the point just used (``pending``, sums ``D``) and its image ``h_next``."""
+        if Y is not None:
+            self.Ys.append(Y)
+            self.xs.append(self.pending)
+        self.hs.append(h_next.numpy().ravel().copy())
+        self.D_last = D
+        self.xs, self.hs, self.Ys = self.xs[-_HISTORY - 1:], self.hs[-_HISTORY - 1:], self.Ys[-_HISTORY:]
 
 
 def _alternating_sinkhorn(F, a, g0, n_iter, need_errors) -> FieldEvaluation:

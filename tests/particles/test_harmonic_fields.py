@@ -9,7 +9,7 @@ from scipy import special
 
 import sinkflow
 from sinkflow.particles import attention_field, harmonic_attention_field, harmonic_kernel
-from sinkflow.particles._harmonic_kernels import _sphere_features
+from sinkflow.particles._harmonic_kernels import _sphere_degrees, _sphere_features
 
 
 def _particles(n, d, seed, weighted):
@@ -74,8 +74,10 @@ def test_sphere_features_obey_the_addition_theorem():
     x[0] = [0.0, 0.0, 1.0]  # a pole: no angle phi there
     F = _sphere_features(torch.tensor(x), 9).numpy()
     cos = np.clip(x @ x.T, -1, 1)
+    degrees = _sphere_degrees(9)
+    assert np.array_equal(np.bincount(degrees), 2 * np.arange(10) + 1)  # 2l + 1 harmonics of degree l
     for l in range(10):
-        rows = F[l * l:(l + 1) ** 2]
+        rows = F[degrees == l]
         np.testing.assert_allclose(rows.T @ rows, (2 * l + 1) / (4 * np.pi) * special.eval_legendre(l, cos), atol=1e-12)
 
 
