@@ -41,7 +41,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
@@ -56,8 +55,9 @@ __all__ = ["HarmonicField", "harmonic_attention_field", "HarmonicParticleField",
 HARMONIC_MIN_N = 512
 _NORMALIZATIONS = {"softmax": "row", "sinkhorn": "sinkhorn"}
 _COST_RATIO = 2  # the harmonic field replaces the dense one when rank * _COST_RATIO <= n (benchmarks/bench_harmonic.py)
-_OMEGA = 0.5  # mixing of the moment iteration: its linearization's spectrum [-1, 0] mapped into [-1/3, 1/3]
-_HISTORY = 12  # Anderson's memory (moment-space residuals kept)
+_NEWTON_RATIO = 1e-2  # Newton's block: the modes of eigenvalue above this fraction of the largest
+_NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2)
+_NEWTON_FAR = 1e-3  # marginal error above which the Jacobian is formed anew at every step
 
 
 @dataclass(frozen=True)
@@ -198,97 +198,59 @@ def _column_error(F, a, row_sums, s):
 
 
 def _symmetric_sinkhorn(F, a, g0, tol, max_iter, need_errors) -> FieldEvaluation:
-    """The symmetric scaling by Anderson acceleration of the moment map :math:`H` (module docstring).
+    """The symmetric scaling by the moment map with Newton's correction on its leading modes (module docstring).
 
-    Sweep ``j`` evaluates the kernel sums ``E = Phi Lambda P`` of the current iterate ``u`` (moments
-    ``P``; its marginal error), forms the kernel sums ``D`` of Anderson's next point from ``E`` and
-    the stored sums of the earlier points (the point is a combination of them), and accumulates the
-    moments of ``u_next = 1 / D``: one matrix-vector product each way per iteration, features used
-    once. The field (numerators) is computed once, for the converged ``u``.
+    Sweep ``j`` evaluates, block by block, the kernel sums of the current iterate ``u`` (moments
+    ``P``; its marginal error) and of the next point ``x = P + t`` (``t``: the Newton correction,
+    nonzero on the leading modes only), and accumulates the moments of ``u_next = 1 / (Phi Lambda x)``:
+    one kernel application per iteration, features used once. The Jacobian's leading block is
+    formed on the first sweep and again whenever an iteration gains less than 10x. The field
+    (numerators) is computed once, for the converged ``u``.
     """
     u = torch.ones_like(a) if g0 is None else torch.exp(g0)
     P = F.moments((a * u)[:, None])
-    accel, E, D, u_next = _Anderson(F.lam, P), torch.empty_like(a), torch.empty_like(a), torch.empty_like(a)
-    done, err = 0, math.inf
+    lam = F.lam[:, 0]
+    rows = _newton_rows(lam)
+    t, E, u_next = torch.zeros_like(P), torch.empty_like(a), torch.empty_like(a)
+    done, err, previous, jacobian = 0, math.inf, math.inf, None
     while done < max_iter:
         done += 1
-        c = accel.next_point()
-        Y = torch.empty_like(a) if c is not None else None  # sums of the damped image of the last point
         state = {"err": 0.0, "positive": True}
 
         def step(i0, i1, R):
             E[i0:i1] = R[:, 0]
             state["err"] += float((a[i0:i1] * (u[i0:i1] * R[:, 0] - 1).abs()).sum())
-            if c is None:  # the first point is P itself
-                D[i0:i1] = R[:, 0]
-            else:
-                accel.combine(c, Y, R[:, 0], D, i0, i1)
-            state["positive"] &= bool((D[i0:i1] > 0).all())
-            torch.reciprocal(D[i0:i1], out=u_next[i0:i1])
+            state["positive"] &= bool((R[:, 1] > 0).all())
+            torch.reciprocal(R[:, 1], out=u_next[i0:i1])
             return (a[i0:i1] * u_next[i0:i1])[:, None]
 
-        P_next = F.sweep(P, step)
+        P_next = F.sweep(torch.cat([P, P + t], 1), step)
         err = state["err"]
         if err <= tol or not math.isfinite(err):
             break
-        if not state["positive"]:  # extrapolated too far: the plain step from u, history dropped
-            D.copy_(E)
-            torch.reciprocal(D, out=u_next)
-            P_next, accel, Y = F.moments((a * u_next)[:, None]), _Anderson(F.lam, P), None
-        accel.push(P_next, Y, D)
+        if not state["positive"]:  # the corrected point went too far: the plain step from u
+            t.zero_()
+            torch.reciprocal(E, out=u_next)
+            P_next, jacobian = F.moments((a * u_next)[:, None]), None
+        refresh = jacobian is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or the last step gained < 10x
+        previous, f = err, P_next - P - t  # f = H(x) - x
+        if refresh:
+            G = F.gram(rows, a * u_next * u_next)
+            jacobian = torch.linalg.lu_factor(torch.eye(len(rows), dtype=G.dtype) + G * lam[rows][None, :])
+            previous = math.inf  # the next iterate was not stepped with this one: no verdict on it
+        t = torch.zeros_like(P)
+        t[rows] = torch.linalg.lu_solve(*jacobian, f[rows]) - f[rows]
         u, u_next, P = u_next, u, P_next
-        D = torch.empty_like(a)
     vel, sums = _rows(F, a, u)
     col = _column_error(F, a, sums, u) if need_errors else math.nan
     return FieldEvaluation(vel, None, torch.log(u), done + 1, err <= tol, 0.0 if need_errors else math.nan, col)
 
 
-class _Anderson:
-    """Anderson acceleration (type II, mixing :data:`_OMEGA`, memory :data:`_HISTORY`) of the moment
-    map :math:`x \\mapsto H(x)`, residuals :math:`f = H(x) - x` weighted by :math:`\\Lambda` (their
-    effect on the kernel sums).
-
-    The next point is :math:`\\sum_i c_i y_i` over the damped images
-    :math:`y_i = (1 - \\omega) x_i + \\omega H(x_i)`, so its kernel sums are the same combination of the
-    sums :math:`Y_i = (1 - \\omega) D_i + \\omega E_i`, kept per particle: no product with the features.
-    """
-
-    def __init__(self, lam: torch.Tensor, x0: torch.Tensor):
-        self.w, self.xs, self.hs, self.Ys, self.D_last = lam.numpy().ravel(), [x0.numpy().ravel().copy()], [], [], None
-
-    def next_point(self):
-        """Coefficients ``c`` of the next point over the stored damped images (None at the first
-        point: the moments themselves)."""
-        if not self.hs and self.D_last is None:
-            return None
-        fs = [hi - xi for xi, hi in zip(self.xs, self.hs)]
-        c = np.zeros(len(fs))
-        c[-1] = 1.0
-        if len(fs) > 1:
-            dF = np.diff(np.array(fs), axis=0).T
-            gamma = np.linalg.lstsq(self.w[:, None] * dF, self.w * fs[-1], rcond=None)[0]
-            c[1:] -= gamma
-            c[:-1] += gamma
-        ys = (1 - _OMEGA) * np.array(self.xs) + _OMEGA * np.array(self.hs)
-        self.pending = c @ ys
-        return c
-
-    def combine(self, c, Y, E, D, i0, i1):
-        """Rows ``i0:i1``: ``Y`` of the last point from its image's sums ``E``, and ``D = sum_i c_i Y_i``."""
-        torch.add(self.D_last[i0:i1], E - self.D_last[i0:i1], alpha=_OMEGA, out=Y[i0:i1])
-        stored = self.Ys + [Y]
-        torch.mul(stored[0][i0:i1], float(c[0]), out=D[i0:i1])
-        for ci, Yi in zip(c[1:], stored[1:]):
-            D[i0:i1].add_(Yi[i0:i1], alpha=float(ci))
-
-    def push(self, h_next: torch.Tensor, Y, D: torch.Tensor):
-        """After a sweep: the point just used (``pending``, sums ``D``) and its image ``h_next``."""
-        if Y is not None:
-            self.Ys.append(Y)
-            self.xs.append(self.pending)
-        self.hs.append(h_next.numpy().ravel().copy())
-        self.D_last = D
-        self.xs, self.hs, self.Ys = self.xs[-_HISTORY - 1:], self.hs[-_HISTORY - 1:], self.Ys[-_HISTORY:]
+def _newton_rows(lam: torch.Tensor) -> torch.Tensor:
+    """The leading modes (eigenvalue above :data:`_NEWTON_RATIO` of the largest, at most :data:`_NEWTON_MAX`)."""
+    order = torch.argsort(lam, descending=True)
+    count = min(_NEWTON_MAX, int((lam > _NEWTON_RATIO * lam.max()).sum()))
+    return torch.sort(order[:count]).values
 
 
 def _alternating_sinkhorn(F, a, g0, n_iter, need_errors) -> FieldEvaluation:

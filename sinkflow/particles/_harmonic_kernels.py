@@ -20,7 +20,7 @@ from sinkflow._checks import check_choice
 
 __all__ = ["HarmonicKernel", "harmonic_kernel"]
 
-_STORE_BYTES = 2**28  # features of all particles kept between applications below this size
+_STORE_BYTES = 2**30  # features of all particles kept between applications up to this size (1 GiB: n = 10^6 at beta = 32)
 _BLOCK_BYTES = 2**22  # else recomputed block by block, each block's features this large
 
 
@@ -241,6 +241,14 @@ class _Factored:
         for b, (i0, i1) in enumerate(self.blocks):
             M += _mm(Wt[i0:i1].T, self._features(b, i0, i1).T).T
         return M
+
+    def gram(self, rows: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """:math:`\\Phi_R^T \\mathrm{diag}(s)\\, \\Phi_R` over the feature rows ``R`` = ``rows``."""
+        G = s.new_zeros((len(rows), len(rows)))
+        for b, (i0, i1) in enumerate(self.blocks):
+            F = self._features(b, i0, i1)[rows]
+            G += _mm(F * s[i0:i1], F.T)
+        return G
 
     def sweep(self, M: torch.Tensor, step) -> torch.Tensor | None:
         """Rows ``(K W)[i0:i1] = Phi_b Lambda M`` handed to ``step(i0, i1, rows)``; the blocks ``step``
