@@ -8,6 +8,7 @@ them are in ``_harmonic_fields.py`` (whose docstring has the mathematics).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -160,22 +161,28 @@ def _sphere_degrees(L: int) -> np.ndarray:
     return np.concatenate([np.concatenate([[s], np.repeat(np.arange(1, L - s + 1) + s, 2)]) for s in range(L + 1)])
 
 
+@functools.lru_cache(maxsize=16)
 def _sphere_steps(L: int):
-    r"""Per step :math:`s = l - m \ge 1`: the recurrence coefficients of its rows (m = 0, then 1, 1, 2, 2, ...).
+    r"""Per step :math:`s = l - m \ge 1`: its first row and the recurrence coefficients of its rows
+    (m = 0, then 1, 1, 2, 2, ...) as float64 columns, and the normalization of :math:`\bar Q_{mm}`.
 
     :math:`\bar Q_{m+1,m} = \sqrt{2m+3}\, z\, \bar Q_{mm}` and
     :math:`\bar Q_{lm} = a_{lm} z \bar Q_{l-1,m} - a_{lm} b_{lm} \bar Q_{l-2,m}` (fully normalized).
     """
+    offsets = np.concatenate([[0], np.cumsum(2 * (L - np.arange(L + 1)) + 1)])
     steps = []
     for s in range(1, L + 1):
         m = np.concatenate([[0.0], np.repeat(np.arange(1.0, L - s + 1), 2)])
         l = m + s
         if s == 1:
-            steps.append((np.sqrt(2 * m + 3), None))
+            steps.append((int(offsets[s]), torch.tensor(np.sqrt(2 * m + 3))[:, None], None))
             continue
         a = np.sqrt((4 * l * l - 1) / (l * l - m * m))
-        steps.append((a, a * np.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))))
-    return steps
+        ab = a * np.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
+        steps.append((int(offsets[s]), torch.tensor(a)[:, None], torch.tensor(ab)[:, None]))
+    q = np.cumprod(np.concatenate([[1 / math.sqrt(4 * math.pi)], np.sqrt((2 * np.arange(1, L + 1) + 1.0)
+                                                                          / (2 * np.arange(1, L + 1)))]))
+    return tuple(steps), offsets.tolist(), float(q[0]), torch.tensor(q[1:] * math.sqrt(2))[:, None]
 
 
 def _sphere_features(x: torch.Tensor, L: int) -> torch.Tensor:
@@ -187,25 +194,22 @@ def _sphere_features(x: torch.Tensor, L: int) -> torch.Tensor:
     ``cos m=0, cos 1, sin 1, cos 2, sin 2, ...``, so the rows a step needs from the two before it are
     their first rows (one contiguous slice each, three in-place products per step).
     """
-    n, z = x.shape[0], x[:, 2]
+    n, z = x.shape[0], x[:, 2].contiguous()
+    steps, offsets, q0, norm = _sphere_steps(L)
     F = x.new_empty(((L + 1) ** 2, n))
     first = F[:2 * L + 1]  # s = 0: Y_mm
     re, im = x.new_empty((L + 1, n)), x.new_empty((L + 1, n))
     _power_rows(x[:, 0], x[:, 1], L, re, im)
-    q = np.cumprod(np.concatenate([[1 / math.sqrt(4 * math.pi)], np.sqrt((2 * np.arange(1, L + 1) + 1.0)
-                                                                          / (2 * np.arange(1, L + 1)))]))
-    norm = torch.as_tensor(q[1:] * math.sqrt(2), dtype=x.dtype, device=x.device)[:, None]
-    first[0] = q[0]
+    first[0] = q0
+    norm = norm.to(x)
     torch.mul(re[1:], norm, out=first[1::2])
     torch.mul(im[1:], norm, out=first[2::2])
-    offsets = np.concatenate([[0], np.cumsum(2 * (L - np.arange(L + 1)) + 1)])
-    for s, (a, ab) in enumerate(_sphere_steps(L), start=1):
-        rows = 2 * (L - s) + 1
-        out, prev = F[offsets[s]:offsets[s] + rows], F[offsets[s - 1]:offsets[s - 1] + rows]
-        torch.mul(prev, z, out=out).mul_(torch.as_tensor(a, dtype=x.dtype, device=x.device)[:, None])
+    for s, (start, a, ab) in enumerate(steps, start=1):
+        rows = a.shape[0]
+        out, prev = F[start:start + rows], F[offsets[s - 1]:offsets[s - 1] + rows]
+        torch.mul(prev, z, out=out).mul_(a.to(x))
         if ab is not None:
-            prev2 = F[offsets[s - 2]:offsets[s - 2] + rows]
-            out.addcmul_(prev2, torch.as_tensor(ab, dtype=x.dtype, device=x.device)[:, None], value=-1.0)
+            out.addcmul_(F[offsets[s - 2]:offsets[s - 2] + rows], ab.to(x), value=-1.0)
     return F
 
 
