@@ -211,46 +211,54 @@ def _symmetric_sinkhorn(F, a, g0, tol, max_iter, need_errors) -> FieldEvaluation
     ``P``; its marginal error) and of the next point ``x = P + t`` (``t``: the Newton correction,
     nonzero on the leading modes only), and accumulates the moments of ``u_next = 1 / (Phi Lambda x)``:
     one kernel application per iteration, features used once. The Jacobian's leading block is
-    formed on the first sweep and again whenever an iteration gains less than 10x. The field
-    (numerators) is computed once, for the converged ``u``.
+    formed on the first sweep and again whenever an iteration gains less than 10x. The numerators of
+    the field ride along (moments of ``a u x``) only once the last two errors predict that ``u_next``
+    converges; else one more application computes them for the converged ``u``.
     """
     u = torch.ones_like(a) if g0 is None else torch.exp(g0)
     P = F.moments((a * u)[:, None])
-    lam = F.lam[:, 0]
+    lam, errs, ready = F.lam[:, 0], [], False
     rows = _newton_rows(lam)
-    t, E, u_next = torch.zeros_like(P), torch.empty_like(a), torch.empty_like(a)
+    t, E, u_next, vel = torch.zeros_like(P), torch.empty_like(a), torch.empty_like(a), torch.empty_like(F.X)
     done, err, previous, jacobian = 0, math.inf, math.inf, None
     while done < max_iter:
         done += 1
+        carry = len(errs) >= 2 and errs[-1] ** 3 <= tol * errs[-2] ** 2  # err * (its gain)^2 <= tol
         state = {"err": 0.0, "positive": True}
 
         def step(i0, i1, R):
             E[i0:i1] = R[:, 0]
             state["err"] += float((a[i0:i1] * (u[i0:i1] * R[:, 0] - 1).abs()).sum())
-            state["positive"] &= bool((R[:, 1] > 0).all())
-            torch.reciprocal(R[:, 1], out=u_next[i0:i1])
-            return (a[i0:i1] * u_next[i0:i1])[:, None]
+            if R.shape[1] > 2:  # P carries the numerators
+                vel[i0:i1] = R[:, 1:-1] / R[:, :1]
+            state["positive"] &= bool((R[:, -1] > 0).all())
+            torch.reciprocal(R[:, -1], out=u_next[i0:i1])
+            w = a[i0:i1] * u_next[i0:i1]
+            return _values(F.X[i0:i1], w) if carry else w[:, None]
 
-        P_next = F.sweep(torch.cat([P, P + t], 1), step)
+        P_next = F.sweep(torch.cat([P, P[:, :1] + t], 1), step)
         err = state["err"]
+        errs.append(err)
         if err <= tol or not math.isfinite(err):
+            ready = P.shape[1] > 1
             break
         if not state["positive"]:  # the corrected point went too far: the plain step from u
             t.zero_()
             torch.reciprocal(E, out=u_next)
             P_next, jacobian = F.moments((a * u_next)[:, None]), None
         refresh = jacobian is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or the last step gained < 10x
-        previous, f = err, P_next - P - t  # f = H(x) - x
+        previous, f = err, P_next[:, :1] - P[:, :1] - t  # f = H(x) - x
         if refresh:
             G = F.gram(rows, a * u_next * u_next)
             jacobian = torch.linalg.lu_factor(torch.eye(len(rows), dtype=G.dtype) + G * lam[rows][None, :])
             previous = math.inf  # the next iterate was not stepped with this one: no verdict on it
-        t = torch.zeros_like(P)
+        t = torch.zeros_like(f)
         t[rows] = torch.linalg.lu_solve(*jacobian, f[rows]) - f[rows]
         u, u_next, P = u_next, u, P_next
-    vel, sums = _rows(F, a, u)
+    vel, sums = (vel, E) if ready else _rows(F, a, u)
     col = _column_error(F, a, sums, u) if need_errors else math.nan
-    return FieldEvaluation(vel, None, torch.log(u), done + 1, err <= tol, 0.0 if need_errors else math.nan, col)
+    return FieldEvaluation(vel, None, torch.log(u), done + (not ready), err <= tol, 0.0 if need_errors else math.nan,
+                           col)
 
 
 def _newton_rows(lam: torch.Tensor) -> torch.Tensor:
