@@ -35,8 +35,9 @@ rows normalized at the end). As :math:`\tilde K = \Phi\Lambda\Phi^T`, :math:`u =
 :math:`G_{RR}` costs :math:`n |R|^2`, formed on the first iteration and again while the marginal error
 is above ``_NEWTON_FAR`` or an iteration gains less than 10x. One kernel application per iteration
 (matrix-vector products: the sums of the current iterate, for its marginal error, and of the next
-point; the moments of the next), the field's numerators once at the end: 5-6 applications from a
-warm start in a flow to 1e-10 (11-15 for the heavy ball on :math:`\log u` before), 9-12 cold. A fixed
+point; the moments of the next); the field's numerators ride along in the last sweep when the last
+two errors predict convergence, else one more application computes them: 5 applications from a
+warm start in a flow to 1e-10 (11-15 for the heavy ball on :math:`\log u` before), 8-11 cold. A fixed
 ``n_iter`` runs the alternating half-iterations of :func:`sinkflow.solve_sinkhorn` (row step first),
 one application each.
 """
@@ -79,7 +80,8 @@ class HarmonicField:
         Log scaling of the Sinkhorn solve (:math:`\\log u`, or the last column scaling for a fixed
         ``n_iter``), the warm start of the next solve; None for SoftMax.
     n_iter : int
-        Kernel applications of the Sinkhorn solve, the final field's included (1 for SoftMax).
+        Kernel applications of the Sinkhorn solve, a separate pass for the field's numerators
+        included (1 for SoftMax).
     converged : bool
     row_error, column_error : float
         Marginal errors (NaN unless ``need_errors``).
