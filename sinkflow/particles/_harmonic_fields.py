@@ -14,7 +14,7 @@ with :math:`\tilde I_k = e^{-\beta} I_k` (``scipy.special.ive``, Jacobi-Anger) a
 :math:`\tilde\imath_l = e^{-\beta} i_l = \sqrt{\pi/(2\beta)}\, \tilde I_{l+1/2}` (Funk-Hecke), and the
 addition theorem :math:`P_l(\langle x, y\rangle) = \frac{4\pi}{2l+1}\sum_m Y_{lm}(x) Y_{lm}(y)` (real
 harmonics). Truncated at order :math:`K` (:math:`L`), the kernel is :math:`\Phi \Lambda \Phi^T` with
-:math:`r = 2K+1` (:math:`(L+1)^2`) features per particle, so applying it to a vector costs
+:math:`r = 2K+2` (:math:`(L+1)^2`) features per particle, so applying it to a vector costs
 :math:`O(n r)` instead of :math:`O(n^2)`: SoftMax is one application, Sinkhorn one per iteration.
 
 **Truncation.** The order is the smallest whose dropped terms sum (a sup-norm bound of the dropped
@@ -24,14 +24,22 @@ whatever the configuration; the Sinkhorn field is checked against the dense one 
 
 **Sinkhorn.** ``n_iter=None`` solves the symmetric scaling :math:`u_i (\tilde K a u)_i = 1`
 (:math:`K^\infty_{ij} = u_i \tilde K_{ij} a_j u_j`, the fixed point of the alternating iteration,
-rows normalized at the end). With :math:`y = \log u` and :math:`r = u \odot \tilde K a u`, the
-linearization of :math:`\log r` is :math:`(I + P)\delta` with :math:`P = K^\infty` (positive
-semi-definite and stochastic: spectrum in :math:`[0, 1]`), so :math:`y \leftarrow y - \frac23 \log r`
-contracts every error mode by at least 3, and the heavy-ball iteration
-:math:`y \leftarrow y - \alpha \log r + \mu (y - y_{prev})` tuned to the spectrum :math:`[1, 2]` of
-:math:`I + P` by :math:`(\sqrt2 - 1)/(\sqrt2 + 1) = 0.17` asymptotically (used until the error grows,
-then the plain one); one kernel application per iteration (~10 from a warm start in a flow). A fixed ``n_iter`` runs the
-alternating half-iterations of :func:`sinkflow.solve_sinkhorn` (row step first), one application each.
+rows normalized at the end). As :math:`\tilde K = \Phi\Lambda\Phi^T`, :math:`u = 1/(\Phi\Lambda x)` with
+:math:`x = \Phi^T(a u)`: the scaling is the fixed point of the moment map
+:math:`H(x) = \Phi^T\big(a / (\Phi\Lambda x)\big)` in :math:`r` dimensions. Its Jacobian is
+:math:`-G\Lambda`, :math:`G = \Phi^T \mathrm{diag}(a u^2)\, \Phi`, whose nonzero eigenvalues are those of
+:math:`P = K^\infty` (in :math:`[0, 1]`; 1 for the scaling :math:`x \to cx`), and they fall with
+:math:`\Lambda`: only the leading modes are slow. Newton's step on the modes :math:`R` of eigenvalue above
+``_NEWTON_RATIO`` of the largest (at most ``_NEWTON_MAX``): :math:`x \leftarrow H(x) + t`,
+:math:`t_R = (I + G_{RR}\Lambda_R)^{-1} f_R - f_R` (:math:`f = H(x) - x`), the plain step on the others;
+:math:`G_{RR}` costs :math:`n |R|^2`, formed on the first iteration and again while the marginal error
+is above ``_NEWTON_FAR`` or an iteration gains less than 10x. One kernel application per iteration
+(matrix-vector products: the sums of the current iterate, for its marginal error, and of the next
+point; the moments of the next); the field's numerators ride along in the last sweep when the last
+two errors predict convergence, else one more application computes them: 5 applications from a
+warm start in a flow to 1e-10 (11-15 for the heavy ball on :math:`\log u` before), 8-11 cold. A fixed
+``n_iter`` runs the alternating half-iterations of :func:`sinkflow.solve_sinkhorn` (row step first),
+one application each.
 """
 
 from __future__ import annotations
@@ -55,8 +63,9 @@ __all__ = ["HarmonicField", "harmonic_attention_field", "HarmonicParticleField",
 HARMONIC_MIN_N = 512
 _NORMALIZATIONS = {"softmax": "row", "sinkhorn": "sinkhorn"}
 _COST_RATIO = 2  # the harmonic field replaces the dense one when rank * _COST_RATIO <= n (benchmarks/bench_harmonic.py)
-_OMEGA = 2.0 / 3.0  # damping of the plain symmetric Sinkhorn iteration (contraction <= 1/3, module docstring)
-_ALPHA, _MU = 4 / (1 + math.sqrt(2)) ** 2, ((math.sqrt(2) - 1) / (math.sqrt(2) + 1)) ** 2  # heavy ball on [1, 2]
+_NEWTON_RATIO = 1e-2  # Newton's block: the modes of eigenvalue above this fraction of the largest
+_NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2)
+_NEWTON_FAR = 1e-3  # marginal error above which the Jacobian is formed anew at every step
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,8 @@ class HarmonicField:
         Log scaling of the Sinkhorn solve (:math:`\\log u`, or the last column scaling for a fixed
         ``n_iter``), the warm start of the next solve; None for SoftMax.
     n_iter : int
-        Kernel applications of the Sinkhorn solve (1 for SoftMax).
+        Kernel applications of the Sinkhorn solve, a separate pass for the field's numerators
+        included (1 for SoftMax).
     converged : bool
     row_error, column_error : float
         Marginal errors (NaN unless ``need_errors``).
@@ -197,34 +207,67 @@ def _column_error(F, a, row_sums, s):
 
 
 def _symmetric_sinkhorn(F, a, g0, tol, max_iter, need_errors) -> FieldEvaluation:
-    """:math:`y = \\log u` by the heavy-ball iteration :math:`y \\leftarrow y - \\alpha \\log r + \\mu (y - y_{prev})`
-    (module docstring), momentum dropped for good once the marginal error grows."""
-    log_u = torch.zeros_like(a) if g0 is None else g0.clone()
-    log_prev, log_next = log_u.clone(), torch.empty_like(a)
-    vel, sums = torch.empty_like(F.X), torch.empty_like(a)
-    M, done, err, rate, momentum = F.moments(_values(F.X, a * torch.exp(log_u))), 0, math.inf, _ALPHA, _MU
+    """The symmetric scaling by the moment map with Newton's correction on its leading modes (module docstring).
+
+    Sweep ``j`` evaluates, block by block, the kernel sums of the current iterate ``u`` (moments
+    ``P``; its marginal error) and of the next point ``x = P + t`` (``t``: the Newton correction,
+    nonzero on the leading modes only), and accumulates the moments of ``u_next = 1 / (Phi Lambda x)``:
+    one kernel application per iteration, features used once. The Jacobian's leading block is
+    formed on the first sweep and again whenever an iteration gains less than 10x. The numerators of
+    the field ride along (moments of ``a u x``) only once the last two errors predict that ``u_next``
+    converges; else one more application computes them for the converged ``u``.
+    """
+    u = torch.ones_like(a) if g0 is None else torch.exp(g0)
+    P = F.moments((a * u)[:, None])
+    lam, errs, ready = F.lam[:, 0], [], False
+    rows = _newton_rows(lam)
+    t, E, u_next, vel = torch.zeros_like(P), torch.empty_like(a), torch.empty_like(a), torch.empty_like(F.X)
+    done, err, previous, jacobian = 0, math.inf, math.inf, None
     while done < max_iter:
         done += 1
-        err_sum = torch.zeros((), dtype=a.dtype, device=a.device)
+        carry = len(errs) >= 2 and errs[-1] ** 3 <= tol * errs[-2] ** 2  # err * (its gain)^2 <= tol
+        state = {"err": 0.0, "positive": True}
 
         def step(i0, i1, R):
-            nonlocal err_sum
-            y = log_u[i0:i1]
-            r = torch.exp(y) * R[:, 0]  # row sums of u_i K a_j u_j
-            err_sum = err_sum + (a[i0:i1] * (r - 1).abs()).sum()
-            sums[i0:i1], vel[i0:i1] = R[:, 0], R[:, 1:] / R[:, :1]
-            torch.add(y, torch.log(r), alpha=-rate, out=log_next[i0:i1]).add_(y - log_prev[i0:i1], alpha=momentum)
-            return _values(F.X[i0:i1], a[i0:i1] * torch.exp(log_next[i0:i1]))
+            E[i0:i1] = R[:, 0]
+            state["err"] += float((a[i0:i1] * (u[i0:i1] * R[:, 0] - 1).abs()).sum())
+            if R.shape[1] > 2:  # P carries the numerators
+                vel[i0:i1] = R[:, 1:-1] / R[:, :1]
+            state["positive"] &= bool((R[:, -1] > 0).all())
+            torch.reciprocal(R[:, -1], out=u_next[i0:i1])
+            w = a[i0:i1] * u_next[i0:i1]
+            return _values(F.X[i0:i1], w) if carry else w[:, None]
 
-        M = F.sweep(M, step)
-        err, previous = float(err_sum), err
+        P_next = F.sweep(torch.cat([P, P[:, :1] + t], 1), step)
+        err = state["err"]
+        errs.append(err)
         if err <= tol or not math.isfinite(err):
+            ready = P.shape[1] > 1
             break
-        if err > previous and momentum:  # far from the fixed point: the plain damped iteration
-            rate, momentum = _OMEGA, 0.0
-        log_prev, log_u, log_next = log_u, log_next, log_prev
-    col = _column_error(F, a, sums, torch.exp(log_u)) if need_errors else math.nan
-    return FieldEvaluation(vel, None, log_u, done, err <= tol, 0.0 if need_errors else math.nan, col)
+        if not state["positive"]:  # the corrected point went too far: the plain step from u
+            t.zero_()
+            torch.reciprocal(E, out=u_next)
+            P_next, jacobian = F.moments((a * u_next)[:, None]), None
+        refresh = jacobian is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or the last step gained < 10x
+        previous, f = err, P_next[:, :1] - P[:, :1] - t  # f = H(x) - x
+        if refresh:
+            G = F.gram(rows, a * u_next * u_next)
+            jacobian = torch.linalg.lu_factor(torch.eye(len(rows), dtype=G.dtype) + G * lam[rows][None, :])
+            previous = math.inf  # the next iterate was not stepped with this one: no verdict on it
+        t = torch.zeros_like(f)
+        t[rows] = torch.linalg.lu_solve(*jacobian, f[rows]) - f[rows]
+        u, u_next, P = u_next, u, P_next
+    vel, sums = (vel, E) if ready else _rows(F, a, u)
+    col = _column_error(F, a, sums, u) if need_errors else math.nan
+    return FieldEvaluation(vel, None, torch.log(u), done + (not ready), err <= tol, 0.0 if need_errors else math.nan,
+                           col)
+
+
+def _newton_rows(lam: torch.Tensor) -> torch.Tensor:
+    """The leading modes (eigenvalue above :data:`_NEWTON_RATIO` of the largest, at most :data:`_NEWTON_MAX`)."""
+    order = torch.argsort(lam, descending=True)
+    count = min(_NEWTON_MAX, int((lam > _NEWTON_RATIO * lam.max()).sum()))
+    return torch.sort(order[:count]).values
 
 
 def _alternating_sinkhorn(F, a, g0, n_iter, need_errors) -> FieldEvaluation:

@@ -8,6 +8,7 @@ them are in ``_harmonic_fields.py`` (whose docstring has the mathematics).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from sinkflow._checks import check_choice
 
 __all__ = ["HarmonicKernel", "harmonic_kernel"]
 
-_STORE_BYTES = 2**28  # features of all particles kept between applications below this size
+_STORE_BYTES = 2**30  # features of all particles kept between applications up to this size (1 GiB: n = 10^6 at beta = 32)
 _BLOCK_BYTES = 2**22  # else recomputed block by block, each block's features this large
 
 
@@ -71,8 +72,7 @@ class HarmonicKernel:
         if self.d == 2:
             twice = torch.cat([c[:1], 2 * c[1:]])
             return torch.cat([twice, twice])  # cos k theta, sin k theta (sin 0 = 0)
-        counts = torch.arange(1, 2 * self.order + 2, 2, device=like.device)  # 2l + 1 harmonics of degree l
-        return (4 * math.pi * c).repeat_interleave(counts)
+        return 4 * math.pi * c[torch.as_tensor(_sphere_degrees(self.order), device=like.device)]
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """:math:`\\Phi^T`, shape ``(rank, n)``, at unit vectors ``x`` (n, d)."""
@@ -156,35 +156,73 @@ def _circle_features(x: torch.Tensor, K: int) -> torch.Tensor:
     return F
 
 
-def _sphere_features(x: torch.Tensor, L: int) -> torch.Tensor:
-    """Real orthonormal spherical harmonics :math:`Y_{lm}(x)`, degree by degree (``(L+1)^2`` rows).
+def _sphere_degrees(L: int) -> np.ndarray:
+    r"""Degree :math:`l` of each row of :func:`_sphere_features` (step :math:`s = l - m` by step)."""
+    return np.concatenate([np.concatenate([[s], np.repeat(np.arange(1, L - s + 1) + s, 2)]) for s in range(L + 1)])
 
-    :math:`Y_{lm} = \\bar P_{lm}(z)\\, \\sqrt2\\, \\mathrm{Re}/\\mathrm{Im}\\, e^{im\\phi}` with
-    :math:`\\bar P_{lm} = \\sin^m\\theta\\; Q_{lm}(z)`: the sine powers ride in :math:`(x_1 + i x_2)^m`, and
-    :math:`Q_{lm}` runs the fully normalized recurrence in :math:`l` for all :math:`m` at once.
+
+@functools.lru_cache(maxsize=16)
+def _sphere_steps(L: int):
+    r"""Per step :math:`s = l - m \ge 1`: its first row and the recurrence coefficients of its rows
+    (m = 0, then 1, 1, 2, 2, ...) as float64 columns, and the normalization of :math:`\bar Q_{mm}`.
+
+    :math:`\bar Q_{m+1,m} = \sqrt{2m+3}\, z\, \bar Q_{mm}` and
+    :math:`\bar Q_{lm} = a_{lm} z \bar Q_{l-1,m} - a_{lm} b_{lm} \bar Q_{l-2,m}` (fully normalized).
     """
-    n, z = x.shape[0], x[:, 2]
+    offsets = np.concatenate([[0], np.cumsum(2 * (L - np.arange(L + 1)) + 1)])
+    steps = []
+    for s in range(1, L + 1):
+        m = np.concatenate([[0.0], np.repeat(np.arange(1.0, L - s + 1), 2)])
+        l = m + s
+        if s == 1:
+            steps.append((int(offsets[s]), torch.tensor(np.sqrt(2 * m + 3))[:, None], None))
+            continue
+        a = np.sqrt((4 * l * l - 1) / (l * l - m * m))
+        ab = a * np.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
+        steps.append((int(offsets[s]), torch.tensor(a)[:, None], torch.tensor(ab)[:, None]))
+    q = np.cumprod(np.concatenate([[1 / math.sqrt(4 * math.pi)], np.sqrt((2 * np.arange(1, L + 1) + 1.0)
+                                                                          / (2 * np.arange(1, L + 1)))]))
+    return tuple(steps), offsets.tolist(), float(q[0]), torch.tensor(q[1:] * math.sqrt(2))[:, None]
+
+
+def _sphere_features(x: torch.Tensor, L: int) -> torch.Tensor:
+    r"""Real orthonormal spherical harmonics :math:`Y_{lm}(x)` (``(L+1)^2`` rows, degrees :func:`_sphere_degrees`).
+
+    :math:`Y_{lm} = \bar Q_{lm}(z)\, \sqrt2\, \mathrm{Re}/\mathrm{Im}\,(x_1 + i x_2)^m` (:math:`\bar P_{lm} =
+    \sin^m\theta\, \bar Q_{lm}`): the recurrence in :math:`l` is linear, so it runs on the products
+    themselves, all orders :math:`m` at once. Rows go by step :math:`s = l - m`; within a step
+    ``cos m=0, cos 1, sin 1, cos 2, sin 2, ...``, so the rows a step needs from the two before it are
+    their first rows (one contiguous slice each, three in-place products per step).
+    """
+    n, z = x.shape[0], x[:, 2].contiguous()
+    steps, offsets, q0, norm = _sphere_steps(L)
+    F = x.new_empty(((L + 1) ** 2, n))
+    first = F[:2 * L + 1]  # s = 0: Y_mm
     re, im = x.new_empty((L + 1, n)), x.new_empty((L + 1, n))
     _power_rows(x[:, 0], x[:, 1], L, re, im)
-    re.mul_(math.sqrt(2)), im.mul_(math.sqrt(2))
-    F = x.new_empty(((L + 1) ** 2, n))
-    F[0] = 1 / math.sqrt(4 * math.pi)
-    Q_prev2, Q_prev = None, F[:1]
-    for l in range(1, L + 1):
-        Q = x.new_empty((l + 1, n))
-        if l >= 2:
-            m = torch.arange(l - 1, dtype=x.dtype, device=x.device)[:, None]
-            a = torch.sqrt((4.0 * l * l - 1) / (l * l - m * m))
-            b = torch.sqrt(((l - 1.0) ** 2 - m * m) / (4.0 * (l - 1) ** 2 - 1))
-            Q[:l - 1] = a * (z * Q_prev[:l - 1] - b * Q_prev2[:l - 1])
-        Q[l - 1] = math.sqrt(2 * l + 1) * z * Q_prev[l - 1]
-        Q[l] = math.sqrt((2 * l + 1) / (2 * l)) * Q_prev[l - 1]
-        off = l * l
-        F[off] = Q[0]
-        torch.mul(Q[1:], re[1:l + 1], out=F[off + 1:off + l + 1])
-        torch.mul(Q[1:], im[1:l + 1], out=F[off + l + 1:off + 2 * l + 1])
-        Q_prev2, Q_prev = Q_prev, Q
+    first[0] = q0
+    norm = norm.to(x)
+    torch.mul(re[1:], norm, out=first[1::2])
+    torch.mul(im[1:], norm, out=first[2::2])
+    for s, (start, a, ab) in enumerate(steps, start=1):
+        rows = a.shape[0]
+        out, prev = F[start:start + rows], F[offsets[s - 1]:offsets[s - 1] + rows]
+        torch.mul(prev, z, out=out).mul_(a.to(x))
+        if ab is not None:
+            out.addcmul_(F[offsets[s - 2]:offsets[s - 2] + rows], ab.to(x), value=-1.0)
     return F
+
+
+def _mm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``A @ B`` for a short ``A`` (a few rows): on the CPU through numpy's BLAS, with one
+    matrix-vector product per row up to two rows, several times faster than torch's products at
+    these shapes (benchmarks/bench_harmonic.py, docs/performance.md)."""
+    if A.device.type != "cpu":
+        return A @ B
+    An, Bn = A.numpy(), B.numpy()
+    if An.shape[0] <= 2:
+        return torch.from_numpy(np.stack([row @ Bn for row in An]))
+    return torch.from_numpy(An @ Bn)
 
 
 class _Factored:
@@ -195,28 +233,37 @@ class _Factored:
         self.lam = kernel.eigenvalues(X)[:, None]
         rows = max(1, _BLOCK_BYTES // (8 * kernel.rank))
         self.blocks = [(i0, min(n, i0 + rows)) for i0 in range(0, n, rows)]
-        self.stored = kernel.features(X) if 8 * n * kernel.rank <= _STORE_BYTES else None
+        store = 8 * n * kernel.rank <= _STORE_BYTES
+        self.stored = [kernel.features(X[i0:i1]) for i0, i1 in self.blocks] if store else None
 
-    def _features(self, i0, i1):
-        return self.stored[:, i0:i1] if self.stored is not None else self.kernel.features(self.X[i0:i1])
+    def _features(self, b, i0, i1):
+        return self.stored[b] if self.stored is not None else self.kernel.features(self.X[i0:i1])
 
     def moments(self, Wt: torch.Tensor) -> torch.Tensor:
-        """:math:`\\Phi^T W`, shape ``(rank, c)``."""
+        """:math:`\\Phi^T W`, shape ``(rank, c)``, for ``Wt`` = :math:`W` ``(n, c)``."""
         M = Wt.new_zeros((self.kernel.rank, Wt.shape[1]))
-        for i0, i1 in self.blocks:
-            M.addmm_(self._features(i0, i1), Wt[i0:i1])
+        for b, (i0, i1) in enumerate(self.blocks):
+            M += _mm(Wt[i0:i1].T, self._features(b, i0, i1).T).T
         return M
+
+    def gram(self, rows: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """:math:`\\Phi_R^T \\mathrm{diag}(s)\\, \\Phi_R` over the feature rows ``R`` = ``rows``."""
+        G = s.new_zeros((len(rows), len(rows)))
+        for b, (i0, i1) in enumerate(self.blocks):
+            F = self._features(b, i0, i1)[rows]
+            G += _mm(F * s[i0:i1], F.T)
+        return G
 
     def sweep(self, M: torch.Tensor, step) -> torch.Tensor | None:
         """Rows ``(K W)[i0:i1] = Phi_b Lambda M`` handed to ``step(i0, i1, rows)``; the blocks ``step``
         returns (the next weights) are accumulated into the next moments (None when it returns None)."""
         LM, M_next = self.lam * M, None
-        for i0, i1 in self.blocks:
-            F = self._features(i0, i1)
-            W_next = step(i0, i1, (LM.T @ F).T)  # (n_b, c): this side is the fast product
+        for b, (i0, i1) in enumerate(self.blocks):
+            F = self._features(b, i0, i1)
+            W_next = step(i0, i1, _mm(LM.T, F).T)  # (n_b, c): this side is the fast product
             if W_next is not None:
-                M_next = M.new_zeros(M.shape) if M_next is None else M_next
-                M_next.addmm_(F, W_next)
+                M_next = M.new_zeros((M.shape[0], W_next.shape[1])) if M_next is None else M_next
+                M_next += _mm(W_next.T, F.T).T
         return M_next
 
 
