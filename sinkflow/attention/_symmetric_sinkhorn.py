@@ -195,6 +195,40 @@ def _iterate(C, a, init_g, tol, max_iter):
     return _row_normalized(E, u, s)[0], w - half, systems.iterations, systems.err
 
 
+def solve_one(C: np.ndarray, a: np.ndarray, init_g: np.ndarray | None, tol: float, max_iter: int):
+    """:func:`solve_symmetric` for one small system in numpy, without its batch bookkeeping: the
+    same iterates, checks and stopping rule (tested equal), in half its operations. Returns numpy
+    ``(K, g, iterations, column_error)`` (a float error; NaN for a system that blew up). Call it
+    under ``np.errstate(over="ignore", invalid="ignore", divide="ignore")``.
+    """
+    n = C.shape[-1]
+    E, half = _kernel(C)
+    log_a = np.log(a)
+    warm, newton = init_g is not None, n <= NEWTON_N
+    w = init_g + half if warm else 0.5 * (log_a - np.log(E.sum(-1)))
+    every = 1 if newton else _CHECK_EVERY
+    err, iterations, previous = (0.0 if warm and newton else math.inf), 0, w
+    gesv = scipy.linalg.lapack.dgesv if C.dtype == np.float64 else scipy.linalg.lapack.sgesv
+    for k in range(max_iter + 1):
+        u = np.exp(w)
+        s = _matvec(E, u)
+        if (k % every == 0 or k == max_iter) and (k or not (warm and newton)):
+            err = float(np.abs(u * _matvec(E.T, a / s) - a).sum())
+            if not err > tol or k == max_iter:  # NaN stops too
+                break
+        F = w + np.log(s) - log_a
+        step = None
+        if newton and err < _NEWTON_FROM:
+            J = E * (u / s[:, None])
+            J.flat[:: n + 1] += 1.0
+            step = gesv(J, F, overwrite_a=True)[2]
+            step = step if float(np.abs(step).max()) <= _NEWTON_MAX else None
+        if step is None:
+            step = _GAMMA * F - _MOMENTUM * (w - previous)
+        previous, w, iterations = w, w - step, iterations + 1
+    return E * (u / s[:, None]), w - half, iterations, err
+
+
 def fixed_symmetric(C: torch.Tensor, a: torch.Tensor, n_iter: int, init_g: torch.Tensor | None):
     """``n_iter`` alternating half-iterations (row first) on the kernel :math:`a_j e^{C_{ij}}` (the
     flow's), in the kernel domain: ``(K, g)``, ``g`` the column potential of those scores.
