@@ -194,11 +194,7 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
             K, g, count, converged = _general_fallback(C, a, tol, max_iter, K, g, count, converged)
         count, converged = (int(count), bool(converged)) if count.ndim == 0 else (count, converged)
     else:
-        fixed = fixed_symmetric(C, a, int(n_iter), init_g)
-        if fixed is None:
-            res = solve_sinkhorn(C, int(n_iter), tol, max_iter, a=a, b=a, init_g=init_g, warn=False)
-            fixed = res.attention, res.g
-        (K, g), count, converged = fixed, int(n_iter), True
+        (K, g), count, converged = fixed_symmetric(C, a, int(n_iter), init_g), int(n_iter), True
     row_err, col_err = _errors(K, a) if need_errors else (math.nan, math.nan)
     return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
 
@@ -217,10 +213,7 @@ def _small_symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_er
             if not err <= tol:
                 return None
         else:
-            fixed = _alternate(Cn, a, g0, int(n_iter))
-            if fixed is None:
-                return None
-            (K, g), count = fixed, int(n_iter)
+            (K, g), count = _alternate(Cn, a, g0, int(n_iter)), int(n_iter)
     velocity = torch.from_numpy(K @ V.numpy()) if not V.requires_grad else torch.from_numpy(K) @ V
     K, g = torch.from_numpy(K), torch.from_numpy(g)
     row_err, col_err = _errors(K, weights if weights is not None else torch.from_numpy(a)) if need_errors else (math.nan, math.nan)
