@@ -212,9 +212,9 @@ def solve_one(C: np.ndarray, a: np.ndarray, init_g: np.ndarray | None, tol: floa
     gesv = scipy.linalg.lapack.dgesv if C.dtype == np.float64 else scipy.linalg.lapack.sgesv
     for k in range(max_iter + 1):
         u = np.exp(w)
-        s = _matvec(E, u)
+        s = E @ u  # numpy's gemv: the same sums as _matvec's
         if (k % every == 0 or k == max_iter) and (k or not (warm and newton)):
-            err = float(np.abs(u * _matvec(E.T, a / s) - a).sum())
+            err = float(np.abs(u * (E.T @ (a / s)) - a).sum())
             if not err > tol or k == max_iter:  # NaN stops too
                 break
         F = w + np.log(s) - log_a
@@ -263,23 +263,32 @@ def _alternate(C, a, init_g, n_iter):
     T += alpha[..., :, None]
     G = np.exp(T, out=T) if xp is np else T.exp_()
     low = math.sqrt(_tiny(C))
-    u = v = xp.ones_like(beta)
+    u, v = None, None  # v = 1
     for k in range(n_iter):
         if k % 2 == 0:
-            s = _matvec(G, v)
-            bad = ~(s >= low)  # NaN included
-            if bool(bad.any()):
+            s = G.sum(-1) if v is None else _matvec(G, v)  # the first sums are >= 1: a 1 in every row
+            if v is not None and not _all_above(s, low):
+                bad = ~(s >= low)  # NaN included
                 _refresh_lines(C, G, alpha, beta, xp.log(v), xp.zeros_like(s), bad)
                 s[bad] = 1.0
             u = 1.0 / s
         else:
             c = _matvec(G.swapaxes(-1, -2), a * u)
-            bad = ~(c >= low)
-            if bool(bad.any()):
+            if not _all_above(c, low):
+                bad = ~(c >= low)
                 _refresh_lines(C.swapaxes(-1, -2), G.swapaxes(-1, -2), beta, alpha, xp.log(a * u), log_a, bad)
                 c[bad] = a[bad]
             v = a / c
-    return G * u[..., :, None] * v[..., None, :], beta + xp.log(v) - log_a
+    K = G * u[..., :, None]
+    if v is None:
+        return K, beta - log_a
+    K *= v[..., None, :]
+    return K, beta + xp.log(v) - log_a
+
+
+def _all_above(t, low) -> bool:
+    """Whether every entry of ``t`` is at least ``low`` (False for NaN); one sync."""
+    return bool((t.min() if isinstance(t, np.ndarray) else t.amin()) >= low)
 
 
 def _refresh_lines(C, G, own, other, log_scale, target, bad):

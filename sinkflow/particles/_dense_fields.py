@@ -27,7 +27,8 @@ import torch
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.particles._causal import key_targets
-from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, _alternate, fixed_symmetric, solve_one, solve_symmetric
+import sinkflow.attention._symmetric_sinkhorn as symmetric_sinkhorn
+from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._variants import _sinkhorn, get_attention
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
@@ -182,7 +183,7 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
     iterations) are solved again, each alone, by :func:`sinkflow.solve_sinkhorn`.
     """
     n = C.shape[-1]
-    if C.ndim == 2 and C.device.type == "cpu" and C.numel() <= NUMPY_ENTRIES:
+    if C.ndim == 2 and C.device.type == "cpu" and C.numel() <= symmetric_sinkhorn.NUMPY_ENTRIES:
         small = _small_symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
         if small is not None:
             return small
