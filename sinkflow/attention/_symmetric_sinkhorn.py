@@ -57,6 +57,10 @@ _NEWTON_MAX = 1.0  # largest change of a potential a Newton step may make (else 
 #: overhead (~5 us) is several times numpy's at these sizes, and a solve is ~40 small operations.
 NUMPY_ENTRIES = 1 << 17
 
+#: Half the float exponent range: sums below it are refreshed by :func:`_alternate`.
+_SQRT_TINY = {dtype: math.sqrt(float(np.finfo(dtype).tiny)) for dtype in (np.dtype(np.float32), np.dtype(np.float64))}
+_SQRT_TINY.update({torch.float32: _SQRT_TINY[np.dtype(np.float32)], torch.float64: _SQRT_TINY[np.dtype(np.float64)]})
+
 
 @dataclass(frozen=True)
 class SymmetricSolve:
@@ -85,6 +89,8 @@ def _xp(t):
 
 
 def _matvec(E, v):
+    if E.ndim == 2 and isinstance(E, np.ndarray):
+        return E @ v  # numpy's gemv: the same sums as the batched form, in one call
     return (E @ v[..., None])[..., 0]
 
 
@@ -212,7 +218,7 @@ def solve_one(C: np.ndarray, a: np.ndarray, init_g: np.ndarray | None, tol: floa
     gesv = scipy.linalg.lapack.dgesv if C.dtype == np.float64 else scipy.linalg.lapack.sgesv
     for k in range(max_iter + 1):
         u = np.exp(w)
-        s = E @ u  # numpy's gemv: the same sums as _matvec's
+        s = E @ u
         if (k % every == 0 or k == max_iter) and (k or not (warm and newton)):
             err = float(np.abs(u * (E.T @ (a / s)) - a).sum())
             if not err > tol or k == max_iter:  # NaN stops too
@@ -262,7 +268,7 @@ def _alternate(C, a, init_g, n_iter):
     alpha = -(T.max(-1) if xp is np else T.amax(-1))
     T += alpha[..., :, None]
     G = np.exp(T, out=T) if xp is np else T.exp_()
-    low = math.sqrt(_tiny(C))
+    low = _SQRT_TINY[C.dtype]
     u, v = None, None  # v = 1
     for k in range(n_iter):
         if k % 2 == 0:
@@ -305,6 +311,3 @@ def _refresh_lines(C, G, own, other, log_scale, target, bad):
     own[bad] = target[bad] - lse
     G[bad] = xp.exp(lines + own[bad][:, None])
 
-
-def _tiny(C) -> float:
-    return float(np.finfo(C.dtype).tiny) if isinstance(C, np.ndarray) else torch.finfo(C.dtype).tiny
