@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
+import scipy.special
 import torch
 
 __all__ = []
@@ -55,6 +56,10 @@ _NEWTON_MAX = 1.0  # largest change of a potential a Newton step may make (else 
 #: CPU problems with at most this many matrix entries in all run in numpy: torch's per-operation
 #: overhead (~5 us) is several times numpy's at these sizes, and a solve is ~40 small operations.
 NUMPY_ENTRIES = 1 << 17
+
+#: Half the float exponent range: sums below it are refreshed by :func:`_alternate`.
+_SQRT_TINY = {dtype: math.sqrt(float(np.finfo(dtype).tiny)) for dtype in (np.dtype(np.float32), np.dtype(np.float64))}
+_SQRT_TINY.update({torch.float32: _SQRT_TINY[np.dtype(np.float32)], torch.float64: _SQRT_TINY[np.dtype(np.float64)]})
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ def _xp(t):
 
 
 def _matvec(E, v):
+    if E.ndim == 2 and isinstance(E, np.ndarray):
+        return E @ v  # numpy's gemv: the same sums as the batched form, in one call
     return (E @ v[..., None])[..., 0]
 
 
@@ -195,44 +202,112 @@ def _iterate(C, a, init_g, tol, max_iter):
     return _row_normalized(E, u, s)[0], w - half, systems.iterations, systems.err
 
 
+def solve_one(C: np.ndarray, a: np.ndarray, init_g: np.ndarray | None, tol: float, max_iter: int):
+    """:func:`solve_symmetric` for one small system in numpy, without its batch bookkeeping: the
+    same iterates, checks and stopping rule (tested equal), in half its operations. Returns numpy
+    ``(K, g, iterations, column_error)`` (a float error; NaN for a system that blew up). Call it
+    under ``np.errstate(over="ignore", invalid="ignore", divide="ignore")``.
+    """
+    n = C.shape[-1]
+    E, half = _kernel(C)
+    log_a = np.log(a)
+    warm, newton = init_g is not None, n <= NEWTON_N
+    w = init_g + half if warm else 0.5 * (log_a - np.log(E.sum(-1)))
+    every = 1 if newton else _CHECK_EVERY
+    err, iterations, previous = (0.0 if warm and newton else math.inf), 0, w
+    gesv = scipy.linalg.lapack.dgesv if C.dtype == np.float64 else scipy.linalg.lapack.sgesv
+    for k in range(max_iter + 1):
+        u = np.exp(w)
+        s = E @ u
+        if (k % every == 0 or k == max_iter) and (k or not (warm and newton)):
+            err = float(np.abs(u * (E.T @ (a / s)) - a).sum())
+            if not err > tol or k == max_iter:  # NaN stops too
+                break
+        F = w + np.log(s) - log_a
+        step = None
+        if newton and err < _NEWTON_FROM:
+            J = E * (u / s[:, None])
+            J.flat[:: n + 1] += 1.0
+            step = gesv(J, F, overwrite_a=True)[2]
+            step = step if float(np.abs(step).max()) <= _NEWTON_MAX else None
+        if step is None:
+            step = _GAMMA * F - _MOMENTUM * (w - previous)
+        previous, w, iterations = w, w - step, iterations + 1
+    return E * (u / s[:, None]), w - half, iterations, err
+
+
 def fixed_symmetric(C: torch.Tensor, a: torch.Tensor, n_iter: int, init_g: torch.Tensor | None):
     """``n_iter`` alternating half-iterations (row first) on the kernel :math:`a_j e^{C_{ij}}` (the
-    flow's), in the kernel domain: ``(K, g)``, ``g`` the column potential of those scores.
-
-    ``K = diag(u) E diag(v)``: a row step sets ``u = 1 / (E v)``, a column step
-    ``v = a / (E^T (a u))``; one exponential pass in all. Exact to rounding: the scalings stay
-    within a factor ``n / min(a)`` per half-step of 1 (``E`` has a unit diagonal and entries
-    in ``(0, 1]``), far from the float range for the few half-steps of a fixed count, once the
-    starting scaling spans less than a quarter of the float exponent range; None when it does not.
+    flow's), in the kernel domain with one exponential pass: ``(K, g)``, ``g`` the column potential
+    of those scores (:func:`_alternate`; exact to rounding at any spread of the particles).
     """
     small = C.device.type == "cpu" and C.numel() <= NUMPY_ENTRIES
     args = [C, a.expand(C.shape[:-1]), init_g]
     if small:
         args = [None if t is None else t.detach().numpy() for t in args]
-    out = _alternate(*args, n_iter)
-    if out is None:
-        return None
-    return (torch.from_numpy(out[0]), torch.from_numpy(out[1])) if small else out
-
-
-def _tiny(C) -> float:
-    return float(np.finfo(C.dtype).tiny) if isinstance(C, np.ndarray) else torch.finfo(C.dtype).tiny
+    K, g = _alternate(*args, n_iter)
+    return (torch.from_numpy(K), torch.from_numpy(g)) if small else (K, g)
 
 
 def _alternate(C, a, init_g, n_iter):
+    r"""The fixed count on numpy arrays or torch tensors alike (batched): ``(K, g)``.
+
+    ``K = diag(u) G diag(v)`` with :math:`G_{ij} = e^{C_{ij} + \alpha_i + \beta_j}`, starting from
+    :math:`\beta = \log a + g_0` and the row maxima :math:`\alpha_i = -\max_j (C_{ij} + \beta_j)`
+    of the first (SoftMax) step: ``G <= 1`` with a 1 in every row, and a row step sets
+    ``u = 1 / (G v)``, a column step ``v = a / (G^T (a u))``. Where a half-step's sums fall below
+    ``sqrt(tiny)`` (a column that every row outweighs by more than half the float exponent range:
+    particles spread far in R^d), those lines alone are refreshed from the scores
+    (:func:`_refresh_lines`), so the scalings stay in range and the result is exact to rounding
+    at any spread, for one exponential pass plus a pass over the refreshed lines.
+    """
     xp = _xp(C)
-    E, half = _kernel(C)
-    # The flow's kernel is a_j e^{C_ij}: the first row step is the SoftMax of C + log a + g (g = 0 by default).
-    w = half + xp.log(a) if init_g is None else init_g + half + xp.log(a)
-    top = w.max(-1, keepdims=True) if xp is np else w.amax(-1, keepdim=True)
-    bottom = w.min(-1) if xp is np else w.amin(-1)
-    if float((top[..., 0] - bottom).max()) > 0.25 * math.log(1.0 / _tiny(C)):
-        return None  # the scalings could leave the float range: the log-domain solver's business
-    v = xp.exp(w - top)  # the scale of v is free
-    u = v
+    log_a = xp.log(a)
+    beta = log_a + (0.0 if init_g is None else init_g)
+    T = C + beta[..., None, :]
+    alpha = -(T.max(-1) if xp is np else T.amax(-1))
+    T += alpha[..., :, None]
+    G = np.exp(T, out=T) if xp is np else T.exp_()
+    low = _SQRT_TINY[C.dtype]
+    u, v = None, None  # v = 1
     for k in range(n_iter):
         if k % 2 == 0:
-            u = 1.0 / _matvec(E, v)
+            s = G.sum(-1) if v is None else _matvec(G, v)  # the first sums are >= 1: a 1 in every row
+            if v is not None and not _all_above(s, low):
+                bad = ~(s >= low)  # NaN included
+                _refresh_lines(C, G, alpha, beta, xp.log(v), xp.zeros_like(s), bad)
+                s[bad] = 1.0
+            u = 1.0 / s
         else:
-            v = a / _matvec(E.swapaxes(-1, -2), a * u)
-    return E * u[..., :, None] * v[..., None, :], xp.log(v) - half - xp.log(a)
+            c = _matvec(G.swapaxes(-1, -2), a * u)
+            if not _all_above(c, low):
+                bad = ~(c >= low)
+                _refresh_lines(C.swapaxes(-1, -2), G.swapaxes(-1, -2), beta, alpha, xp.log(a * u), log_a, bad)
+                c[bad] = a[bad]
+            v = a / c
+    K = G * u[..., :, None]
+    if v is None:
+        return K, beta - log_a
+    K *= v[..., None, :]
+    return K, beta + xp.log(v) - log_a
+
+
+def _all_above(t, low) -> bool:
+    """Whether every entry of ``t`` is at least ``low`` (False for NaN); one sync."""
+    return bool((t.min() if isinstance(t, np.ndarray) else t.amin()) >= low)
+
+
+def _refresh_lines(C, G, own, other, log_scale, target, bad):
+    r"""Rows ``bad`` (a boolean mask ``(..., n)``) of ``G = exp(C + own_i + other_j)`` computed again
+    from the scores, in place: ``own`` of those rows is set in the log domain so that their scaled
+    sums :math:`\sum_j G_{ij} e^{\text{log\_scale}_j}` equal :math:`e^{\text{target}_i}`. Pass
+    transposed views of ``C`` and ``G`` (and the roles of the shifts swapped) for columns.
+    """
+    xp = _xp(C)
+    expand = (lambda t: np.broadcast_to(t[..., None, :], C.shape)) if xp is np else (lambda t: t[..., None, :].expand(C.shape))
+    lines = C[bad] + expand(other)[bad]
+    scaled = lines + expand(log_scale)[bad]
+    lse = scipy.special.logsumexp(scaled, axis=-1) if xp is np else torch.logsumexp(scaled, -1)
+    own[bad] = target[bad] - lse
+    G[bad] = xp.exp(lines + own[bad][:, None])
+

@@ -21,12 +21,14 @@ import contextlib
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.particles._causal import key_targets
-from sinkflow.attention._symmetric_sinkhorn import fixed_symmetric, solve_symmetric
+import sinkflow.attention._symmetric_sinkhorn as symmetric_sinkhorn
+from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._variants import _sinkhorn, get_attention
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
@@ -181,6 +183,10 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
     iterations) are solved again, each alone, by :func:`sinkflow.solve_sinkhorn`.
     """
     n = C.shape[-1]
+    if C.ndim == 2 and C.device.type == "cpu" and C.numel() <= symmetric_sinkhorn.NUMPY_ENTRIES:
+        small = _small_symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
+        if small is not None:
+            return small
     a = weights if weights is not None else torch.full((n,), 1.0 / n, dtype=C.dtype, device=C.device)
     if n_iter is None:
         res = solve_symmetric(C, a, init_g, tol, min(max_iter, SYMMETRIC_BUDGET))
@@ -189,13 +195,30 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
             K, g, count, converged = _general_fallback(C, a, tol, max_iter, K, g, count, converged)
         count, converged = (int(count), bool(converged)) if count.ndim == 0 else (count, converged)
     else:
-        fixed = fixed_symmetric(C, a, int(n_iter), init_g)
-        if fixed is None:
-            res = solve_sinkhorn(C, int(n_iter), tol, max_iter, a=a, b=a, init_g=init_g, warn=False)
-            fixed = res.attention, res.g
-        (K, g), count, converged = fixed, int(n_iter), True
+        (K, g), count, converged = fixed_symmetric(C, a, int(n_iter), init_g), int(n_iter), True
     row_err, col_err = _errors(K, a) if need_errors else (math.nan, math.nan)
     return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
+
+
+def _small_symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation | None:
+    """:func:`_symmetric_field` of one small CPU system, from scores to velocity in numpy (torch's
+    per-call overhead is several times numpy's at this size, and a particle step is a few dozen
+    calls); None where the general solver has to finish (left to :func:`_symmetric_field`)."""
+    n = C.shape[-1]
+    Cn = C.detach().numpy()
+    a = np.full(n, 1.0 / n, dtype=Cn.dtype) if weights is None else weights.detach().numpy()
+    g0 = None if init_g is None else init_g.detach().numpy()
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system: not converged
+        if n_iter is None:
+            K, g, count, err = solve_one(Cn, a, g0, tol, min(max_iter, SYMMETRIC_BUDGET))
+            if not err <= tol:
+                return None
+        else:
+            (K, g), count = _alternate(Cn, a, g0, int(n_iter)), int(n_iter)
+    velocity = torch.from_numpy(K @ V.numpy()) if not V.requires_grad else torch.from_numpy(K) @ V
+    K, g = torch.from_numpy(K), torch.from_numpy(g)
+    row_err, col_err = _errors(K, weights if weights is not None else torch.from_numpy(a)) if need_errors else (math.nan, math.nan)
+    return FieldEvaluation(velocity, K, g, count, True, row_err, col_err)
 
 
 def _general_fallback(C, a, tol, max_iter, K, g, count, converged):

@@ -180,8 +180,8 @@ def _batchable(variant, systems, options) -> bool:
 def _system_by_system(simulate, systems, attention, steps, options):
     """Each system through the single-system :func:`sinkflow.simulate`; the trajectories stacked."""
     progress = options.pop("progress")
-    runs = [simulate(attention=attention, steps=steps, **systems.one(b), **options)
-            for b in progress_bar(range(systems.count), enabled=bool(progress), desc="systems", unit="system")]
+    runs = [simulate(attention=attention, steps=steps, progress=False, **systems.one(b), **options)
+            for b in progress_bar(range(systems.count), enabled=progress, desc="systems", unit="system")]
     first = runs[0]
     stack = lambda key: np.stack([getattr(r, key) for r in runs], axis=1)
     return replace(first, times=stack("times"), positions=torch.stack([torch.as_tensor(r.positions) for r in runs], 1),

@@ -88,6 +88,10 @@ class ParticleField:
         past = self.history.get(stage, ())
         if not (self.symmetric and self.n_iter is None and len(past) == 3):
             return self.g
+        if past[0].device.type == "cpu" and past[0].dtype in (torch.float32, torch.float64):
+            # the same arithmetic in numpy: a third of torch's per-call cost at small n
+            p0, p1, p2 = (p.numpy() for p in past)
+            return torch.from_numpy(3.0 * (p2 - p1) + p0)
         return 3.0 * (past[2] - past[1]) + past[0]
 
     def retract(self, Y: torch.Tensor) -> torch.Tensor:

@@ -108,7 +108,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
              temperature: float = 1.0, monitors=(), monitor_every: int = 1, save_every: int = 1,
              warm_start: bool | None = None, chunked: bool | None = None, landmarks: int | None = None,
              landmark_seed: int = 0, landmark_sampling: str = "farthest", tol: float | None = None,
-             max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool = False,
+             max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool | None = None,
              causal: bool = False) -> Trajectory:
     r"""Simulate tokens moving under self-attention (a residual network of depth ``steps``).
 
@@ -184,8 +184,10 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         of the particles' dtype (1e-10 in float64, 1e-5 in float32).
     cluster_tol : float
         :math:`\delta` of the cluster monitor.
-    progress : bool
-        Show a tqdm progress bar (quiet where the output is not a terminal).
+    progress : bool or None
+        A tqdm progress bar, drawn only on a terminal or in a notebook (quiet in logs, pipes and
+        CI): by default (None) once the run has taken 2 seconds, so short runs show nothing;
+        True from the first step, False never.
     causal : bool
         Causal attention (Karagodin, Polyanskiy and Rigollet 2024): token ``i`` attends only to
         tokens ``j <= i`` (rows of ``x0`` in order), with any variant; Sinkhorn then targets the

@@ -36,9 +36,14 @@ class Trajectory:
         integer array; a monitor's name as a key raises a ``KeyError`` naming its keys).
     monitor_times : numpy.ndarray
     sinkhorn_iterations : numpy.ndarray (steps, ...)
-        Solver iterations per step (all stages of RK4 summed), per system: half-iterations, or
-        iterations of the symmetric solver (:mod:`sinkflow.attention`, for a symmetric positive
-        semi-definite ``W_Q^T W_K``); zeros without Sinkhorn.
+        Updates of the Sinkhorn potentials per step (all stages of RK4 summed), per system; each
+        update is one pass of matrix-vector products over the kernel. With a fixed ``n_iter`` it is
+        ``n_iter`` (half-iterations, whatever the solver). To tolerance it counts the steps of the
+        solver that ran: half-iterations of the alternating loop (a general ``W_Q^T W_K``; its
+        closing Newton steps are not counted), or steps of the symmetric solver (heavy-ball or
+        Newton; a symmetric positive semi-definite ``W_Q^T W_K``, dense or harmonic field), each
+        updating row and column potentials at once; a symmetric solve that the general solver
+        finishes adds the general solver's half-iterations. Zeros without Sinkhorn.
     converged : bool or numpy.ndarray (...) of bool
         Whether every run-to-tolerance Sinkhorn solve reached its tolerance (per system).
     attention, integrator, manifold : str

@@ -10,12 +10,13 @@ import sinkflow.attention._symmetric_sinkhorn as symmetric
 from sinkflow.attention._symmetric_sinkhorn import fixed_symmetric, solve_symmetric
 
 
-def plain_sinkhorn(C, a, half_steps):
-    """Alternating row / column normalizations of a_j e^{C_ij} (rows to 1, columns to a), log domain."""
+def plain_sinkhorn(C, a, half_steps, g0=None):
+    """Alternating row / column normalizations of a_j e^{C_ij} (rows to 1, columns to a), log domain,
+    from the column potential ``g0`` (0 by default)."""
     from scipy.special import logsumexp
 
     T = C + np.log(a)[None, :]
-    f, g = np.zeros(len(a)), np.zeros(len(a))
+    f, g = np.zeros(len(a)), np.zeros(len(a)) if g0 is None else np.array(g0, dtype=float)
     for k in range(half_steps):
         if k % 2 == 0:
             f = -logsumexp(T + g[None, :], axis=1)
@@ -53,7 +54,28 @@ def test_a_fixed_count_is_the_plain_loop_bit_for_rounding(monkeypatch, numpy_ent
     for n_iter in (2, 3, 6):
         K, _ = fixed_symmetric(torch.as_tensor(C), torch.as_tensor(a), n_iter, None)
         np.testing.assert_allclose(K.numpy(), plain_sinkhorn(C, a, n_iter), rtol=0, atol=1e-14)
-    assert fixed_symmetric(torch.as_tensor(C) / 1e-3, torch.as_tensor(a), 3, None) is None  # out of range
+
+
+@pytest.mark.parametrize("numpy_entries", [symmetric.NUMPY_ENTRIES, 0])  # numpy, then torch
+def test_a_fixed_count_of_particles_spread_far_is_the_plain_loop(monkeypatch, numpy_entries):
+    # spread 0.5 to 30 at temperature 0.2: scores up to ~1e4, columns that every row outweighs by more than
+    # the float range (the first SoftMax's column sums reach e^-850), refreshed in the log domain
+    monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
+    rng = np.random.default_rng(3)
+    C = np.stack([scores(s, 40, spread, 0.2) for s, spread in ((1, 0.5), (2, 10.0), (4, 30.0))])
+    a = rng.random((3, 40)) + 0.2
+    a /= a.sum(-1, keepdims=True)
+    g0 = rng.standard_normal((3, 40))
+    for n_iter in (1, 2, 3, 4, 7):
+        for init in (None, g0):
+            K, g = fixed_symmetric(torch.as_tensor(C), torch.as_tensor(a), n_iter, None if init is None else torch.as_tensor(init))
+            for b in range(3):
+                oracle = plain_sinkhorn(C[b], a[b], n_iter, None if init is None else init[b])
+                # rounding of exponents of size |C| (1e4 here: 1e-12 relative)
+                np.testing.assert_allclose(K[b].numpy(), oracle, rtol=0, atol=1e-15 * np.abs(C[b]).max() + 1e-14)
+                if n_iter % 2 == 1:  # ended on a row step: the row step from g is K itself
+                    again = plain_sinkhorn(C[b], a[b], 1, g[b].numpy())
+                    np.testing.assert_allclose(again, oracle, rtol=0, atol=1e-15 * np.abs(C[b]).max() + 1e-14)
 
 
 def test_float32_reaches_its_tolerance():
