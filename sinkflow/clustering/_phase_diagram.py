@@ -49,9 +49,10 @@ def _gram(x):
 
 
 def _first_clustered(path, threshold):
-    """Index of the first saved state of ``path`` ``(T, S, m, d)`` clustered per system (T if none)."""
-    ok = _gram(path).flatten(2).amin(2) > threshold  # (T, S); once True stays True (module docstring)
-    return torch.where(ok.any(0), ok.int().argmax(0), torch.full_like(ok[0], len(path), dtype=torch.long))
+    """Index of the first clustered state of ``path`` ``(T, S, m, d)`` per system, for systems
+    clustered at its end (clustered systems stay clustered: module docstring)."""
+    ok = _gram(path).flatten(2).amin(2) > threshold  # (T, S)
+    return ok.int().argmax(0)
 
 
 def _compact(x, a, cos_merge, width=None):
@@ -105,32 +106,31 @@ class _Run:
     threshold: float
     max_angle: float | None
 
-    def advance(self, pool: _Pool, steps: int, clustered_at: torch.Tensor) -> _Pool:
-        """``steps`` Euler steps of every system of ``pool`` (its own step each); records the first
-        clustered time of each system in ``clustered_at`` and returns the systems still unclustered."""
+    def advance(self, pool: _Pool, steps: int, clustered_at: torch.Tensor, dtype: torch.dtype) -> _Pool:
+        """``steps`` Euler steps of every system of ``pool`` (its own step each, in ``dtype``); records
+        the first clustered time of each system in ``clustered_at``; returns the systems still running."""
         from sinkflow.particles import simulate
 
         x, a = (pool.x, None) if self.max_angle is None else _compact(pool.x, pool.a, math.cos(MERGE_ANGLE))[:2]
         with warnings.catch_warnings():  # the worst-case step bound does not hold on plateaus (docstring)
             warnings.filterwarnings("ignore", "step h=", RuntimeWarning)
-            path = simulate(x, self.normalization, h=pool.h, steps=steps, manifold="sphere",
-                            temperature=1.0 / self.beta, weights=a, save_every=1).positions
-        first = _first_clustered(path[1:], self.threshold)
-        done = first < steps
-        at = pool.t + pool.h * (first + 1)
-        clustered_at[pool.ids[done]] = at[done]
+            path = simulate(x.to(dtype), self.normalization, h=pool.h, steps=steps, manifold="sphere",
+                            temperature=1.0 / self.beta, weights=None if a is None else a.to(dtype),
+                            save_every=1).positions.double()
+        end = _gram(path[-1])
+        done = end.flatten(1).amin(1) > self.threshold
+        first = _first_clustered(path[1:, done], self.threshold)
+        clustered_at[pool.ids[done]] = pool.t[done] + pool.h[done] * (first + 1)
         moved = torch.linalg.vector_norm(path[-1] - path[0], dim=-1).amax(-1) / steps
         t = pool.t + steps * pool.h
-        a = pool.a if a is None else a
-        out = _Pool(pool.ids, path[-1], a, t, self.next_step(path[-1], moved, pool.h, t))
+        out = _Pool(pool.ids, path[-1], pool.a if a is None else a, t, self.next_step(end, moved, pool.h, t))
         return out.select(~done & (t < self.horizon))
 
-    def next_step(self, x, moved, h, t):
+    def next_step(self, G, moved, h, t):
         """``h`` while two distinct tokens are closer than ``FAR_ANGLE``, else the step that moves no
         token by more than ``max_angle`` (at least ``h``, at most ``_GROWTH`` times the last one)."""
         if self.max_angle is None:
             return h
-        G = _gram(x)
         near = ((G > math.cos(FAR_ANGLE)) & (G <= math.cos(MERGE_ANGLE))).flatten(1).any(1)
         grow = (self.max_angle / moved.clamp_min(1e-300)).clamp_max(_GROWTH)
         longer = torch.minimum((h * grow).clamp_min(self.h), self.horizon - t)
@@ -161,9 +161,9 @@ def _clustering_times(x0: torch.Tensor, run: _Run) -> torch.Tensor:
                  torch.full((S,), run.h, dtype=x0.dtype)).select(~first)
     while len(pool.ids):
         fixed = pool.h <= run.h
-        parts = [run.advance(pool.select(fixed), _CHUNK, clustered_at)] if bool(fixed.any()) else []
+        parts = [run.advance(pool.select(fixed), _CHUNK, clustered_at, torch.float32)] if bool(fixed.any()) else []
         if not bool(fixed.all()):
-            parts.append(run.advance(pool.select(~fixed), 1, clustered_at))
+            parts.append(run.advance(pool.select(~fixed), 1, clustered_at, torch.float64))
         pool = _join([p for p in parts if len(p.ids)] or parts[:1])
     return clustered_at
 
