@@ -8,6 +8,26 @@ temperature :math:`\beta` and time :math:`t`, the fraction of systems whose toke
 inner products above a threshold (0.999): one cluster. Here the same sweep is one ensemble call
 of :func:`sinkflow.simulate` per :math:`\beta`, and the Sinkhorn flow (the doubly stochastic
 :math:`K^\infty`) runs beside SoftMax.
+
+**Clustered systems leave the batch.** Clustered is absorbing under these Euler steps
+(``h <= 1``, :math:`\beta > 0`, any nonnegative row-stochastic :math:`K`, SoftMax or Sinkhorn): a
+step sends :math:`x_i` to the direction of :math:`(1 - h \langle m_i, x_i\rangle) x_i + h m_i`,
+:math:`m_i = \sum_j K_{ij} x_j`, a nonnegative combination of the tokens, so the convex cone of
+the tokens never grows; when every two tokens are within an angle :math:`r < \pi/2` (threshold
+> 0), the spherical cap of radius :math:`r` around each token is convex and holds them all, so it
+holds the cone's section, whose diameter is therefore still at most :math:`r`. A system is
+recorded at its first clustered step and then dropped.
+
+**Metastable plateaus.** Large :math:`\beta` gives clusters that merge on times like
+:math:`e^{\beta (1 - \cos \theta)}` (:math:`\theta` their angle): :math:`t \approx 2 \cdot 10^7`
+for half the systems at :math:`\beta = 9`, :math:`n = 32` on the circle, out of reach of fixed
+steps. With ``max_angle``, tokens closer than ``MERGE_ANGLE`` merge into one token at their
+mass-weighted mean carrying their mass (exact for coincident tokens, which every attention here
+sees as one weighted token), and while every two distinct tokens of a system are more than
+``FAR_ANGLE`` apart (no stiff intra-cluster mode left) its step grows, by at most 4x per step,
+to move no token by more than ``max_angle``; elsewhere it is ``h``. Measured against fixed steps
+of 0.1 (256 systems of n = 32, beta = 3, t <= 1000) and against ``max_angle = 0.005`` (beta = 9,
+t <= 1e9): clustered fractions within 0.03, clustering slightly later.
 """
 
 from __future__ import annotations
@@ -175,8 +195,10 @@ def phase_diagram(beta, *, n: int, d: int, normalization: str, systems: int, tim
     For every ``beta``, ``systems`` independent systems of ``n`` tokens uniform on :math:`S^{d-1}`
     (the same draws for every ``beta``) follow :func:`sinkflow.simulate` with
     ``manifold="sphere"``, ``temperature = 1 / beta``, Euler steps of ``h`` (float32; Sinkhorn to its
-    float32 tolerance), in one ensemble call. A system is clustered at time ``t`` when all its
-    pairwise inner products exceed ``threshold``.
+    float32 tolerance) in ensemble calls, and on metastable plateaus longer float64 steps (module
+    docstring), up to the horizon ``times[-1]``. A system is clustered at time ``t`` when all its
+    pairwise inner products exceed ``threshold`` at its last integration time ``<= t``; clustered
+    systems stay clustered (module docstring) and leave the batch.
 
     Parameters
     ----------
@@ -188,13 +210,17 @@ def phase_diagram(beta, *, n: int, d: int, normalization: str, systems: int, tim
     systems : int
         Independent systems per ``beta``.
     times : array_like (T,)
-        Increasing times >= 0, multiples of ``h``.
+        Increasing times >= 0; the last is the horizon (a log-spaced grid suits the plateaus).
     threshold : float
-        Inner-product threshold of a cluster (in (-1, 1)).
+        Inner-product threshold of a cluster (in (0, 1)).
     seed : int
         Seed of the initial tokens.
     h : float
-        Euler step (``h (1 + 2 beta) < 2`` keeps it stable, :func:`sinkflow.particles.lipschitz_scale`).
+        Euler step (``h (1 + 2 beta) < 2`` keeps it stable, :func:`sinkflow.particles.lipschitz_scale`;
+        at most 1).
+    max_angle : float or None
+        Largest angle (radians) a token moves in one plateau step; None: steps of ``h`` all the way
+        (the plain flow; clustered systems still leave the batch).
     progress : bool
         A progress bar over ``beta`` (quiet where the output is not a terminal).
 
@@ -222,9 +248,12 @@ def phase_diagram(beta, *, n: int, d: int, normalization: str, systems: int, tim
     d = check_number(d, "d", integer=True, positive=True)
     systems = check_number(systems, "systems", integer=True, positive=True)
     h = check_number(h, "h", positive=True)
+    if h > 1.0:
+        raise ValueError(f"h must be at most 1 (clustered systems then stay clustered), got {h!r}")
     threshold = check_number(threshold, "threshold")
-    if not -1.0 < threshold < 1.0:
-        raise ValueError(f"threshold must be in (-1, 1) (an inner product of unit vectors), got {threshold!r}")
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must be in (0, 1) (an inner product of unit vectors; clustered systems stay "
+                         f"clustered above 0), got {threshold!r}")
     betas = np.asarray(beta, dtype=float).reshape(-1)
     if betas.size == 0 or not np.all(np.isfinite(betas) & (betas > 0)):
         raise ValueError(f"beta must be a non-empty array of positive finite values, got {beta!r}")
