@@ -160,11 +160,24 @@ def _newton_step(E, u, s, F, eye, rows):
     """Newton's step ``(I + K)^{-1} F`` of the systems ``rows`` of a batch (all for None), zero
     elsewhere: a converged system costs no dense solve, and each system's step is its own solve."""
     if rows is None or bool(rows.all()):
-        return _solve(_row_normalized(E, u, s)[0] + eye, F)
+        return _newton_solve(E, u, s, F, eye)
     step = 0 * F
     if bool(rows.any()):
-        step[rows] = _solve(_row_normalized(E[rows], u[rows], s[rows])[0] + eye, F[rows])
+        step[rows] = _newton_solve(E[rows], u[rows], s[rows], F[rows], eye)
     return step
+
+
+def _newton_solve(E, u, s, F, eye):
+    r"""``(I + K)^{-1} F``. Torch tensors take the symmetric positive definite form
+    :math:`(I + K)^{-1} F = \mathrm{diag}(1/u) (E + \mathrm{diag}(s/u))^{-1} (s F)` (``E`` PSD,
+    ``s / u >= 1``): a Cholesky factorization, no pivoting, no ``K``, about half the cost of
+    a batched ``gesv`` of 32 x 32 systems; numpy arrays (one small CPU system) LAPACK's ``gesv``."""
+    if isinstance(E, np.ndarray):
+        return _solve(_row_normalized(E, u, s)[0] + eye, F)
+    J = E.clone()
+    J.diagonal(0, -2, -1).add_(s / u)
+    L = torch.linalg.cholesky_ex(J)[0]
+    return torch.cholesky_solve((s * F)[..., None], L)[..., 0] / u
 
 
 def _iterate(C, a, init_g, tol, max_iter):
