@@ -57,7 +57,7 @@ def compute_phase(cfg: PhaseConfig) -> dict:
 def plot_phase(data, cfg):
     from sinkflow.plots.style import new_figure
 
-    fig, axes = new_figure(1, len(cfg.normalizations), width=3.3, height=3.0)
+    fig, axes = new_figure(len(cfg.normalizations), 1, width=3.3, height=3.0)
     for ax, norm in zip(axes[0], cfg.normalizations):
         fraction = data[f"fraction_{norm}"].T
         im = ax.pcolormesh(data["beta"], data["t"], fraction, shading="nearest", cmap="magma", vmin=0, vmax=1)
@@ -68,7 +68,7 @@ def plot_phase(data, cfg):
         ax.set_title(f"{LABELS[norm]} ({int(data['systems'])} systems x {len(data['beta'])} " + r"$\beta$)")
     fig.colorbar(im, ax=axes[0].tolist(), label="fraction clustered (cyan: 1/2)")
     fig.suptitle(f"n = {cfg.n} tokens on the circle; clustered: all inner products > {cfg.threshold:g}; "
-                 f"horizon t = {cfg.horizon:.0e}", fontsize=8)
+                 f"horizon $t = 10^{{{np.log10(cfg.horizon):.0f}}}$", fontsize=8)
     return fig
 
 
