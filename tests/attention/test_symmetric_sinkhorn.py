@@ -49,7 +49,8 @@ def test_a_batch_of_symmetric_problems_reaches_the_plain_loops_fixed_point(monke
 def test_torch_newton_steps_are_numpys(monkeypatch):
     # torch batches take Newton's step through the SPD form E + diag(s/u) (Cholesky), numpy through
     # gesv on I + K: the same iterates, so the same counts and plans, from cold and from warm starts
-    C = torch.as_tensor(np.stack([scores(s, 32, 1.0, tau) for s, tau in [(1, 0.3), (2, 1.0), (11, 0.15), (3, 0.05)]]))
+    problems = [(1, 0.3), (2, 1.0), (11, 0.15), (3, 0.05)]
+    C = torch.as_tensor(np.stack([scores(seed, 32, 1.0, tau) for seed, tau in problems]))
     a = torch.full((4, 32), 1 / 32, dtype=torch.float64)
     warm = torch.as_tensor(np.random.default_rng(0).normal(scale=0.1, size=(4, 32)))
     default = symmetric.NUMPY_ENTRIES

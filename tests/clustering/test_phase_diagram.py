@@ -78,8 +78,8 @@ def test_merged_tokens_move_as_the_tokens_they_replace(attention):
     for c in range(4):
         slots = np.flatnonzero(np.abs(pos[0].numpy() @ centers[c] - 1) < 1e-12)
         assert slots.size, c
-        np.testing.assert_allclose(merged.positions[-1][slots], full.positions[-1][copies == c][:1].repeat(slots.size, 0),
-                                   atol=1e-10)
+        expected = full.positions[-1][copies == c][:1].repeat(slots.size, 0)
+        np.testing.assert_allclose(merged.positions[-1][slots], expected, atol=1e-10)
         assert float(mass[0, slots].sum()) == pytest.approx((copies == c).mean(), abs=1e-15)
 
 
