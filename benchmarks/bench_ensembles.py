@@ -11,7 +11,9 @@ the same run:
    flow through the general solver (the path every flow took before the symmetric solver).
 2. ``ensembles``: 2,048 systems of n = 32 in one call; the cost per system-step against the
    single-system step of the same attention, and against the batch's exponential floor (one
-   ``exp`` of the ``2048 x 32 x 32`` scores per field evaluation, timed alone).
+   ``exp`` of the ``2048 x 32 x 32`` scores per field evaluation, timed alone: one Euler step
+   evaluates the field once, and both SoftMax and Sinkhorn need the exponentials of all the
+   scores at least once).
 
 Measured (``--small-only --repeats 5``, load 10.2 -> 7.8, CPU time; docs/performance.md): Sinkhorn(3)
 1.00-1.45x SoftMax everywhere; to tolerance 1.28-1.81x on the circle for n <= 256 (2.00x at 64),
@@ -41,6 +43,10 @@ import torch  # noqa: E402
 import sinkflow  # noqa: E402
 
 TAU, H = 0.2, 0.05
+#: The clock: CPU time of this (single-threaded) process by default, which other processes on a
+#: loaded machine disturb far less than wall time (``--clock wall`` for wall time).
+CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
+clock = CLOCK["cpu"]
 
 
 def _x0(n, manifold, systems=None, seed=0):
@@ -50,10 +56,10 @@ def _x0(n, manifold, systems=None, seed=0):
 
 
 def _per_step(x0, attention, steps, manifold, **kwargs):
-    """Wall time per step (ms) of one simulate call of ``steps`` steps (its setup and cold first step included)."""
-    t0 = time.perf_counter()
+    """Time per step (ms, on ``clock``) of one simulate call of ``steps`` steps (setup and cold first step included)."""
+    t0 = clock()
     sinkflow.simulate(x0, attention, h=H, steps=steps, manifold=manifold, temperature=TAU, **kwargs)
-    return 1e3 * (time.perf_counter() - t0) / steps
+    return 1e3 * (clock() - t0) / steps
 
 
 def _general_solver():
@@ -106,9 +112,9 @@ def _exp_floor(systems, n, repeats):
     C = torch.randn(systems, n, n, dtype=torch.float64)
     times = []
     for _ in range(repeats + 1):
-        t0 = time.perf_counter()
+        t0 = clock()
         torch.exp(C)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return 1e3 * statistics.median(times[1:])
 
 
@@ -128,15 +134,27 @@ def ensembles(systems, n, repeats, steps):
                   flush=True)
 
 
+def _warm_up():
+    """One untimed run of each path, so no table row pays for first calls (imports, allocator, caches)."""
+    for manifold in ("sphere", "euclidean"):
+        for attention, kw in (("softmax", {}), ("sinkhorn", {}), ("sinkhorn", {"n_iter": 3})):
+            for x0 in (_x0(32, manifold), _x0(32, manifold, systems=8)):
+                sinkflow.simulate(x0, attention, h=H, steps=3, manifold=manifold, temperature=TAU, **kw)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 16, 64; 256 systems; fewer steps")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ensembles-only", action="store_true", help="only the second table")
     parser.add_argument("--small-only", action="store_true", help="only the first table")
+    parser.add_argument("--clock", choices=sorted(CLOCK), default="cpu", help="CPU time (default) or wall time")
     args = parser.parse_args()
+    global clock
+    clock = CLOCK[args.clock]
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread, float64, load average {os.getloadavg()[0]:.1f}\n")
+    print(f"torch {torch.__version__}, 1 thread, float64, {args.clock} time, load average {os.getloadavg()[0]:.1f}\n")
+    _warm_up()
     if not args.ensembles_only:
         small_n([16, 64] if args.quick else [16, 64, 256, 1024], args.repeats, 40 if args.quick else 200)
         print(f"\nload average after: {os.getloadavg()[0]:.1f}")

@@ -163,6 +163,30 @@ class _Systems:
         return self.xp.where(self.active[..., None], w - step, w) if self.batched else w - step
 
 
+def _newton_step(E, u, s, F, eye, rows):
+    """Newton's step ``(I + K)^{-1} F`` of the systems ``rows`` of a batch (all for None), zero
+    elsewhere: a converged system costs no dense solve, and each system's step is its own solve."""
+    if rows is None or bool(rows.all()):
+        return _newton_solve(E, u, s, F, eye)
+    step = 0 * F
+    if bool(rows.any()):
+        step[rows] = _newton_solve(E[rows], u[rows], s[rows], F[rows], eye)
+    return step
+
+
+def _newton_solve(E, u, s, F, eye):
+    r"""``(I + K)^{-1} F``. Torch tensors take the symmetric positive definite form
+    :math:`(I + K)^{-1} F = \mathrm{diag}(1/u) (E + \mathrm{diag}(s/u))^{-1} (s F)` (``E`` PSD,
+    ``s / u >= 1``): a Cholesky factorization, no pivoting, no ``K``, about half the cost of
+    a batched ``gesv`` of 32 x 32 systems; numpy arrays (one small CPU system) LAPACK's ``gesv``."""
+    if isinstance(E, np.ndarray):
+        return _solve(_row_normalized(E, u, s)[0] + eye, F)
+    J = E.clone()
+    J.diagonal(0, -2, -1).add_(s / u)
+    L = torch.linalg.cholesky_ex(J)[0]
+    return torch.cholesky_solve((s * F)[..., None], L)[..., 0] / u
+
+
 def _iterate(C, a, init_g, tol, max_iter):
     """The iteration on numpy arrays or torch tensors alike: ``(K, g, iterations, column_error)``.
 
@@ -189,13 +213,13 @@ def _iterate(C, a, init_g, tol, max_iter):
         F = w + xp.log(s) - log_a
         close = systems.err < _NEWTON_FROM if newton else False
         if newton and bool(close.all()):
-            step = _solve(_row_normalized(E, u, s)[0] + eye, F)
+            step = _newton_step(E, u, s, F, eye, systems.active if systems.batched else None)
             if not float(xp.abs(step).max()) <= _NEWTON_MAX:  # too far for Newton: a heavy-ball step
                 step = _newton_or_ball(xp, step, _GAMMA * F - _MOMENTUM * (w - previous))
         else:
             step = _GAMMA * F - _MOMENTUM * (w - previous)
             if newton and bool(close.any()):
-                newton_step = _solve(_row_normalized(E, u, s)[0] + eye, F)
+                newton_step = _newton_step(E, u, s, F, eye, close & systems.active)
                 step = xp.where(close[..., None], _newton_or_ball(xp, newton_step, step), step)
         previous = w
         w = systems.advanced(w, step)

@@ -47,6 +47,23 @@ def test_a_batch_of_symmetric_problems_reaches_the_plain_loops_fixed_point(monke
         assert int(alone.iterations) == int(res.iterations[b])  # each system stops for itself
 
 
+def test_torch_newton_steps_are_numpys(monkeypatch):
+    # torch batches take Newton's step through the SPD form E + diag(s/u) (Cholesky), numpy through
+    # gesv on I + K: the same iterates, so the same counts and plans, from cold and from warm starts
+    problems = [(1, 0.3), (2, 1.0), (11, 0.15), (3, 0.05)]
+    C = torch.as_tensor(np.stack([scores(seed, 32, 1.0, tau) for seed, tau in problems]))
+    a = torch.full((4, 32), 1 / 32, dtype=torch.float64)
+    warm = torch.as_tensor(np.random.default_rng(0).normal(scale=0.1, size=(4, 32)))
+    default = symmetric.NUMPY_ENTRIES
+    for init in (None, warm):
+        by_numpy = solve_symmetric(C, a, init, 1e-11, 200)
+        monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", 0)
+        by_torch = solve_symmetric(C, a, init, 1e-11, 200)
+        monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", default)
+        assert by_torch.converged.all() and torch.equal(by_torch.iterations, by_numpy.iterations)
+        np.testing.assert_allclose(by_torch.attention.numpy(), by_numpy.attention.numpy(), rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("numpy_entries", [symmetric.NUMPY_ENTRIES, 0])  # numpy, then torch
 def test_a_fixed_count_is_the_plain_loop_bit_for_rounding(monkeypatch, numpy_entries):
     monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
