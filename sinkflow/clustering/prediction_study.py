@@ -4,6 +4,12 @@
 runs :func:`sinkflow.clustering.plateau_clusters` for every (seed, beta) of the grid (seeds outer, so a
 partial run covers every beta) and rewrites the JSON after each run; :func:`summarize` turns the runs
 into agreement rates with exact (Clopper-Pearson) 95% intervals (:func:`sinkflow.bounds.binomial_interval`).
+``--sphere`` runs :func:`sinkflow.clustering.sphere_plateau_clusters` instead (:math:`S^2`, ``N = 10^4``,
+``beta`` 2, 5, 10); every run already in ``--out`` is kept and skipped, so a study resumes:
+``python -m sinkflow.clustering.prediction_study --sphere --seeds 7 --out docs/data/clustering/sphere_clusters.json``.
+``--modes`` records the race between the modes instead (:func:`sinkflow.clustering.mode_history`, both
+normalizations, resumed the same way):
+``python -m sinkflow.clustering.prediction_study --modes --betas 3 5 7 10 16 --out docs/data/clustering/mode_race.json``.
 """
 
 from __future__ import annotations
@@ -15,12 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from sinkflow.clustering._predictions import plateau_clusters
+from sinkflow.clustering._predictions import mode_history, plateau_clusters, sphere_plateau_clusters
 
-__all__ = ["BETAS", "run", "summarize"]
+__all__ = ["BETAS", "SPHERE_BETAS", "run", "run_sphere", "run_modes", "formed_count", "summarize"]
 
 #: The inverse temperatures of the experiment (Bruno, Pasqualotto and Agazzi, ICLR 2025).
 BETAS = (1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 16.0, 32.0)
+#: The inverse temperatures of the S^2 counts (fastest zonal degree 2, 3, 4).
+SPHERE_BETAS = (2.0, 5.0, 10.0)
 
 
 def run(out: Path, normalization: str, betas=BETAS, seeds=range(5), n: int = 20_000, tol: float = 1e-10) -> list:
@@ -33,6 +41,54 @@ def run(out: Path, normalization: str, betas=BETAS, seeds=range(5), n: int = 20_
             runs.append(plateau_clusters(beta, seed, n, normalization, tol=tol))
             Path(out).write_text(json.dumps(dict(config=config, runs=runs), indent=1))
     return runs
+
+
+def run_sphere(out: Path, betas=SPHERE_BETAS, seeds=range(5), n: int = 10_000, tol: float = 1e-8) -> list:
+    """The :math:`S^2` counts of every (seed, beta), appended to the runs already in ``out`` (those are skipped)."""
+    out = Path(out)
+    runs = json.loads(out.read_text())["runs"] if out.exists() else []
+    done = {(r["beta"], r["seed"], r["n"]) for r in runs}
+    config = dict(n=n, betas=list(betas), normalization="softmax", tol=tol, radius=0.05,
+                  plateau="2 x log(sqrt n)/max rate")
+    for seed in seeds:
+        for beta in betas:
+            if (float(beta), int(seed), int(n)) not in done:
+                runs.append(sphere_plateau_clusters(beta, seed, n, tol=tol))
+                out.write_text(json.dumps(dict(config=config, runs=runs), indent=1))
+    return runs
+
+
+def run_modes(out: Path, betas=(3.0, 10.0), seeds=range(5), n: int = 20_000, tol: float = 1e-6) -> list:
+    """:func:`~sinkflow.clustering.mode_history` of every (seed, beta, normalization), resumed from ``out``."""
+    out = Path(out)
+    runs = json.loads(out.read_text())["runs"] if out.exists() else []
+    done = {(r["beta"], r["seed"], r["n"], r["normalization"]) for r in runs}
+    config = dict(n=n, tol=tol, samples=40, plateau="2 x formation time", modes=12, h="min(0.1, safe)")
+    for seed in seeds:
+        for beta in betas:
+            for norm in ("sinkhorn", "softmax"):
+                if (float(beta), int(seed), int(n), norm) not in done:
+                    runs.append(mode_history(beta, seed, n, norm, tol=tol))
+                    out.write_text(json.dumps(dict(config=config, runs=runs)))
+    return runs
+
+
+def formed_count(counts, min_samples: int = 3) -> int:
+    """The largest count held for at least ``min_samples`` consecutive samples: the plateau that formed
+    (later counts are lower once clusters merge).
+
+    Examples
+    --------
+    >>> from sinkflow.clustering.prediction_study import formed_count
+    >>> formed_count([0, 0, 1, 3, 3, 3, 3, 4, 2, 2, 2])
+    3
+    """
+    best, run = 0, 0
+    for i, c in enumerate(counts):
+        run = run + 1 if i and c == counts[i - 1] else 1
+        if run >= min_samples:
+            best = max(best, int(c))
+    return best
 
 
 def summarize(runs) -> list:
@@ -69,10 +125,19 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--betas", type=float, nargs="*", default=list(BETAS))
-    parser.add_argument("--tol", type=float, default=1e-10)
+    parser.add_argument("--tol", type=float, default=None)
+    parser.add_argument("--sphere", action="store_true", help="S^2 counts (sphere_plateau_clusters) instead")
+    parser.add_argument("--modes", action="store_true", help="the race between the modes (mode_history) instead")
     args = parser.parse_args(argv)
-    run(Path(args.out), args.normalization, args.betas, range(args.first_seed, args.first_seed + args.seeds), args.n,
-        args.tol)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    if args.modes:
+        run_modes(Path(args.out), args.betas, seeds, args.n, args.tol or 1e-6)
+        return
+    if args.sphere:
+        betas = SPHERE_BETAS if args.betas == list(BETAS) else args.betas
+        run_sphere(Path(args.out), betas, seeds, 10_000 if args.n == 20_000 else args.n, args.tol or 1e-8)
+        return
+    run(Path(args.out), args.normalization, args.betas, seeds, args.n, args.tol or 1e-10)
 
 
 if __name__ == "__main__":
