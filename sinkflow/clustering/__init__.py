@@ -23,7 +23,7 @@ from sinkflow.clustering._linear_theory import (
 )
 from sinkflow.clustering._predictions import (
     ClusterPrediction, cluster_centers, cluster_positions, mode_history, plateau_clusters, position_error, predict_clusters,
-    sphere_plateau_clusters,
+    sphere_mode_maxima, sphere_plateau_clusters,
 )
 from sinkflow.clustering._metastability import (
     count_history, dwell_times, fit_exponent, plateau_run, staircase_level, two_cluster_dwell,
@@ -33,6 +33,6 @@ from sinkflow.clustering._saddles import energy_hessian, tangent_basis, unstable
 __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formation_time", "fourier_amplitude",
            "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram",
            "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
-           "sphere_plateau_clusters", "cluster_centers", "mode_history", "count_history", "dwell_times", "energy_hessian",
+           "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history", "count_history", "dwell_times", "energy_hessian",
            "unstable_directions", "tangent_basis", "two_cluster_dwell", "staircase_level", "fit_exponent",
            "plateau_run"]

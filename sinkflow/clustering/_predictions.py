@@ -27,7 +27,7 @@ from sinkflow.clustering._linear_theory import (
 from sinkflow.heat._circle_field import CIRCLE_NORMALIZATIONS, uniform_angles
 
 __all__ = ["ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
-           "sphere_plateau_clusters", "mode_history", "cluster_centers"]
+           "sphere_plateau_clusters", "mode_history", "cluster_centers", "sphere_mode_maxima"]
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,8 @@ def sphere_plateau_clusters(beta: float, seed: int, n: int = 10_000, normalizati
 
     Clusters are the connected components of the graph of pairs closer than ``radius`` (chordal)
     holding at least 1% of the particles. Returns ``beta, seed, n, normalization, l_star`` (the fastest
-    zonal degree), ``count``, ``sizes`` and ``time``.
+    zonal degree), ``mode_maxima`` (the maxima of its part of the initial measure,
+    :func:`sphere_mode_maxima`), ``count``, ``sizes`` and ``time``.
     """
     from sinkflow.clustering._linear_theory import sphere_growth_rate
     from sinkflow.particles import largest_safe_step, random_particles, simulate
@@ -249,7 +250,8 @@ def sphere_plateau_clusters(beta: float, seed: int, n: int = 10_000, normalizati
     sizes = np.sort(np.bincount(_components(x, radius)[1]))[::-1]
     sizes = sizes[sizes >= 0.01 * len(x)]
     return dict(beta=float(beta), seed=int(seed), n=int(n), normalization=normalization,
-                l_star=int(degrees[np.argmax(rates)]), count=int(sizes.size), sizes=sizes.tolist(), time=steps * h)
+                l_star=int(degrees[np.argmax(rates)]), mode_maxima=len(sphere_mode_maxima(x0, degrees[np.argmax(rates)])),
+                count=int(sizes.size), sizes=sizes.tolist(), time=steps * h)
 
 
 def mode_history(beta: float, seed: int, n: int = 20_000, normalization: str = "softmax", *, modes: int = 12,
@@ -284,3 +286,36 @@ def mode_history(beta: float, seed: int, n: int = 20_000, normalization: str = "
     return dict(beta=float(beta), seed=int(seed), n=int(n), normalization=normalization, times=traj.times.tolist(),
                 amplitudes=amplitudes.tolist(), counts=[int(cluster_positions(a).size) for a in angles],
                 rates=circle_growth_rate(k, beta, normalization).tolist(), formation_time=float(t_f))
+
+
+def sphere_mode_maxima(x0, degree: int, *, grid: int = 4000) -> np.ndarray:
+    r"""Local maxima of the degree-``degree`` part of the empirical measure of points on :math:`S^2`.
+
+    By the addition theorem that part is :math:`f_l(y) = \frac{2l+1}{4\pi N}\sum_i P_l(\langle y, x_i\rangle)`;
+    the zonal linear theory (:func:`~sinkflow.clustering.sphere_growth_rate`) amplifies it as a whole, so
+    its maxima are where the clusters of the fastest degree form. Evaluated on a Fibonacci grid of
+    ``grid`` points, a maximum being a grid point above its 8 nearest neighbours. Returns the maxima
+    ``(k, 3)``, highest first.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.clustering import sphere_mode_maxima
+    >>> octahedron = np.concatenate([np.eye(3), -np.eye(3)])
+    >>> len(sphere_mode_maxima(octahedron, 4))   # x^4 + y^4 + z^4 - 3/5 peaks at the 6 vertices
+    6
+    """
+    from scipy.spatial import cKDTree
+    from scipy.special import eval_legendre
+
+    X = np.asarray(x0, dtype=float)
+    if X.ndim != 2 or X.shape[1] != 3:
+        raise ValueError(f"x0 must be points on S^2, shape (n, 3), got {X.shape}")
+    degree = int(check_number(degree, "degree", integer=True, positive=True))
+    i = np.arange(int(grid)) + 0.5
+    z, phi = 1 - 2 * i / grid, math.pi * (1 + math.sqrt(5)) * i
+    Y = np.stack([np.sqrt(1 - z * z) * np.cos(phi), np.sqrt(1 - z * z) * np.sin(phi), z], 1)
+    f = np.concatenate([eval_legendre(degree, c @ X.T).sum(1) for c in np.array_split(Y, max(1, grid // 500))])
+    neighbours = cKDTree(Y).query(Y, 9)[1][:, 1:]
+    peaks = np.flatnonzero((f[:, None] > f[neighbours]).all(1))
+    return Y[peaks[np.argsort(-f[peaks])]]

@@ -42,10 +42,12 @@ def run(out: Path, manifold: str = "circle", normalization: str = "softmax", bet
     return runs
 
 
-def summarize(runs) -> dict:
+def summarize(runs, settled: float = 0.01) -> dict:
     """Rows per beta (dwell times measured and predicted, their ratio, censored runs), the fitted exponents
-    (measured, predicted; slope and 95% interval) and the plateau checks (unstable directions per count,
-    largest relative gap between the energy and :func:`~sinkflow.clustering.staircase_level`)."""
+    (measured, predicted; slope and 95% interval) and the plateau checks per count: plateaus, those
+    ``settled`` (energy within that relative gap of :func:`~sinkflow.clustering.staircase_level`: the
+    clusters are points; the others were caught forming), the unstable directions of the settled ones
+    and their largest gap."""
     rows, fit_b, fit_t, fit_p = [], [], [], []
     for beta in sorted({r["beta"] for r in runs}):
         rs = [r for r in runs if r["beta"] == beta]
@@ -66,10 +68,13 @@ def summarize(runs) -> dict:
     saddles: dict = {}
     for r in runs:
         for p in r["plateaus"]:
-            entry = saddles.setdefault(str(p["count"]), dict(plateaus=0, positive={}, level_gap=0.0))
+            entry = saddles.setdefault(str(p["count"]), dict(plateaus=0, settled=0, positive={}, level_gap=0.0))
             entry["plateaus"] += 1
-            entry["positive"][str(p["positive"])] = entry["positive"].get(str(p["positive"]), 0) + 1
-            entry["level_gap"] = max(entry["level_gap"], abs(p["energy"] - p["level"]) / abs(p["level"]))
+            gap = abs(p["energy"] - p["level"]) / abs(p["level"])
+            if gap < settled:  # the clusters are points: the plateau sits on its staircase level
+                entry["settled"] += 1
+                entry["positive"][str(p["positive"])] = entry["positive"].get(str(p["positive"]), 0) + 1
+                entry["level_gap"] = max(entry["level_gap"], gap)
     return dict(rows=rows, fits=fits, saddles=saddles)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sinkflow.clustering._predictions import mode_history, plateau_clusters, sphere_plateau_clusters
+from sinkflow.clustering._predictions import mode_history, plateau_clusters, sphere_mode_maxima, sphere_plateau_clusters
 
 __all__ = ["BETAS", "SPHERE_BETAS", "run", "run_sphere", "run_modes", "formed_count", "summarize"]
 
@@ -44,9 +44,16 @@ def run(out: Path, normalization: str, betas=BETAS, seeds=range(5), n: int = 20_
 
 
 def run_sphere(out: Path, betas=SPHERE_BETAS, seeds=range(5), n: int = 10_000, tol: float = 1e-8) -> list:
-    """The :math:`S^2` counts of every (seed, beta), appended to the runs already in ``out`` (those are skipped)."""
+    """The :math:`S^2` counts of every (seed, beta), appended to the runs already in ``out`` (those are skipped;
+    a kept run without ``mode_maxima`` gets it from its seed)."""
+    from sinkflow.particles import random_particles
+
     out = Path(out)
     runs = json.loads(out.read_text())["runs"] if out.exists() else []
+    for r in runs:
+        if "mode_maxima" not in r:
+            x0 = random_particles(r["n"], 3, seed=r["seed"], manifold="sphere")
+            r["mode_maxima"] = len(sphere_mode_maxima(x0, r["l_star"]))
     done = {(r["beta"], r["seed"], r["n"]) for r in runs}
     config = dict(n=n, betas=list(betas), normalization="softmax", tol=tol, radius=0.05,
                   plateau="2 x log(sqrt n)/max rate")
@@ -54,7 +61,7 @@ def run_sphere(out: Path, betas=SPHERE_BETAS, seeds=range(5), n: int = 10_000, t
         for beta in betas:
             if (float(beta), int(seed), int(n)) not in done:
                 runs.append(sphere_plateau_clusters(beta, seed, n, tol=tol))
-                out.write_text(json.dumps(dict(config=config, runs=runs), indent=1))
+            out.write_text(json.dumps(dict(config=config, runs=runs), indent=1))
     return runs
 
 
@@ -89,6 +96,35 @@ def formed_count(counts, min_samples: int = 3) -> int:
         if run >= min_samples:
             best = max(best, int(c))
     return best
+
+
+def summarize_modes(runs) -> list:
+    """Per (normalization, beta) of :func:`run_modes`: k*, the counts formed (:func:`formed_count`) and at
+    the plateau (2 t_f), the mode ahead at t_f, and the growth rates fitted while every
+    :math:`|\\mu_k| < 0.05` (the linear stage) against :func:`~sinkflow.clustering.circle_growth_rate`
+    (largest relative error over the modes within 20% of the fastest)."""
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault((r["normalization"], r["beta"]), []).append(r)
+    rows = []
+    for (norm, beta), rs in sorted(groups.items()):
+        rates = np.asarray(rs[0]["rates"])
+        k_star, near = int(np.argmax(rates)) + 1, np.flatnonzero(rates >= 0.8 * rates.max())
+        formed, final, ahead, errors = [], [], [], []
+        for r in rs:
+            t, amp = np.asarray(r["times"]), np.asarray(r["amplitudes"])
+            formed.append(formed_count(r["counts"]))
+            final.append(r["counts"][-1])
+            ahead.append(int(np.argmax(amp[np.argmin(np.abs(t - r["formation_time"]))])) + 1)
+            linear = np.flatnonzero(amp.max(1) < 0.05)
+            if linear.size >= 4:
+                fitted = np.polyfit(t[linear], np.log(amp[linear][:, near]), 1)[0]
+                errors.append(float(np.abs(fitted / rates[near] - 1).max()))
+        rows.append(dict(normalization=norm, beta=beta, k_star=k_star, runs=len(rs), formed=formed, plateau=final,
+                         ahead_at_formation=ahead, formed_is_k_star=sum(f == k_star for f in formed),
+                         plateau_is_k_star=sum(f == k_star for f in final),
+                         largest_rate_error=max(errors) if errors else None))
+    return rows
 
 
 def summarize(runs) -> list:
