@@ -18,7 +18,7 @@ import numpy as np
 
 from sinkflow.clustering._metastability import fit_exponent, plateau_run
 
-__all__ = ["DWELL_BETAS", "run", "summarize"]
+__all__ = ["DWELL_BETAS", "run", "summarize", "markdown"]
 
 #: Inverse temperatures of the dwell study: the last plateau (2 clusters) lasts ~e^{2 beta}.
 DWELL_BETAS = (2.0, 2.5, 3.0, 3.5, 4.0)
@@ -78,16 +78,49 @@ def summarize(runs, settled: float = 0.01) -> dict:
     return dict(rows=rows, fits=fits, saddles=saddles)
 
 
+def _interval(fit) -> str:
+    return f"{fit[0]:.2f} [{fit[1]:.2f}, {fit[2]:.2f}]"
+
+
+def markdown(paths) -> str:
+    """The dwell table of the theory page: one block of rows per study file (its fits on its first row)."""
+    lines = ["| manifold, normalization | $\\beta$ | runs (no 2-cluster plateau) | 2-cluster dwell, median | reduced law, "
+             "median | measured / law, median [range] | fitted exponent, measured / law [95%] | settled plateaus: "
+             "positive directions |", "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        summary, cfg = summarize(data["runs"]), data["config"]
+        fits = summary["fits"]
+        fit = f"{_interval(fits['measured'])} / {_interval(fits['predicted'])}" if fits else "-"
+        saddles = "; ".join(f"{c} clusters: " + ", ".join(f"{k} in {v}" for k, v in e["positive"].items())
+                            for c, e in sorted(summary["saddles"].items()) if e["settled"])
+        for i, r in enumerate(summary["rows"]):
+            ratio = (f"{r['median_ratio']:.2f} [{r['ratio_range'][0]:.2f}, {r['ratio_range'][1]:.2f}]"
+                     if r["ratio_range"] else "-")
+            dwell = f"{r['median_dwell']:.0f}" if r["median_dwell"] else "-"
+            law = f"{r['median_predicted']:.0f}" if r["median_predicted"] else "-"
+            head = f"{cfg['manifold']}, {cfg['normalization']}" if i == 0 else ""
+            lines.append(f"| {head} | {r['beta']:g} | {r['runs']} ({r['no_two_plateau']}) | {dwell} | {law} | {ratio} | "
+                         f"{fit if i == 0 else ''} | {saddles if i == 0 else ''} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifold", default="circle", choices=tuple(_DIMENSION))
     parser.add_argument("--normalization", default="softmax", choices=("softmax", "sinkhorn"))
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--betas", type=float, nargs="*", default=list(DWELL_BETAS))
     parser.add_argument("--summary", action="store_true", help="print the summary of --out and run nothing")
+    parser.add_argument("--markdown", nargs="+", help="print the theory page's table of these study files")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(args.markdown))
+        return
+    if not args.out:
+        parser.error("--out is required")
     if args.summary:
         print(json.dumps(summarize(json.loads(Path(args.out).read_text())["runs"]), indent=1))
         return

@@ -23,7 +23,8 @@ import numpy as np
 
 from sinkflow.clustering._predictions import mode_history, plateau_clusters, sphere_mode_maxima, sphere_plateau_clusters
 
-__all__ = ["BETAS", "SPHERE_BETAS", "run", "run_sphere", "run_modes", "formed_count", "summarize"]
+__all__ = ["BETAS", "SPHERE_BETAS", "run", "run_sphere", "run_modes", "formed_count", "summarize", "summarize_modes",
+           "markdown_sphere", "markdown_modes"]
 
 #: The inverse temperatures of the experiment (Bruno, Pasqualotto and Agazzi, ICLR 2025).
 BETAS = (1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 16.0, 32.0)
@@ -153,6 +154,42 @@ def summarize(runs) -> list:
     return rows
 
 
+def _share(hits: int, runs: int) -> str:
+    from sinkflow.bounds import binomial_interval
+
+    lo, hi = binomial_interval(hits, runs)
+    return f"{hits}/{runs} [{100 * lo:.0f}, {100 * hi:.0f}]%"
+
+
+def markdown_sphere(runs) -> str:
+    """The theory page's S^2 table: per beta, l*, the counts, the maxima of the degree-l* part, agreement."""
+    from sinkflow.clustering import sphere_growth_rate
+
+    lines = ["| $\\beta$ | $l^*$ | second / first rate | runs | clusters at $2t_f$ | maxima of $f_{l^*}$ | count = maxima | "
+             "count <= maxima |", "|---|---|---|---|---|---|---|---|"]
+    for beta in sorted({r["beta"] for r in runs}):
+        rs = sorted((r for r in runs if r["beta"] == beta), key=lambda r: r["seed"])
+        rates = np.sort(sphere_growth_rate(np.arange(1, 4 * int(math.sqrt(max(beta, 1.0))) + 6), beta))[::-1]
+        counts, maxima = [r["count"] for r in rs], [r["mode_maxima"] for r in rs]
+        lines.append(f"| {beta:g} | {rs[0]['l_star']} | {rates[1] / rates[0]:.3f} | {len(rs)} | "
+                     f"{', '.join(map(str, counts))} | {', '.join(map(str, maxima))} | "
+                     f"{_share(sum(c == m for c, m in zip(counts, maxima)), len(rs))} | "
+                     f"{_share(sum(c <= m for c, m in zip(counts, maxima)), len(rs))} |")
+    return "\n".join(lines)
+
+
+def markdown_modes(runs) -> str:
+    """The theory page's mode-race table (:func:`summarize_modes`)."""
+    lines = ["| normalization | $\\beta$ | $k^*$ | counts formed | counts at $2t_f$ | mode ahead at $t_f$ | formed = $k^*$ | "
+             "at $2t_f$ = $k^*$ | largest rate error |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in summarize_modes(runs):
+        err = f"{100 * r['largest_rate_error']:.0f}%" if r["largest_rate_error"] is not None else "-"
+        lines.append(f"| {r['normalization']} | {r['beta']:g} | {r['k_star']} | {', '.join(map(str, r['formed']))} | "
+                     f"{', '.join(map(str, r['plateau']))} | {', '.join(map(str, r['ahead_at_formation']))} | "
+                     f"{r['formed_is_k_star']}/{r['runs']} | {r['plateau_is_k_star']}/{r['runs']} | {err} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--normalization", default="softmax", choices=("softmax", "sinkhorn"))
@@ -164,7 +201,12 @@ def main(argv=None) -> None:
     parser.add_argument("--tol", type=float, default=None)
     parser.add_argument("--sphere", action="store_true", help="S^2 counts (sphere_plateau_clusters) instead")
     parser.add_argument("--modes", action="store_true", help="the race between the modes (mode_history) instead")
+    parser.add_argument("--markdown", action="store_true", help="print the theory page's table of --out, run nothing")
     args = parser.parse_args(argv)
+    if args.markdown:
+        runs = json.loads(Path(args.out).read_text())["runs"]
+        print(markdown_sphere(runs) if args.sphere else markdown_modes(runs) if args.modes else summarize(runs))
+        return
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     if args.modes:
         run_modes(Path(args.out), args.betas, seeds, args.n, args.tol or 1e-6)
