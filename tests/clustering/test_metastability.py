@@ -102,3 +102,28 @@ def test_cluster_centers_of_a_hand_made_configuration():
     centers, masses = cluster_centers(np.stack([np.cos(theta), np.sin(theta)], 1))
     np.testing.assert_allclose(np.arctan2(centers[:, 1], centers[:, 0]) % (2 * np.pi), [1.0, 4.0], atol=1e-3)
     np.testing.assert_allclose(masses, [0.75, 0.25])
+
+
+def test_cluster_centers_on_s2_by_components():
+    from sinkflow.clustering import cluster_centers
+
+    rng = np.random.default_rng(0)
+    poles = np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, -1.0, 0.0]])
+    x = np.repeat(poles, [50, 30, 20], axis=0) + 1e-3 * rng.normal(size=(100, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    centers, masses = cluster_centers(x)
+    order = np.argsort(-masses)
+    np.testing.assert_allclose(centers[order], poles, atol=1e-3)
+    np.testing.assert_allclose(masses[order], [0.5, 0.3, 0.2])
+
+
+def test_a_short_run_measures_the_dwell_the_law_predicts():
+    """plateau_run end to end at a small beta: a 2-cluster plateau, one unstable direction on it, the law."""
+    from sinkflow.clustering import plateau_run
+
+    r = plateau_run(1.5, 0, n=64, d=2, samples=20)
+    assert r["dwell"] is not None and not r["censored"]
+    assert abs(r["dwell"] / r["predicted"] - 1) < 0.3
+    settled = [p for p in r["plateaus"] if abs(p["energy"] - p["level"]) < 0.01 * abs(p["level"])]
+    assert {(p["count"], p["positive"]) for p in settled} >= {(1, 0)}
+    assert all(p["positive"] == p["count"] - 1 for p in settled)
