@@ -1,4 +1,4 @@
-"""Clustering of attention dynamics on the circle and the sphere: the linear theory of the uniform
+r"""Clustering of attention dynamics on the circle and the sphere: the linear theory of the uniform
 state and the clusters particles form (docs/theory/mean_field.md).
 
 Tokens on the circle (or on :math:`S^2`) under :func:`sinkflow.simulate` with ``manifold="sphere"`` and
