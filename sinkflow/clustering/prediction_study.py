@@ -9,7 +9,7 @@ into agreement rates with exact (Clopper-Pearson) 95% intervals (:func:`sinkflow
 ``python -m sinkflow.clustering.prediction_study --sphere --seeds 7 --out docs/data/clustering/sphere_clusters.json``.
 ``--modes`` records the race between the modes instead (:func:`sinkflow.clustering.mode_history`, both
 normalizations, resumed the same way):
-``python -m sinkflow.clustering.prediction_study --modes --betas 3 5 7 10 16 --out docs/data/clustering/mode_race.json``.
+``python -m sinkflow.clustering.prediction_study --modes --betas 3 5 7 10 16 32 --out docs/data/clustering/mode_race.json``.
 """
 
 from __future__ import annotations
