@@ -167,22 +167,25 @@ def _energy(x, beta, normalization):
 
 
 def plateau_run(beta: float, seed: int, n: int = 256, d: int = 2, normalization: str = "softmax", *,
-                t_max: float | None = None, samples: int = 40, tol: float = 1e-10) -> dict:
-    r"""One run from ``n`` i.i.d. uniform points on :math:`S^{d-1}` until the last two clusters merge.
+                clusters: int = 2, t_max: float | None = None, samples: int = 40, tol: float = 1e-10) -> dict:
+    r"""One run from ``n`` i.i.d. uniform points on :math:`S^{d-1}` until its ``clusters``-cluster plateau ends.
 
-    ``simulate`` (Euler, 0.9 times the safe step) in chunks of :math:`\max(20, e^{2\beta}/5)` time units,
-    ``samples`` counts (:func:`~sinkflow.clustering.cluster_centers`) per chunk, until a whole chunk has
-    at most 1 cluster after 2 were seen, or ``t_max`` (default :math:`12 e^{2\beta}`). A plateau is a
-    count held for at least 3 samples; the 2-cluster dwell is the longest 2-cluster plateau, from its first
-    sample to the first sample with another count (censored if still running at the end); beside it
-    :func:`two_cluster_dwell` from the masses and the separation at its first sample. At the middle of
-    every plateau: :func:`~sinkflow.clustering.unstable_directions` of the climbed energy, and the energy
-    against :func:`staircase_level`.
+    With :math:`c = 1 - \cos(2\pi/\text{clusters})` (2 for the last plateau), ``simulate`` (Euler, 0.9
+    times the safe step) runs in chunks of :math:`\max(20, e^{c\beta}/5)` time units, ``samples`` counts
+    (:func:`~sinkflow.clustering.cluster_centers`) per chunk, until a whole chunk has fewer than
+    ``clusters`` clusters after ``clusters`` were seen, or ``t_max`` (default :math:`12 e^{c\beta}`). A
+    plateau is a count held for at least 3 samples; the dwell is the longest ``clusters``-cluster plateau,
+    from its first sample to the first sample with another count (censored if still running at the end);
+    beside it :func:`two_cluster_dwell` of its closest pair (masses and separation at its first sample;
+    exact for 2 clusters, the pull of the others neglected beyond). At the middle of every plateau:
+    :func:`~sinkflow.clustering.unstable_directions` of the climbed energy, and the energy against
+    :func:`staircase_level`.
 
     Returns
     -------
     dict
-        ``beta, seed, n, d, normalization, h, dwell`` (None if censored or none), ``censored``, ``start``, ``masses``, ``separation``, ``predicted`` (reduced-model dwell), ``times``,
+        ``beta, seed, n, d, normalization, clusters, h, dwell`` (None if censored or none), ``censored``,
+        ``start``, ``masses`` and ``separation`` (of the closest pair), ``predicted`` (its law), ``times``,
         ``counts``, ``energies``, ``plateaus`` (``count, start, end, positive, zero, negative, energy,
         level``).
     """
@@ -190,12 +193,16 @@ def plateau_run(beta: float, seed: int, n: int = 256, d: int = 2, normalization:
 
     beta = float(check_number(beta, "beta", positive=True))
     check_choice(normalization, "normalization", ("softmax", "sinkhorn"))
+    k = int(check_number(clusters, "clusters", integer=True, positive=True))
+    if k < 2:
+        raise ValueError(f"clusters must be at least 2 (a plateau that ends), got {clusters}")
     x = random_particles(int(n), int(d), seed=seed, manifold="sphere")
     h = 0.9 * largest_safe_step(x, normalization, temperature=1 / beta)
-    t_max = 12 * math.exp(2 * beta) if t_max is None else float(t_max)
-    stride = max(1, int(round(max(20.0, math.exp(2 * beta) / 5) / samples / h)))
+    scale = math.exp(beta * (1 - math.cos(2 * math.pi / k)))
+    t_max = 12 * scale if t_max is None else float(t_max)
+    stride = max(1, int(round(max(20.0, scale / 5) / samples / h)))
     times, counts, energies, configs = [0.0], [0], [_energy(x, beta, normalization)], [x]
-    while times[-1] < t_max and not (2 in counts and max(counts[-samples:]) <= 1):
+    while times[-1] < t_max and not (k in counts and max(counts[-samples:]) < k):
         traj = simulate(x, normalization, h=h, steps=stride * samples, manifold="sphere", temperature=1 / beta,
                         tol=tol, save_every=stride)
         for y in traj.positions[1:]:
@@ -205,15 +212,18 @@ def plateau_run(beta: float, seed: int, n: int = 256, d: int = 2, normalization:
             configs.append(y)
         x = traj.final
     plateaus = _plateaus(np.asarray(counts), configs, beta, normalization)
-    out = dict(beta=beta, seed=int(seed), n=int(n), d=int(d), normalization=normalization, h=h, dwell=None,
-               start=None, masses=None, separation=None, predicted=None, censored=False)
-    two = [p for p in plateaus if p["count"] == 2]
-    if two:
-        p = max(two, key=lambda p: p["end"] - p["start"])
+    out = dict(beta=beta, seed=int(seed), n=int(n), d=int(d), normalization=normalization, clusters=k, h=h,
+               dwell=None, start=None, masses=None, separation=None, predicted=None, censored=False)
+    held = [p for p in plateaus if p["count"] == k]
+    if held:
+        p = max(held, key=lambda p: p["end"] - p["start"])
         centers, masses = cluster_centers(configs[p["start"]])
-        sep = float(np.arccos(np.clip(centers[0] @ centers[1], -1, 1))) if masses.size == 2 else math.nan
-        out.update(start=times[p["start"]], masses=masses.tolist(), separation=sep, censored=p["end"] == len(times),
-                   predicted=two_cluster_dwell(beta, masses, sep, normalization) if 0.1 < sep < math.pi else None)
+        dots = centers @ centers.T - 3 * np.eye(masses.size)
+        i, j = np.unravel_index(np.argmax(dots), dots.shape)
+        sep = float(np.arccos(np.clip(dots[i, j], -1, 1))) if masses.size == k else math.nan
+        out.update(start=times[p["start"]], masses=[float(masses[i]), float(masses[j])], separation=sep,
+                   censored=p["end"] == len(times),
+                   predicted=two_cluster_dwell(beta, masses[[i, j]], sep, normalization) if 0.1 < sep < math.pi else None)
         out["dwell"] = None if out["censored"] else times[p["end"]] - times[p["start"]]
     return dict(out, times=times, counts=counts, energies=energies, plateaus=plateaus)
 

@@ -26,18 +26,20 @@ _DIMENSION = {"circle": 2, "sphere": 3}
 
 
 def run(out: Path, manifold: str = "circle", normalization: str = "softmax", betas=DWELL_BETAS, seeds=range(10),
-        n: int = 256) -> list:
+        n: int = 256, clusters: int = 2, samples: int = 40) -> list:
     """All runs of the grid, appended to those already in ``out`` (JSON ``{"config": ..., "runs": [...]}``)."""
     out = Path(out)
     runs = json.loads(out.read_text())["runs"] if out.exists() else []
     done = {(r["beta"], r["seed"], r["n"]) for r in runs}
     config = dict(manifold=manifold, d=_DIMENSION[manifold], normalization=normalization, n=n,
-                  h="0.9 x largest_safe_step", samples_per_chunk=40, chunk="max(20, e^(2 beta)/5)",
-                  t_max="12 e^(2 beta)", tol=1e-10)
+                  h="0.9 x largest_safe_step", samples_per_chunk=samples,
+                  chunk="max(20, e^(c beta)/5), c = 1 - cos(2 pi/clusters)", t_max="12 e^(c beta)", tol=1e-10,
+                  clusters=clusters)
     for seed in seeds:
         for beta in betas:
             if (float(beta), int(seed), int(n)) not in done:
-                runs.append(plateau_run(beta, seed, n, _DIMENSION[manifold], normalization))
+                runs.append(plateau_run(beta, seed, n, _DIMENSION[manifold], normalization, clusters=clusters,
+                                        samples=samples))
                 out.write_text(json.dumps(dict(config=config, runs=runs)))
     return runs
 
@@ -99,7 +101,8 @@ def markdown(paths) -> str:
                      if r["ratio_range"] else "-")
             dwell = f"{r['median_dwell']:.0f}" if r["median_dwell"] else "-"
             law = f"{r['median_predicted']:.0f}" if r["median_predicted"] else "-"
-            head = f"{cfg['manifold']}, {cfg['normalization']}" if i == 0 else ""
+            plateau = f", {cfg['clusters']}-cluster plateau" if cfg.get("clusters", 2) != 2 else ""
+            head = f"{cfg['manifold']}, {cfg['normalization']}{plateau}" if i == 0 else ""
             lines.append(f"| {head} | {r['beta']:g} | {r['runs']} ({r['no_two_plateau']}) | {dwell} | {law} | {ratio} | "
                          f"{fit if i == 0 else ''} | {saddles if i == 0 else ''} |")
     return "\n".join(lines)
@@ -111,6 +114,8 @@ def main(argv=None) -> None:
     parser.add_argument("--normalization", default="softmax", choices=("softmax", "sinkhorn"))
     parser.add_argument("--out")
     parser.add_argument("--n", type=int, default=256)
+    parser.add_argument("--clusters", type=int, default=2, help="the plateau whose dwell is measured")
+    parser.add_argument("--samples", type=int, default=40, help="counts per chunk")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--betas", type=float, nargs="*", default=list(DWELL_BETAS))
     parser.add_argument("--summary", action="store_true", help="print the summary of --out and run nothing")
@@ -124,7 +129,7 @@ def main(argv=None) -> None:
     if args.summary:
         print(json.dumps(summarize(json.loads(Path(args.out).read_text())["runs"]), indent=1))
         return
-    run(Path(args.out), args.manifold, args.normalization, args.betas, range(args.seeds), args.n)
+    run(Path(args.out), args.manifold, args.normalization, args.betas, range(args.seeds), args.n, args.clusters, args.samples)
 
 
 if __name__ == "__main__":

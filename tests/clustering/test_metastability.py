@@ -127,3 +127,12 @@ def test_a_short_run_measures_the_dwell_the_law_predicts():
     settled = [p for p in r["plateaus"] if abs(p["energy"] - p["level"]) < 0.01 * abs(p["level"])]
     assert {(p["count"], p["positive"]) for p in settled} >= {(1, 0)}
     assert all(p["positive"] == p["count"] - 1 for p in settled)
+
+
+def test_plateau_run_names_a_bad_plateau():
+    from sinkflow.clustering import plateau_run
+
+    with pytest.raises(ValueError, match="clusters"):
+        plateau_run(2.0, 0, n=16, clusters=1)
+    with pytest.raises(ValueError, match="normalization"):
+        plateau_run(2.0, 0, n=16, normalization="gaussian")
