@@ -86,7 +86,7 @@ def _interval(fit) -> str:
 
 def markdown(paths) -> str:
     """The dwell table of the theory page: one block of rows per study file (its fits on its first row)."""
-    lines = ["| manifold, normalization | $\\beta$ | runs (no 2-cluster plateau) | 2-cluster dwell, median | reduced law, "
+    lines = ["| manifold, normalization (plateau) | $\\beta$ | runs (no such plateau) | dwell, median | two-cluster law, "
              "median | measured / law, median [range] | fitted exponent, measured / law [95%] | settled plateaus: "
              "positive directions |", "|---|---|---|---|---|---|---|---|"]
     for path in paths:
@@ -101,8 +101,7 @@ def markdown(paths) -> str:
                      if r["ratio_range"] else "-")
             dwell = f"{r['median_dwell']:.0f}" if r["median_dwell"] else "-"
             law = f"{r['median_predicted']:.0f}" if r["median_predicted"] else "-"
-            plateau = f", {cfg['clusters']}-cluster plateau" if cfg.get("clusters", 2) != 2 else ""
-            head = f"{cfg['manifold']}, {cfg['normalization']}{plateau}" if i == 0 else ""
+            head = f"{cfg['manifold']}, {cfg['normalization']} ({cfg.get('clusters', 2)} clusters)" if i == 0 else ""
             lines.append(f"| {head} | {r['beta']:g} | {r['runs']} ({r['no_two_plateau']}) | {dwell} | {law} | {ratio} | "
                          f"{fit if i == 0 else ''} | {saddles if i == 0 else ''} |")
     return "\n".join(lines)
