@@ -27,7 +27,7 @@ from sinkflow.clustering._linear_theory import (
 from sinkflow.heat._circle_field import CIRCLE_NORMALIZATIONS, uniform_angles
 
 __all__ = ["ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
-           "sphere_plateau_clusters"]
+           "sphere_plateau_clusters", "mode_history", "cluster_centers", "sphere_mode_maxima"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,51 @@ def cluster_positions(x, *, threshold: float = 3.0, bandwidth: float = 0.05) -> 
     return np.sort(np.mod(means, 2 * np.pi))
 
 
+def _components(x, radius: float):
+    """``(count, labels)``: connected components of the graph of pairs closer than ``radius`` (chordal)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
+    pairs = cKDTree(x).query_pairs(radius, output_type="ndarray")
+    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(len(x), len(x)))
+    return connected_components(graph, directed=False)
+
+
+def cluster_centers(x, *, radius: float = 0.05, min_fraction: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
+    """Clusters of unit vectors as ``(centers (k, d), masses (k,))``, each particle counted with its
+    nearest center (masses sum to 1).
+
+    On the circle (``d = 2``) the clusters of :func:`cluster_positions`; on a sphere the connected
+    components of the pairs closer than ``radius`` (chordal) holding at least ``min_fraction`` of the
+    particles, each centered at its normalized mean (as :func:`sphere_plateau_clusters` counts them).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.clustering import cluster_centers
+    >>> x = np.repeat([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], [30, 10], axis=0)
+    >>> centers, masses = cluster_centers(x)
+    >>> centers.tolist(), masses.tolist()
+    ([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], [0.75, 0.25])
+    """
+    X = np.asarray(x, dtype=float)
+    if X.ndim != 2 or X.shape[1] < 2:
+        raise ValueError(f"x must be unit vectors (n, d), d >= 2, got shape {X.shape}")
+    if X.shape[1] == 2:
+        angles = cluster_positions(X)
+        centers = np.stack([np.cos(angles), np.sin(angles)], 1)
+    else:
+        _, labels = _components(X, radius)
+        keep = np.flatnonzero(np.bincount(labels) >= min_fraction * len(X))
+        means = np.array([X[labels == c].mean(0) for c in keep]).reshape(-1, X.shape[1])
+        centers = means / np.linalg.norm(means, axis=1, keepdims=True)
+    if centers.shape[0] == 0:
+        return centers, np.zeros(0)
+    nearest = np.argmax(X @ centers.T, 1)
+    return centers, np.bincount(nearest, minlength=centers.shape[0]) / len(X)
+
+
 def position_error(measured, predicted) -> float:
     """Largest circular distance between matched clusters (both sorted; the best cyclic matching),
     NaN when the counts differ.
@@ -189,12 +234,9 @@ def sphere_plateau_clusters(beta: float, seed: int, n: int = 10_000, normalizati
 
     Clusters are the connected components of the graph of pairs closer than ``radius`` (chordal)
     holding at least 1% of the particles. Returns ``beta, seed, n, normalization, l_star`` (the fastest
-    zonal degree), ``count``, ``sizes`` and ``time``.
+    zonal degree), ``mode_maxima`` (the maxima of its part of the initial measure,
+    :func:`sphere_mode_maxima`), ``count``, ``sizes`` and ``time``.
     """
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-    from scipy.spatial import cKDTree
-
     from sinkflow.clustering._linear_theory import sphere_growth_rate
     from sinkflow.particles import largest_safe_step, random_particles, simulate
 
@@ -205,10 +247,75 @@ def sphere_plateau_clusters(beta: float, seed: int, n: int = 10_000, normalizati
     steps = int(round(plateau * math.log(math.sqrt(n)) / rates.max() / h))
     x = simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta, tol=tol,
                  save_every=max(steps, 1)).final
-    pairs = cKDTree(x).query_pairs(radius, output_type="ndarray")
-    graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(len(x), len(x)))
-    _, labels = connected_components(graph, directed=False)
-    sizes = np.sort(np.bincount(labels))[::-1]
+    sizes = np.sort(np.bincount(_components(x, radius)[1]))[::-1]
     sizes = sizes[sizes >= 0.01 * len(x)]
     return dict(beta=float(beta), seed=int(seed), n=int(n), normalization=normalization,
-                l_star=int(degrees[np.argmax(rates)]), count=int(sizes.size), sizes=sizes.tolist(), time=steps * h)
+                l_star=int(degrees[np.argmax(rates)]), mode_maxima=len(sphere_mode_maxima(x0, degrees[np.argmax(rates)])),
+                count=int(sizes.size), sizes=sizes.tolist(), time=steps * h)
+
+
+def mode_history(beta: float, seed: int, n: int = 20_000, normalization: str = "softmax", *, modes: int = 12,
+                 h: float = 0.1, plateau: float = 2.0, samples: int = 40, tol: float = 1e-6) -> dict:
+    r"""The race between the modes in one run: :math:`|\mu_k(t)|`, :math:`k = 1..` ``modes``, and the
+    cluster count, at ``samples`` times up to ``plateau`` times the formation time, from ``n`` i.i.d.
+    uniform angles (as :func:`plateau_clusters`).
+
+    Returns ``beta, seed, n, normalization, times, amplitudes`` (``samples + 1`` rows of ``modes``),
+    ``counts``, ``rates`` (:func:`~sinkflow.clustering.circle_growth_rate` of each mode) and
+    ``formation_time``.
+
+    Examples
+    --------
+    >>> from sinkflow.clustering import mode_history
+    >>> r = mode_history(5.0, 0, n=600, modes=4, samples=4)
+    >>> len(r["times"]), len(r["amplitudes"][0]), r["counts"][-1] >= 1
+    (5, 4, True)
+    """
+    from sinkflow.particles import largest_safe_step, simulate
+
+    theta = np.random.default_rng(seed).uniform(0, 2 * np.pi, int(n))
+    x0 = np.stack([np.cos(theta), np.sin(theta)], 1)
+    t_f = formation_time(beta, theta.size, normalization)
+    h = min(float(h), largest_safe_step(x0, normalization, temperature=1 / beta))
+    stride = max(1, int(round(plateau * t_f / h / samples)))
+    traj = simulate(x0, normalization, h=h, steps=stride * samples, manifold="sphere", temperature=1 / beta, tol=tol,
+                    save_every=stride)
+    angles = np.arctan2(traj.positions[..., 1], traj.positions[..., 0])
+    k = np.arange(1, int(modes) + 1)
+    amplitudes = np.abs(np.exp(1j * k[None, :, None] * angles[:, None, :]).mean(2))
+    return dict(beta=float(beta), seed=int(seed), n=int(n), normalization=normalization, times=traj.times.tolist(),
+                amplitudes=amplitudes.tolist(), counts=[int(cluster_positions(a).size) for a in angles],
+                rates=circle_growth_rate(k, beta, normalization).tolist(), formation_time=float(t_f))
+
+
+def sphere_mode_maxima(x0, degree: int, *, grid: int = 4000) -> np.ndarray:
+    r"""Local maxima of the degree-``degree`` part of the empirical measure of points on :math:`S^2`.
+
+    By the addition theorem that part is :math:`f_l(y) = \frac{2l+1}{4\pi N}\sum_i P_l(\langle y, x_i\rangle)`;
+    the zonal linear theory (:func:`~sinkflow.clustering.sphere_growth_rate`) amplifies it as a whole, so
+    its maxima are where the clusters of the fastest degree form. Evaluated on a Fibonacci grid of
+    ``grid`` points, a maximum being a grid point above its 8 nearest neighbours. Returns the maxima
+    ``(k, 3)``, highest first.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.clustering import sphere_mode_maxima
+    >>> octahedron = np.concatenate([np.eye(3), -np.eye(3)])
+    >>> len(sphere_mode_maxima(octahedron, 4))   # x^4 + y^4 + z^4 - 3/5 peaks at the 6 vertices
+    6
+    """
+    from scipy.spatial import cKDTree
+    from scipy.special import eval_legendre
+
+    X = np.asarray(x0, dtype=float)
+    if X.ndim != 2 or X.shape[1] != 3:
+        raise ValueError(f"x0 must be points on S^2, shape (n, 3), got {X.shape}")
+    degree = int(check_number(degree, "degree", integer=True, positive=True))
+    i = np.arange(int(grid)) + 0.5
+    z, phi = 1 - 2 * i / grid, math.pi * (1 + math.sqrt(5)) * i
+    Y = np.stack([np.sqrt(1 - z * z) * np.cos(phi), np.sqrt(1 - z * z) * np.sin(phi), z], 1)
+    f = np.concatenate([eval_legendre(degree, c @ X.T).sum(1) for c in np.array_split(Y, max(1, grid // 500))])
+    neighbours = cKDTree(Y).query(Y, 9)[1][:, 1:]
+    peaks = np.flatnonzero((f[:, None] > f[neighbours]).all(1))
+    return Y[peaks[np.argsort(-f[peaks])]]

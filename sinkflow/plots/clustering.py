@@ -7,6 +7,12 @@ r"""Figure of the clustering experiment at the field's scale (docs/theory/cluste
   :math:`\beta = 5` (modes 3 and 4 tied). The runs take hours on a CPU, so the figure draws the
   committed runs (``docs/data/clustering/cluster_predictions.json``, written by
   ``python -m sinkflow.clustering.prediction_study``); quick and full configurations read the same file.
+* ``dynamic_metastability``: how long the last plateau (2 clusters) lasts against :math:`\beta` on the
+  circle and :math:`S^2`, SoftMax and Sinkhorn, beside the two-cluster law
+  (:func:`sinkflow.clustering.two_cluster_dwell`) and the slope :math:`e^{2\beta}`, and the energy
+  staircases of one SoftMax and one Sinkhorn run with their point-cluster levels. It draws the committed
+  runs of ``python -m sinkflow.clustering.metastability_study`` (docs/data/clustering/dwell_*.json);
+  quick and full configurations read the same files.
 """
 
 from __future__ import annotations
@@ -109,3 +115,102 @@ def plot_predictions(data, cfg):
 register("cluster_predictions", compute=compute_predictions, plot=plot_predictions, quick=PredictionsConfig(),
          full=PredictionsConfig(), default=False,
          description="Circle at N = 2e4: cluster counts and positions vs predict_clusters, SoftMax and Sinkhorn")
+
+
+@dataclass(frozen=True)
+class MetastabilityConfig:
+    sources: tuple = ("dwell_circle_softmax", "dwell_circle_sinkhorn", "dwell_sphere_softmax", "dwell_sphere_sinkhorn")
+    staircase_beta: float = 3.0
+    staircase_seed: int = 1
+
+
+def _study(name: str):
+    path = Path(__file__).resolve().parents[2] / "docs" / "data" / "clustering" / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def compute_metastability(cfg: MetastabilityConfig) -> dict:
+    data = {}
+    for name in cfg.sources:
+        study = _study(name)
+        if study is None:
+            continue
+        ok = [r for r in study["runs"] if r["dwell"] is not None and r["predicted"] is not None]
+        data[f"{name}_beta"] = np.array([r["beta"] for r in ok])
+        data[f"{name}_dwell"] = np.array([r["dwell"] for r in ok])
+        data[f"{name}_law"] = np.array([r["predicted"] for r in ok])
+        if name.startswith("dwell_circle"):
+            run = next((r for r in study["runs"] if r["beta"] == cfg.staircase_beta and r["seed"] == cfg.staircase_seed),
+                       study["runs"][0])
+            norm = study["config"]["normalization"]
+            data[f"{norm}_times"] = np.array(run["times"])
+            data[f"{norm}_energy"] = np.array(run["energies"])
+            data[f"{norm}_levels"] = np.array([[run["times"][p["start"]], run["times"][p["end"] - 1], p["level"]]
+                                               for p in run["plateaus"]])
+            data[f"{norm}_level_counts"] = np.array([p["count"] for p in run["plateaus"]])
+            data[f"{norm}_run"] = np.array([run["beta"], run["seed"]])
+    return data
+
+
+def plot_metastability(data, cfg):
+    from sinkflow.plots.style import COLORS, new_figure
+
+    fig, axes = new_figure(3, 1, width=3.3, height=3.0)
+    a, b, c = axes[0]
+    markers = {"circle": "o", "sphere": "^"}
+    for name in cfg.sources:
+        if f"{name}_beta" not in data:
+            continue
+        manifold, norm = name.split("_")[1:]
+        col, shift = COLORS[norm], 0.97 if norm == "softmax" else 1.03
+        label = f"{'circle' if manifold == 'circle' else '$S^2$'}, {'SoftMax' if norm == 'softmax' else 'Sinkhorn'}"
+        a.plot(data[f"{name}_beta"] * shift, data[f"{name}_dwell"], markers[manifold], color=col, ms=3.5, alpha=0.6,
+               mfc=col if manifold == "circle" else "none", label=label)
+    if "dwell_circle_softmax_beta" in data:
+        bs = np.linspace(1.9, 4.1, 20)
+        ref = np.median(data["dwell_circle_softmax_law"] / np.exp(2 * data["dwell_circle_softmax_beta"]))
+        a.plot(bs, ref * np.exp(2 * bs), "k--", lw=1, label=r"$\propto e^{2\beta}$")
+    a.set_yscale("log")
+    a.set_xlabel(r"$\beta$")
+    a.set_ylabel("2-cluster dwell time (runs)")
+    a.set_title("last plateau, N = 256", fontsize=9)
+    a.legend(fontsize=6.5, loc="upper left")
+    for name in cfg.sources:
+        if f"{name}_beta" in data:
+            manifold, norm = name.split("_")[1:]
+            b.plot(data[f"{name}_law"], data[f"{name}_dwell"], markers[manifold], color=COLORS[norm], ms=3.5, alpha=0.6,
+                   mfc=COLORS[norm] if manifold == "circle" else "none")
+    lim = [2.0, 1e4]
+    b.plot(lim, lim, "k-", lw=0.8, label="measured = law")
+    b.set_xscale("log")
+    b.set_yscale("log")
+    b.set_xlabel("two-cluster law (from the plateau's start)")
+    b.set_ylabel("measured dwell")
+    b.set_title("each run against the law", fontsize=9)
+    b.legend(fontsize=7, loc="upper left")
+    twin = c.twinx()
+    for norm, ax in (("softmax", c), ("sinkhorn", twin)):
+        if f"{norm}_times" not in data:
+            continue
+        t = np.maximum(data[f"{norm}_times"], 0.5)
+        ax.plot(t, data[f"{norm}_energy"], color=COLORS[norm], lw=1.2,
+                label=r"SoftMax $e^{-\beta}E_\beta$ (left)" if norm == "softmax" else r"Sinkhorn $F^\infty$ (right)")
+        for (t0, t1, level), k in zip(data[f"{norm}_levels"], data[f"{norm}_level_counts"]):
+            ax.hlines(level, max(t0, 0.5), max(t1, 0.5), color=COLORS[norm], ls=":", lw=1.5)
+        ax.tick_params(axis="y", colors=COLORS[norm])
+    c.set_xscale("log")
+    c.set_xlabel("time")
+    c.set_ylabel(r"$e^{-\beta}E_\beta$", color=COLORS["softmax"])
+    twin.set_ylabel(r"$F^\infty$", color=COLORS["sinkhorn"])
+    run = data.get("softmax_run", np.array([cfg.staircase_beta, cfg.staircase_seed]))
+    c.set_title(rf"staircases, circle, $\beta = {run[0]:g}$ (dotted: point-cluster levels)", fontsize=8)
+    lines = c.get_lines()[:1] + twin.get_lines()[:1]
+    c.legend(lines, [ln.get_label() for ln in lines], fontsize=6.5, loc="center left")
+    return fig
+
+
+register("dynamic_metastability", compute=compute_metastability, plot=plot_metastability, quick=MetastabilityConfig(),
+         full=MetastabilityConfig(), default=False,
+         description="Dwell time of the last plateau vs beta (circle, S^2; SoftMax, Sinkhorn) and energy staircases",
+         caption="The last two clusters last as long as the two-cluster law says, ~e^{2 beta} when they formed "
+                 "antipodal (circle), less on S^2; energies sit on the point-cluster levels.")

@@ -140,3 +140,23 @@ def test_sphere_d3_zonal_harmonics_grow_at_the_funk_hecke_rate(normalization):
     assert fit == pytest.approx(lam, rel=2e-3)
 
 
+
+
+@pytest.mark.parametrize("beta, ks", [(3.0, (2, 3)), (5.0, (3, 4)), (10.0, (4, 5, 6)), (32.0, (8, 9))])
+def test_sinkhorn_rates_are_the_particle_field_linearized_around_equispaced_angles(beta, ks):
+    """The Sinkhorn k* (the issue: runs end at SoftMax's): one velocity of a plain dense Sinkhorn written here,
+    equispaced angles displaced by eps sin(k phi), projected on sin(k phi), is lambda_k eps."""
+    n, eps = 400, 1e-7
+    phi = 2 * np.pi * (np.arange(n) + 0.5) / n
+    for k in ks:
+        th = phi + eps * np.sin(k * phi)
+        K, s = np.exp(beta * (np.cos(th[:, None] - th[None, :]) - 1)) / n, np.zeros(n)
+        for _ in range(10_000):
+            r = s + np.log(K @ np.exp(s))
+            s -= 0.5 * r
+            if np.abs(r).max() < 1e-15:
+                break
+        P = np.exp(s)[:, None] * K * np.exp(s)[None, :]
+        v = (P * np.sin(th[None, :] - th[:, None])).sum(1) / P.sum(1)
+        measured = 2 * np.mean(v * np.sin(k * phi)) / eps
+        assert measured == pytest.approx(circle_growth_rate(k, beta, "sinkhorn"), rel=1e-5)

@@ -87,3 +87,15 @@ def test_bad_inputs():
         predict_clusters(np.ones(5), 1.0, "gaussian")
     with pytest.raises(TypeError):
         plateau_clusters("5", 0)
+
+
+def test_sphere_mode_maxima_of_platonic_configurations():
+    """Maxima of the degree-l part of a measure: the vertices for the harmonics the solids carry."""
+    from sinkflow.clustering import sphere_mode_maxima
+
+    tetra = np.array([[1, 1, 1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1]]) / np.sqrt(3)
+    octa = np.concatenate([np.eye(3), -np.eye(3)])
+    assert len(sphere_mode_maxima(tetra, 3)) == 4
+    peaks = sphere_mode_maxima(octa, 4)
+    assert len(peaks) == 6 and np.abs(np.abs(peaks) .max(1) - 1).max() < 0.03  # near +-e_i
+    assert len(sphere_mode_maxima(octa[[0, 3]], 2)) == 2  # two antipodal points: the two ends of the axis
