@@ -83,7 +83,7 @@ def plot_snapshots(data, cfg):
         a.set_ylabel(r"density $\rho_t(x)$")
         b = axes[1, k]
         x = data["x2d"][k]
-        b.scatter(x[:, 0], x[:, 1], s=3, color=COLORS["sinkhorn"], alpha=0.6, lw=0)
+        b.scatter(x[:, 0], x[:, 1], s=3, color=COLORS["sinkhorn"], alpha=0.6, lw=0, rasterized=True)
         ax = data["axis2d"]
         b.contour(ax, ax, data["pdf2d"][k].T, levels=6, colors=COLORS["reference"], linewidths=0.7)
         b.set_aspect("equal")

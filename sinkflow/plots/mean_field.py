@@ -197,7 +197,8 @@ def plot_clusters(data, cfg):
     fig, axes = new_figure(3, 1, width=3.8, height=3.1)
     a, b, c = axes[0]
     rho = np.clip(data["densities"] * 2 * np.pi, 0.1, None)  # log scale: the formation (rho ~ 1) stays visible
-    im = a.pcolormesh(data["theta"], data["times"], rho, shading="nearest", cmap="viridis", norm=LogNorm(vmin=0.1))
+    im = a.pcolormesh(data["theta"], data["times"], rho, shading="nearest", cmap="viridis", norm=LogNorm(vmin=0.1),
+                     rasterized=True)  # 15 000 cells: an image in the PDF
     fig.colorbar(im, ax=a).ax.set_title(r"$2\pi\rho$", fontsize=8)  # above the bar: off panel (b)'s label
     a.set_xlabel(r"$\theta$")
     a.set_ylabel("$t$")
