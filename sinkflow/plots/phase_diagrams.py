@@ -34,12 +34,10 @@ class PhaseConfig:
 
 
 def compute_phase(cfg: PhaseConfig) -> dict:
-    from sinkflow._backend import torch_threads
-
     betas = np.linspace(*cfg.beta_range, cfg.betas)
     times = np.arange(0.0, cfg.horizon + cfg.dt_saved / 2, cfg.dt_saved)
     data = {"beta": betas, "t": times}
-    with torch_threads(1):
+    with sinkflow.torch_threads(1):
         for norm in cfg.normalizations:
             table = sinkflow.phase_diagram(betas, n=cfg.n, d=2, normalization=norm, systems=cfg.systems, times=times,
                                            threshold=cfg.threshold, seed=cfg.seed, h=cfg.h, progress=False)
