@@ -67,6 +67,8 @@ def save_figure(fig, paths) -> list[Path]:
     import matplotlib as mpl
 
     paths = [Path(p) for p in paths]
+    if not paths:
+        return []
     dpi = fig.get_dpi() if mpl.rcParams["savefig.dpi"] == "figure" else mpl.rcParams["savefig.dpi"]
     image, bbox = _draw_once(fig, dpi)
     for path in paths:
