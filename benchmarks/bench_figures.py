@@ -1,12 +1,15 @@
 """CPU time of the default figure set, per figure: compute, draw, PNG, PDF (run from the repository root).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_figures.py [--repeats 1] [--names NAME ...]
+    OMP_NUM_THREADS=1 python benchmarks/bench_figures.py [--repeats 1] [--names NAME ...] [--reference DIR]
 
 What ``sinkflow figures --force`` does for each default figure (quick mode, one torch thread):
 ``compute`` runs the experiment, ``draw`` builds the matplotlib figure in the sinkflow style,
-``png`` and ``pdf`` save it in that order (the first save lays the figure out). Target: the
-whole default set in at most 25 s of CPU on one thread (``time.process_time``, medians over
-``--repeats``; the interpreter's imports are reported on their own line).
+``png`` is the one Agg draw that lays the figure out and is cut to its tight box, ``pdf`` one
+draw of that frozen layout (:func:`sinkflow.plots._render.save_figure`). Then the whole
+``sinkflow figures`` into an empty folder, in a fresh process (imports and data files
+included), against the target: the default set in at most 25 s of CPU on one thread
+(``time.process_time`` and ``getrusage``, medians over ``--repeats``). ``--reference DIR``
+times another checkout's CLI interleaved with this one (``git archive OLD | tar -x -C DIR``).
 """
 
 from __future__ import annotations
@@ -65,13 +68,15 @@ def one_figure(spec, folder: Path) -> dict:
     return times
 
 
-def cli_cpu(folder: Path) -> float:
+def cli_cpu(folder: Path, source: str | None = None) -> float:
     """CPU seconds of ``sinkflow figures --out FOLDER`` into an empty folder (every default figure
-    computed, drawn and written, PNG and PDF, with its reference data), in a fresh process."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    computed, drawn and written, PNG and PDF, with its reference data), in a fresh process, with
+    the sinkflow of the checkout ``source`` (default: the one this script imports)."""
+    root = Path(source or Path(__file__).parents[1]).resolve()  # `python -m` imports from the folder it runs in
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([sys.executable, "-m", "sinkflow.cli", "figures", "--out", str(folder)], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
@@ -80,6 +85,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--names", nargs="*", help="figures to time (default: the default set, and the CLI run)")
+    parser.add_argument("--reference", help="another checkout (e.g. `git archive` of an older commit): its "
+                                            "`sinkflow figures` is timed interleaved with this one, for the ratio")
     args = parser.parse_args(argv)
     from sinkflow.plots import registry
 
@@ -100,14 +107,21 @@ def main(argv=None) -> None:
     print(f"{'sum':<{width}} " + " ".join(f"{sums[s]:8.2f}" for s in STAGES) + f" {sum(sums.values()):8.2f}")
     if args.names:
         return
-    totals = []
-    for _ in range(args.repeats):
+    totals, references = [], []
+    for _ in range(args.repeats):  # interleaved with the reference checkout
         with tempfile.TemporaryDirectory() as tmp:
             totals.append(cli_cpu(Path(tmp)))
+        if args.reference:
+            with tempfile.TemporaryDirectory() as tmp:
+                references.append(cli_cpu(Path(tmp), args.reference))
     total = statistics.median(totals)
     print(f"`sinkflow figures` into an empty folder (imports, writing and all): {total:.2f} s of CPU against "
           f"the {TARGET_S:.0f} s target (ratio {total / TARGET_S:.2f}); per-figure rendering "
           f"{sum(sums.values()) - sums['compute']:.2f} s, compute {sums['compute']:.2f} s")
+    if references:
+        ref = statistics.median(references)
+        print(f"reference checkout {args.reference}: {ref:.2f} s of CPU; this one / reference = {total / ref:.2f}")
+    print(f"load average while measuring: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

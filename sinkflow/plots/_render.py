@@ -102,7 +102,8 @@ def _draw_once(fig, dpi: float):
     box = fig.get_tightbbox(canvas.get_renderer())
     bbox = box.padded(rc["savefig.pad_inches"])
     width, height = fig.get_size_inches()
-    if box.x0 < 0 or box.y0 < 0 or box.x1 > width or box.y1 > height:
+    px = 1 / dpi  # an antialiased edge within a pixel of the border
+    if box.x0 < -px or box.y0 < -px or box.x1 > width + px or box.y1 > height + px:
         return None, bbox
     # as savefig: the figure's pixel (0, 0) lands at -bbox.p0 * dpi; outside the figure, its face colour
     x0, y0 = round(bbox.x0 * dpi), round(bbox.y0 * dpi)

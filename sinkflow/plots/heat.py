@@ -90,9 +90,9 @@ def plot_snapshots(data, cfg):
     axes[0, 0].legend(loc="upper left")
     fig.suptitle(rf"Sinkhorn attention flow vs heat equation ($n = {cfg.n_1d}$, $\varepsilon = {cfg.eps_1d:g}$ in 1D; "
                  rf"$n = {cfg.n_2d}$, $\varepsilon = {cfg.eps_2d:g}$ in 2D)")
-    fig.text(0.5, 0.0, rf"$W_2$: distance of the {cfg.n_1d} particles to the exact density. At $t = 0$ it is the "
-             "sampling error of the i.i.d. start alone (it varies from draw to draw), not an error of the flow.",
-             ha="center", va="top", fontsize=7)
+    fig.supxlabel(rf"$W_2$: distance of the {cfg.n_1d} particles to the exact density. At $t = 0$ it is the "
+                  "sampling error of the i.i.d. start alone (it varies from draw to draw), not an error of the flow.",
+                  fontsize=7)  # a note under the panels, inside the layout (the figure is drawn once)
     return fig
 
 
@@ -191,10 +191,9 @@ def plot_normalizations(data, cfg):
     b.set_ylabel(r"$W_2$ to Barenblatt at $t_0 + 2t$")
     b.set_title(r"Against $\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)$" + rf" ($\varepsilon = {cfg.eps_pme:g}$)")
     b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.text(0.5, 0.0, "At $t = 0$ each curve is the $W_2$ of its initial sample alone: one i.i.d. draw, as random as "
-             "the grey band (median and range of other draws). On the left that draw is in the upper tail (its points "
-             "split unevenly between the two modes), which the flow then forgets.",
-             ha="center", va="top", fontsize=7, wrap=True)
+    fig.supxlabel("At $t = 0$ each curve is the $W_2$ of its initial sample alone: one i.i.d. draw, as random as "
+                  "the grey band (median and range of other draws).\nOn the left that draw is in the upper tail (its "
+                  "points split unevenly between the two modes), which the flow then forgets.", fontsize=7)
     return fig
 
 
