@@ -48,8 +48,8 @@ def save_figure(fig, paths) -> list[Path]:
     """Save ``fig`` to each of ``paths`` (format from the suffix) from one layout, without timestamps.
 
     ``savefig(bbox_inches="tight")`` draws a figure twice per file: once to lay it out and
-    measure it, once to write it, each time measuring its text again (mathtext parsing is most
-    of a figure's cost). Here the figure is drawn once at the PNG resolution, which lays it out;
+    measure it, once to write it, each time measuring its text again (mathtext parsing is a third
+    of the drawing). Here the figure is drawn once at the PNG resolution, which lays it out;
     the PNG is that drawing cut to the tight bounding box, and the other formats are one draw
     each of the layout frozen by it, so the PNG and the PDF show the same positions.
 
