@@ -55,6 +55,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
     "sinkflow.sweeps": ("sweep", "SweepError"),
     "sinkflow.plots": ("plot_sweep", "animate", "circle_demo", "ParticleAnimation"),
+    # running a block on n torch threads (small problems; reductions split alike on every machine)
+    "sinkflow._backend": ("torch_threads",),
 }
 
 _ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -22,11 +22,29 @@ __all__ = ["to_torch", "from_torch", "is_torch", "leading", "check_number", "che
 
 @contextlib.contextmanager
 def torch_threads(n: int = 1):
-    """Run a block on ``n`` torch threads, restoring the previous setting afterwards.
+    """Run a ``with`` block on ``n`` torch threads, restoring the previous setting afterwards.
 
-    Small problems gain nothing from torch's thread pool, and on a loaded machine its
-    spin-waiting made small operations 10-150x slower (docs/performance.md).
+    Small problems (the quick figures, the notebooks' sizes) gain nothing from torch's thread
+    pool, and on a loaded machine its spin-waiting made small operations 10-150x slower
+    (docs/performance.md). One thread also makes reductions split the same way on every
+    machine, so seeded results agree to the last digit across core counts.
+
+    Parameters
+    ----------
+    n : int
+        Number of intra-op threads inside the block (positive).
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> before = torch.get_num_threads()
+    >>> with sinkflow.torch_threads(1):
+    ...     torch.get_num_threads()
+    1
+    >>> torch.get_num_threads() == before
+    True
     """
+    n = check_number(n, "n", integer=True, positive=True)
     before = torch.get_num_threads()
     if before == n:
         yield

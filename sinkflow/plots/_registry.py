@@ -81,8 +81,7 @@ class FigureSpec:
         if bad:
             raise ValueError(f"figure {self.name!r} cannot be written as {', '.join(bad)}: "
                              f"it supports {', '.join(self.formats)}")
-        # one order, whatever was asked: the first save lays the figure out, and a PDF-first
-        # layout gives other PNG pixels than a PNG-first one
+        # one order, whatever was asked (the files come from one layout: the order changes no pixel)
         return tuple(f for f in self.formats if f in requested)
 
     def config(self, mode: str = "quick"):

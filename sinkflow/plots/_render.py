@@ -34,19 +34,100 @@ def _save(obj, stem: Path, formats) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.animation import Animation, PillowWriter
 
-    written = []
     if isinstance(obj, Animation):
         path = stem.with_suffix(".gif")
         obj.save(path, writer=PillowWriter(fps=obj._fps if hasattr(obj, "_fps") else 12))
         plt.close(obj._fig)
         return [path]
-    for fmt in formats:
-        path = stem.with_suffix(f".{fmt}")
-        meta = _PNG_META if fmt == "png" else _PDF_META if fmt == "pdf" else None
-        obj.savefig(path, format=fmt, metadata=meta)
-        written.append(path)
+    written = save_figure(obj, [stem.with_suffix(f".{fmt}") for fmt in formats])
     plt.close(obj)
     return written
+
+
+def save_figure(fig, paths) -> list[Path]:
+    """Save ``fig`` to each of ``paths`` (format from the suffix) from one layout, without timestamps.
+
+    ``savefig(bbox_inches="tight")`` draws a figure twice per file: once to lay it out and
+    measure it, once to write it, each time measuring its text again (mathtext parsing is a third
+    of the drawing). Here the figure is drawn once at the PNG resolution, which lays it out;
+    the PNG is that drawing cut to the tight bounding box, and the other formats are one draw
+    each of the layout frozen by it, so the PNG and the PDF show the same positions.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure, drawn in the current rcParams (:func:`sinkflow.plots.style.style`).
+    paths : iterable of str or Path
+        Files to write; the suffix (``.png``, ``.pdf``, ``.svg``) names the format.
+
+    Returns
+    -------
+    list of Path
+    """
+    import matplotlib as mpl
+
+    paths = [Path(p) for p in paths]
+    if not paths:
+        return []
+    dpi = fig.get_dpi() if mpl.rcParams["savefig.dpi"] == "figure" else mpl.rcParams["savefig.dpi"]
+    image, bbox = _draw_once(fig, dpi)
+    for path in paths:
+        if path.suffix == ".png" and image is not None:
+            _write_png(path, image, dpi)
+        else:
+            _savefig(fig, path, bbox)
+    return paths
+
+
+def _draw_once(fig, dpi: float):
+    """Draw ``fig`` with Agg at ``dpi`` (the layout engine runs in that draw) and freeze its layout.
+
+    Returns ``(image, bbox)``: the RGBA pixels of the tight (padded) bounding box ``bbox``, in
+    inches, or ``image = None`` when an artist reaches outside the figure (Agg clipped it: the
+    PNG is then drawn by ``savefig`` like the other formats).
+    """
+    import matplotlib as mpl
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import to_rgba_array
+
+    rc = mpl.rcParams
+    fig.set_dpi(dpi)
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    fig.set_layout_engine("none")  # laid out: no later file redoes it
+    full = np.asarray(canvas.buffer_rgba())
+    if rc["savefig.bbox"] != "tight":
+        return full.copy(), None
+    box = fig.get_tightbbox(canvas.get_renderer())
+    bbox = box.padded(rc["savefig.pad_inches"])
+    width, height = fig.get_size_inches()
+    px = 1 / dpi  # an antialiased edge within a pixel of the border
+    if box.x0 < -px or box.y0 < -px or box.x1 > width + px or box.y1 > height + px:
+        return None, bbox
+    # as savefig: the figure's pixel (0, 0) lands at -bbox.p0 * dpi; outside the figure, its face colour
+    x0, y0 = round(bbox.x0 * dpi), round(bbox.y0 * dpi)
+    w, h = int(bbox.width * dpi), int(bbox.height * dpi)
+    image = np.empty((h, w, 4), np.uint8)
+    image[:] = np.round(255 * to_rgba_array(fig.get_facecolor())[0]).astype(np.uint8)
+    top = full.shape[0] - h - y0  # the row of the full image at the image's first row
+    rows = slice(max(0, -top), min(h, full.shape[0] - top))
+    cols = slice(max(0, -x0), min(w, full.shape[1] - x0))
+    image[rows, cols] = full[rows.start + top:rows.stop + top, cols.start + x0:cols.stop + x0]
+    return image, bbox
+
+
+def _savefig(fig, path: Path, bbox) -> None:
+    """One draw of the laid-out ``fig`` into ``path`` (format from its suffix), cut to ``bbox``."""
+    fmt = path.suffix[1:]
+    meta = _PNG_META if fmt == "png" else _PDF_META if fmt == "pdf" else None
+    fig.savefig(path, format=fmt, metadata=meta, bbox_inches=bbox)
+
+
+def _write_png(path: Path, image, dpi: float) -> None:
+    from matplotlib.image import imsave
+
+    imsave(path, image, format="png", origin="upper", dpi=dpi, metadata=_PNG_META)
 
 
 def render(name: str, mode: str = "quick", out: str | Path = "figures", formats=None, data: dict | None = None,

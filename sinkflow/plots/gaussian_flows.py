@@ -36,7 +36,6 @@ class MomentsConfig:
 
 def compute_moments(cfg: MomentsConfig) -> dict:
     """Particle moments at every RK4 step and the ODE's (from the particles' initial moments) on a fine time grid."""
-    from sinkflow._backend import torch_threads
 
     mats = {k: np.array(getattr(cfg, k)) for k in ("W_Q", "W_K", "W_V")}
     x0 = np.random.default_rng(cfg.seed).multivariate_normal(np.array(cfg.mean), np.array(cfg.cov), size=cfg.n)
@@ -45,7 +44,7 @@ def compute_moments(cfg: MomentsConfig) -> dict:
     out = {"ode_times": t_ode}
     for kind in NORMALIZATIONS:
         r = sinkflow.gaussian_moment_flow(m, S, t_ode, normalization=kind, temperature=cfg.temperature, **mats)
-        with torch_threads(1):
+        with sinkflow.torch_threads(1):
             tr = sinkflow.simulate(x0, kind, h=cfg.t / cfg.steps, steps=cfg.steps, integrator="rk4",
                                    temperature=cfg.temperature, **mats)
         P = tr.positions

@@ -49,14 +49,12 @@ class SnapshotConfig:
 
 
 def compute_snapshots(cfg: SnapshotConfig) -> dict:
-    from sinkflow._backend import torch_threads
-
     data = {"times": np.asarray(cfg.times)}
     g1, g2 = mixture_1d(), mixture_2d()
     grid = np.linspace(-4.5, 4.5, 361)
     ax = np.linspace(-4, 4, 121)
     mesh = np.stack(np.meshgrid(ax, ax, indexing="ij"), -1).reshape(-1, 2)
-    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
+    with sinkflow.torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         r1 = sinkflow.heat_trajectory(g1.sample(cfg.n_1d, cfg.seed), cfg.times, cfg.eps_1d, cfg.dt)
         r2 = sinkflow.heat_trajectory(g2.sample(cfg.n_2d, cfg.seed + 1), cfg.times, cfg.eps_2d, cfg.dt)
     data["x1d"] = r1.positions[:, :, 0]
@@ -83,7 +81,7 @@ def plot_snapshots(data, cfg):
         a.set_ylabel(r"density $\rho_t(x)$")
         b = axes[1, k]
         x = data["x2d"][k]
-        b.scatter(x[:, 0], x[:, 1], s=3, color=COLORS["sinkhorn"], alpha=0.6, lw=0)
+        b.scatter(x[:, 0], x[:, 1], s=3, color=COLORS["sinkhorn"], alpha=0.6, lw=0, rasterized=True)
         ax = data["axis2d"]
         b.contour(ax, ax, data["pdf2d"][k].T, levels=6, colors=COLORS["reference"], linewidths=0.7)
         b.set_aspect("equal")
@@ -92,9 +90,9 @@ def plot_snapshots(data, cfg):
     axes[0, 0].legend(loc="upper left")
     fig.suptitle(rf"Sinkhorn attention flow vs heat equation ($n = {cfg.n_1d}$, $\varepsilon = {cfg.eps_1d:g}$ in 1D; "
                  rf"$n = {cfg.n_2d}$, $\varepsilon = {cfg.eps_2d:g}$ in 2D)")
-    fig.text(0.5, 0.0, rf"$W_2$: distance of the {cfg.n_1d} particles to the exact density. At $t = 0$ it is the "
-             "sampling error of the i.i.d. start alone (it varies from draw to draw), not an error of the flow.",
-             ha="center", va="top", fontsize=7)
+    fig.supxlabel(rf"$W_2$: distance of the {cfg.n_1d} particles to the exact density. At $t = 0$ it is the "
+                  "sampling error of the i.i.d. start alone (it varies from draw to draw), not an error of the flow.",
+                  fontsize=7)  # a note under the panels, inside the layout (the figure is drawn once)
     return fig
 
 
@@ -124,7 +122,6 @@ class NormalizationsConfig:
 
 
 def compute_normalizations(cfg: NormalizationsConfig) -> dict:
-    from sinkflow._backend import torch_threads
     from sinkflow.heat import NORMALIZATIONS
     from sinkflow.heat import largest_safe_dt
 
@@ -132,7 +129,7 @@ def compute_normalizations(cfg: NormalizationsConfig) -> dict:
     times = np.linspace(0, cfg.t_end, cfg.n_times)
     x0 = g.sample(cfg.n, cfg.seed)
     data = {"times": times}
-    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
+    with sinkflow.torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         for norm in NORMALIZATIONS:
             dt = min(cfg.dt_dot if norm == "softmax_dot" else cfg.dt, largest_safe_dt(x0, cfg.eps, norm))
             pos = sinkflow.heat_trajectory(x0, times, cfg.eps, dt, norm).positions
@@ -194,10 +191,9 @@ def plot_normalizations(data, cfg):
     b.set_ylabel(r"$W_2$ to Barenblatt at $t_0 + 2t$")
     b.set_title(r"Against $\partial_t\rho = 2\nabla\cdot(\rho\nabla\rho)$" + rf" ($\varepsilon = {cfg.eps_pme:g}$)")
     b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.text(0.5, 0.0, "At $t = 0$ each curve is the $W_2$ of its initial sample alone: one i.i.d. draw, as random as "
-             "the grey band (median and range of other draws). On the left that draw is in the upper tail (its points "
-             "split unevenly between the two modes), which the flow then forgets.",
-             ha="center", va="top", fontsize=7, wrap=True)
+    fig.supxlabel("At $t = 0$ each curve is the $W_2$ of its initial sample alone: one i.i.d. draw, as random as "
+                  "the grey band (median and range of other draws).\nOn the left that draw is in the upper tail (its "
+                  "points split unevenly between the two modes), which the flow then forgets.", fontsize=7)
     return fig
 
 
@@ -225,8 +221,6 @@ class ConvergenceConfig:
 
 
 def compute_convergence(cfg: ConvergenceConfig) -> dict:
-    from sinkflow._backend import torch_threads
-
     g = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
     t = cfg.t
 
@@ -244,7 +238,7 @@ def compute_convergence(cfg: ConvergenceConfig) -> dict:
         return sinkflow.wasserstein2(g.evolve(t).sample(int(n), 1000 * cfg.seed + seed + 500), g.evolve(t)).value
 
     x0_dt = g.sample(cfg.n_for_eps, 1000 * cfg.seed)
-    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
+    with sinkflow.torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         st_eps = sinkflow.convergence_study(cfg.eps_values, var_error, cfg.seeds)
         st_n = sinkflow.convergence_study(cfg.n_values, w2_error, cfg.seeds)
         st_floor = sinkflow.convergence_study(cfg.n_values, w2_floor, cfg.seeds)
@@ -319,12 +313,10 @@ class BarycentricConfig:
 
 
 def compute_barycentric(cfg: BarycentricConfig) -> dict:
-    from sinkflow._backend import torch_threads
-
     g = mixture_1d()
     y = np.linspace(-4.5, 4.5, cfg.grid_points)
     data = {"grid": y, "eps": np.asarray(cfg.eps_values), "score": g.score(y[:, None])[:, 0]}
-    with torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
+    with sinkflow.torch_threads(1):  # docs/performance.md: two threads on a busy 2-vCPU machine are slower
         for norm in ("sinkhorn", "softmax_gaussian"):
             res = [sinkflow.barycentric_map(g, y, e, norm, tol=1e-9) for e in cfg.eps_values]
             # on the Sinkhorn scale eps/2, to show the factor

@@ -92,7 +92,7 @@ def plot_errors(data: dict, cfg: LandmarkErrorsConfig):
     ax.set_xticks(data["heat_sizes"], [f"{int(v):,}" for v in data["heat_sizes"]])  # the sizes run
     ax.xaxis.set_minor_formatter(NullFormatter())  # 2x10^2, 3x10^2 ... collide
     ax.set_xlabel("particles $n$")
-    ax.set_ylabel(r"$|\mathrm{var\ growth} - 2t|$")
+    ax.set_ylabel(r"error $|\mathrm{var\ growth} - 2t|$")
     ax.set_title(f"heat layer, $m = {cfg.heat_landmarks}$ landmarks")
     return fig
 
@@ -187,7 +187,7 @@ def plot_heat_2d(data: dict, cfg: LandmarkHeat2DConfig):
     ax.plot(t, gap("growth_exact"), "o-", color=COLORS["sinkhorn"], ms=4, label=f"Sinkhorn, n = {cfg.n_exact:,}")
     ax.plot(t, gap("growth_landmark"), "s--", color=COLORS["gaussian"], ms=4,
             label=f"Nyström m = {cfg.landmarks}, n = {cfg.n_landmark:,}")
-    ax.set_xlabel("t")
+    ax.set_xlabel("time $t$")
     ax.set_ylabel(r"variance growth $-\ 2t$")
     ax.set_title(rf"2D, $\varepsilon = {cfg.eps:g}$: gap to the heat equation")
     ax.legend(fontsize=7)

@@ -50,13 +50,11 @@ class LimitsConfig:
 
 
 def compute_limits(cfg: LimitsConfig) -> dict:
-    from sinkflow._backend import torch_threads
-
     g = mixture()
     y = np.linspace(-cfg.box, cfg.box, cfg.cells)
     h = y[1] - y[0]
     data = {"grid": y, "n": np.asarray(cfg.n_values, dtype=float), "eps": np.asarray(cfg.eps_values, dtype=float)}
-    with torch_threads(1):
+    with sinkflow.torch_threads(1):
         pde = sinkflow.mean_field_flow(cells(g, y), y, [cfg.t], normalization="sinkhorn", eps=cfg.eps_for_n).final
         w2 = np.array([[sinkflow.heat.wasserstein2_to_grid(
             sinkflow.heat_flow(g.sample(n, 1000 * cfg.seed + s), cfg.t, cfg.eps_for_n, cfg.dt), pde, y)
@@ -151,14 +149,13 @@ def _equal_clusters_energy(k: int, beta: float) -> float:
 
 
 def compute_clusters(cfg: ClustersConfig) -> dict:
-    from sinkflow._backend import torch_threads
     from sinkflow.bounds import binomial_interval
     import sinkflow.clustering as cs
     from sinkflow.heat import uniform_angles
 
     theta = uniform_angles(cfg.cells)
     times = np.linspace(0, cfg.t_end, cfg.n_times)
-    with torch_threads(1):
+    with sinkflow.torch_threads(1):
         r = sinkflow.mean_field_flow(_near_uniform(cfg, theta), theta, times, normalization=cfg.normalization,
                                      temperature=1 / cfg.beta_pde, manifold="circle")
         counts = {norm: np.array([[cs.particle_cluster_count(b, 1000 * cfg.seed + s, cfg.n, norm, h=cfg.h)
@@ -197,7 +194,8 @@ def plot_clusters(data, cfg):
     fig, axes = new_figure(3, 1, width=3.8, height=3.1)
     a, b, c = axes[0]
     rho = np.clip(data["densities"] * 2 * np.pi, 0.1, None)  # log scale: the formation (rho ~ 1) stays visible
-    im = a.pcolormesh(data["theta"], data["times"], rho, shading="nearest", cmap="viridis", norm=LogNorm(vmin=0.1))
+    im = a.pcolormesh(data["theta"], data["times"], rho, shading="nearest", cmap="viridis", norm=LogNorm(vmin=0.1),
+                     rasterized=True)  # 15 000 cells: an image in the PDF
     fig.colorbar(im, ax=a).ax.set_title(r"$2\pi\rho$", fontsize=8)  # above the bar: off panel (b)'s label
     a.set_xlabel(r"$\theta$")
     a.set_ylabel("$t$")

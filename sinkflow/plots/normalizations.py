@@ -145,7 +145,7 @@ def convergence_plot(data: dict, cfg: ConvergenceConfig):
     rates.set_xscale("log", base=2)
     rates.set_xticks(s, [f"{v:g}" for v in s])
     rates.set_ylim(0, 1.05)
-    rates.set_xlabel("scale of the scores")
+    rates.set_xlabel(r"score scale $s$ (scores $s\,C$)")
     rates.set_ylabel("contraction per 2 half-iterations")
     rates.set_title("rates: the bound is loose", fontsize=8)
     rates.legend(fontsize=7, loc="lower right")

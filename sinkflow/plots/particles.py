@@ -228,7 +228,8 @@ def plot_sphere(data: dict, cfg: SphereConfig):
     axes[0, 1].set_title(rf"metastable phases ($n={cfg.n}$, $d={cfg.d}$)")
     ax = axes[0, 2]
     pb = data["phase_betas"]
-    im = ax.pcolormesh(t, np.arange(len(pb)), data["phase"], shading="nearest", vmin=0, vmax=1, cmap="viridis")
+    im = ax.pcolormesh(t, np.arange(len(pb)), data["phase"], shading="nearest", vmin=0, vmax=1, cmap="viridis",
+                       rasterized=True)
     ax.set_yticks(np.arange(len(pb)))
     ax.set_yticklabels([f"{b:.2g}" for b in pb])
     ax.set_xlabel(r"$t$")

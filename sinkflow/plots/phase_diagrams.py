@@ -42,13 +42,11 @@ class PhaseConfig:
 
 
 def compute_phase(cfg: PhaseConfig) -> dict:
-    from sinkflow._backend import torch_threads
-
     betas = np.linspace(*cfg.beta_range, cfg.betas)
     decades = np.log10(cfg.horizon / cfg.t_first)
     times = np.geomspace(cfg.t_first, cfg.horizon, int(round(decades * cfg.per_decade)) + 1)
     data = {"beta": betas, "t": times, "systems": np.array(cfg.systems)}
-    with torch_threads(1):
+    with sinkflow.torch_threads(1):
         for norm in cfg.normalizations:
             table = sinkflow.phase_diagram(betas, n=cfg.n, d=2, normalization=norm, systems=cfg.systems, times=times,
                                            threshold=cfg.threshold, seed=cfg.seed, h=cfg.h, max_angle=cfg.max_angle,

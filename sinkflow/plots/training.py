@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import sinkflow
 from sinkflow.plots import register
 from sinkflow.plots.style import COLORS, PALETTE, new_figure
 
@@ -184,10 +185,9 @@ class ColumnSumsConfig:
 
 
 def _compute_column_sums(cfg: ColumnSumsConfig) -> dict:
-    from sinkflow._backend import torch_threads
     from sinkflow.studies.validation import run_validation
 
-    with torch_threads(1):  # small models: one thread is fastest and deterministic
+    with sinkflow.torch_threads(1):  # small models: one thread is fastest and deterministic
         report = run_validation(cfg.task, cfg.attentions, cfg.n_iters, cfg.seeds, quick=cfg.quick, epochs=cfg.epochs,
                                 track_kl=False)
     report = {k: report[k] for k in ("task", "config", "runs")}

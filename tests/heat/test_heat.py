@@ -302,6 +302,21 @@ def test_wasserstein2_exact_in_1d_and_floor_in_2d():
     assert sinkflow.wasserstein2(pts + 1.0, MIX_2D, seed=1).value > 3 * r2.floor
 
 
+@pytest.mark.parametrize("n, m, rounded", [(1, 1, False), (3, 7, False), (200, 20000, False), (40, 13, True)])
+def test_empirical_w2_1d_matches_pot_and_a_shift(n, m, rounded):
+    """The numpy 1D W2 (POT is not imported for it) against POT's wasserstein_1d, ties included,
+    and against the closed form of a shift: W2(u, u + c) = |c|."""
+    import ot
+    from sinkflow.heat._distances import _empirical_w2_squared_1d
+
+    rng = np.random.default_rng(n + m)
+    u, v = rng.normal(size=n), 2 * rng.normal(size=m) + 1
+    if rounded:
+        u, v = np.round(u), np.round(v)
+    assert math.isclose(_empirical_w2_squared_1d(u, v), float(ot.wasserstein_1d(u, v, p=2)), rel_tol=1e-12)
+    assert math.isclose(_empirical_w2_squared_1d(v, v[::-1] - 0.75), 0.75 ** 2, rel_tol=1e-12)
+
+
 def test_moment_errors_and_kde_l1_detect_the_wrong_time():
     x = MIX_1D.evolve(0.5).sample(3000, seed=0)
     grid = [np.linspace(-10, 10, 801)]

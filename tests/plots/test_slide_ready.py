@@ -85,8 +85,45 @@ def test_the_overlap_check_sees_text_over_text():
     plt.close(fig)
 
 
+#: The unit convention of axis labels. sinkflow's flows are nondimensional: positions, the time of
+#: the ODE, beta, eps, densities, energies and distances are numbers without a unit (docs/theory).
+#: So a label either ends with its unit in brackets ("wall time [s]", "memory [MiB]"), which a
+#: measured physical quantity (MEASURED) must, or names a dimensionless quantity of this list.
+DIMENSIONLESS = {
+    "a count or an index": r"\b(clusters?|landmarks|particles|pairs|tokens|seeds|(half-)?iterations?|key|query|rank)\b"
+                           r"|\$[nmkij]\$|\\ell\b",
+    "a ratio or a fraction": r"\b(relative|fraction|contraction|rate|per|mass|probability)\b",
+    "model time, a model parameter": r"(^|time )\$t\$|\\beta|\\varepsilon|\$s\$",
+    "a model position or angle": r"\$x|\\theta|\bradius\b",
+    "a model density, moment, energy or distance": r"\b(density|mean|(co)?variance|energy|error)\b|\\rho|E_\\beta|F\^"
+                                                   r"|W_2|\\max|\\\||\\sum",
+}
+MEASURED = r"\b(wall|CPU|memory|seconds?|bytes?|speed)\b"
+
+
+def unit_problem(label: str) -> str:
+    """Why ``label`` states neither its unit nor a dimensionless quantity ('' when it does)."""
+    import re
+
+    if re.search(r"\[[^\]]+\]\s*$", label):
+        return ""
+    if re.search(MEASURED, label, re.IGNORECASE):
+        return f"{label!r}: a measured quantity ends with its unit in brackets"
+    if any(re.search(pattern, label) for pattern in DIMENSIONLESS.values()):
+        return ""
+    return f"{label!r}: no unit in brackets and no dimensionless quantity of DIMENSIONLESS"
+
+
+def test_the_unit_check_sees_a_missing_unit():
+    for label in ("wall time", "memory (peak)", "speed", "t", "amplitude"):
+        assert unit_problem(label), label
+    for label in ("wall time [s]", "memory [MiB]", "time $t$", "$t$", r"landmarks $m$", "clusters",
+                  r"$W_2(\mu^n_t, \rho_t)$", r"half-iteration $\ell$", "relative error"):
+        assert not unit_problem(label), label
+
+
 @pytest.mark.parametrize("name", [n for n in CHECKED if n not in ELSEWHERE])
-def test_no_text_overlaps_and_every_axis_is_labelled(name):
+def test_no_text_overlaps_and_every_axis_is_labelled_with_its_unit(name):
     import matplotlib.pyplot as plt
 
     fig = _drawn(name)
@@ -99,19 +136,22 @@ def test_no_text_overlaps_and_every_axis_is_labelled(name):
             assert ax.get_xlabel() or not ax.get_xticklabels(), f"{name}: an x axis without a label"
             assert ax.get_ylabel() or not any(t.get_text() for t in ax.get_yticklabels()), \
                 f"{name}: a y axis without a label ({ax.get_title()!r})"
+            problems = [unit_problem(label) for label in (ax.get_xlabel(), ax.get_ylabel()) if label]
+            assert not any(problems), f"{name}: {[p for p in problems if p]}"
     finally:
         plt.close(fig)
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(registry()) if n not in ELSEWHERE])
-def test_the_gallery_code_imports_no_private_module_of_a_folder(name):
-    # the gallery shows compute and plot: a reader copies them, so they use the folders' public names
+def test_the_gallery_code_imports_no_private_module(name):
+    # the gallery shows compute and plot: a reader copies them, so they use public names only
+    # (sinkflow._backend, sinkflow.heat._x, ...: no private module at any depth)
     import inspect
     import re
 
     spec = get(name)
     for fn in (spec.compute, spec.plot):
-        private = re.findall(r"sinkflow\.(?!_backend\b)\w+\._\w+", inspect.getsource(fn))
+        private = re.findall(r"sinkflow(?:\.\w+)*\._\w+", inspect.getsource(fn))
         assert not private, f"{name}: {fn.__name__} imports {private}; use the folder's public name"
 
 
