@@ -169,27 +169,31 @@ def _sphere_degrees(L: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def _sphere_steps(L: int):
-    r"""Per step :math:`s = l - m \ge 1`: its first row and the recurrence coefficients of its rows
-    (m = 0, then 1, 1, 2, 2, ...) as float64 columns, and the normalization of :math:`\bar Q_{mm}`.
+def _sphere_steps(L: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"):
+    r"""Per step :math:`s = l - m \ge 1`: its first row, those of the two steps before it, and the recurrence
+    coefficients of its rows (m = 0, then 1, 1, 2, 2, ...) as columns, and the normalization of :math:`\bar Q_{mm}`.
 
     :math:`\bar Q_{m+1,m} = \sqrt{2m+3}\, z\, \bar Q_{mm}` and
     :math:`\bar Q_{lm} = a_{lm} z \bar Q_{l-1,m} - a_{lm} b_{lm} \bar Q_{l-2,m}` (fully normalized).
     """
-    offsets = np.concatenate([[0], np.cumsum(2 * (L - np.arange(L + 1)) + 1)])
+    offsets = np.concatenate([[0], np.cumsum(2 * (L - np.arange(L + 1)) + 1)]).tolist()
+
+    def column(values):
+        return torch.tensor(values, dtype=dtype, device=device)[:, None]
+
     steps = []
     for s in range(1, L + 1):
         m = np.concatenate([[0.0], np.repeat(np.arange(1.0, L - s + 1), 2)])
         l = m + s
         if s == 1:
-            steps.append((int(offsets[s]), torch.tensor(np.sqrt(2 * m + 3))[:, None], None))
+            steps.append((offsets[s], offsets[s - 1], 0, column(np.sqrt(2 * m + 3)), None))
             continue
         a = np.sqrt((4 * l * l - 1) / (l * l - m * m))
         ab = a * np.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
-        steps.append((int(offsets[s]), torch.tensor(a)[:, None], torch.tensor(ab)[:, None]))
+        steps.append((offsets[s], offsets[s - 1], offsets[s - 2], column(a), column(ab)))
     q = np.cumprod(np.concatenate([[1 / math.sqrt(4 * math.pi)], np.sqrt((2 * np.arange(1, L + 1) + 1.0)
                                                                           / (2 * np.arange(1, L + 1)))]))
-    return tuple(steps), offsets.tolist(), float(q[0]), torch.tensor(q[1:] * math.sqrt(2))[:, None]
+    return tuple(steps), float(q[0]), column(q[1:] * math.sqrt(2))
 
 
 def _sphere_features(x: torch.Tensor, L: int, F: torch.Tensor | None = None) -> torch.Tensor:
@@ -202,21 +206,20 @@ def _sphere_features(x: torch.Tensor, L: int, F: torch.Tensor | None = None) -> 
     their first rows (one contiguous slice each, three in-place products per step). Written into ``F`` when given.
     """
     n, z = x.shape[0], x[:, 2].contiguous()
-    steps, offsets, q0, norm = _sphere_steps(L)
+    steps, q0, norm = _sphere_steps(L, x.dtype, x.device)
     F = x.new_empty(((L + 1) ** 2, n)) if F is None else F
     first = F[:2 * L + 1]  # s = 0: Y_mm
     re, im = x.new_empty((L + 1, n)), x.new_empty((L + 1, n))
     _power_rows(x[:, 0], x[:, 1], L, re, im)
     first[0] = q0
-    norm = norm.to(x)
     torch.mul(re[1:], norm, out=first[1::2])
     torch.mul(im[1:], norm, out=first[2::2])
-    for s, (start, a, ab) in enumerate(steps, start=1):
+    for start, prev, before, a, ab in steps:
         rows = a.shape[0]
-        out, prev = F[start:start + rows], F[offsets[s - 1]:offsets[s - 1] + rows]
-        torch.mul(prev, z, out=out).mul_(a.to(x))
+        out = F[start:start + rows]
+        torch.mul(F[prev:prev + rows], z, out=out).mul_(a)
         if ab is not None:
-            out.addcmul_(F[offsets[s - 2]:offsets[s - 2] + rows], ab.to(x), value=-1.0)
+            out.addcmul_(F[before:before + rows], ab, value=-1.0)
     return F
 
 
