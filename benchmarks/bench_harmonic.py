@@ -17,7 +17,7 @@ tolerance 1e-10, and the targets of issue 30 beside it:
 CPU time of the process (one thread: the work of one core; on a shared machine the wall time is
 longer by the waits for a core, printed beside it), minima of ``--repeats`` runs, interleaved;
 targets and ratios on CPU time. Prints a markdown table and the load average.
-Run: ``OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_harmonic.py [--quick]``.
+Run: ``OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_harmonic.py [--quick] [--manifold sphere]``.
 """
 
 from __future__ import annotations
@@ -98,12 +98,15 @@ def _row(r) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 2*10^4 only")
+    parser.add_argument("--manifold", choices=("both", "circle", "sphere"), default="both",
+                        help="rows of the circle, of S^2, or both")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     cases = [(20_000, 2, 5.0), (20_000, 2, 32.0), (20_000, 3, 5.0), (20_000, 3, 32.0)]
     if not args.quick:
         cases += [(1_000_000, 2, 5.0), (1_000_000, 2, 32.0)]
+    cases = [case for case in cases if args.manifold in ("both", {2: "circle", 3: "sphere"}[case[1]])]
     print(f"load average before: {os.getloadavg()}")
     print("| N | beta | manifold | order (features) | SoftMax step, CPU ms (wall) | Sinkhorn step, warm, CPU ms "
           "(wall) | its kernel applications | Sinkhorn / SoftMax | block-wise SoftMax, CPU ms (/ SoftMax) | "

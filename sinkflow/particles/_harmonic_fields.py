@@ -159,15 +159,19 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
     elif not isinstance(kernel, HarmonicKernel) or kernel.d != X.shape[1] or not math.isclose(kernel.beta, 1 / temperature):
         raise ValueError("kernel must be a harmonic_kernel of this temperature and dimension")
     g0 = None if init_g is None else to_torch(init_g, "init_g", like=X64).reshape(-1)
-    out = _evaluate(_Factored(kernel, X64), a, _NORMALIZATIONS[attention], n_iter, float(tol), int(max_iter), g0,
+    out = _evaluate(kernel, X64, a, _NORMALIZATIONS[attention], n_iter, float(tol), int(max_iter), g0,
                     bool(need_errors))
     return HarmonicField(from_torch(out.velocity.to(X.dtype), numpy_out), from_torch(out.g, numpy_out), out.n_iter,
                          out.converged, out.row_error, out.column_error, kernel)
 
 
-def _evaluate(F: _Factored, a, normalization, n_iter, tol, max_iter, g0, need_errors) -> FieldEvaluation:
-    """The field of ``F``'s particles (float64 tensors) as a :class:`FieldEvaluation` (no ``attention``)."""
-    if normalization == "row" or n_iter == 1:
+def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors) -> FieldEvaluation:
+    """The field of ``kernel`` at the particles ``X`` (float64 tensors) as a :class:`FieldEvaluation` (no
+    ``attention``); the features are kept between applications unless there is only one on :math:`S^2`
+    (there storing them costs more than forming them twice; on the circle less at beta = 5)."""
+    single = normalization == "row" or n_iter == 1
+    F = _Factored(kernel, X, keep=not single or need_errors or kernel.d == 2)
+    if single:
         vel, row_sums = _rows(F, a, torch.ones_like(a) if g0 is None or normalization == "row" else torch.exp(g0))
         col = _column_error(F, a, row_sums, torch.ones_like(a)) if need_errors else math.nan
         return FieldEvaluation(vel, None, None, 1, True, 0.0 if need_errors else math.nan, col)
@@ -314,7 +318,7 @@ class HarmonicParticleField(ParticleField):
         variant = self.attention if isinstance(self.attention, str) else self.attention.name
         a = self.weights
         a = torch.full((Y.shape[0],), 1.0 / Y.shape[0], dtype=torch.float64, device=Y.device) if a is None else a.to(torch.float64)
-        ev = _evaluate(_Factored(self.kernel, Y.detach().to(torch.float64)), a, _NORMALIZATIONS[variant], self.n_iter,
+        ev = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant], self.n_iter,
                        self.tol, self.max_iter, self.g if self.warm_start else None, self.need_errors)
         if ev.g is not None and self.warm_start:
             self.g = ev.g

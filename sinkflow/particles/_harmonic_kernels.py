@@ -23,6 +23,8 @@ __all__ = ["HarmonicKernel", "harmonic_kernel"]
 
 _STORE_BYTES = 2**30  # features of all particles kept between applications up to this size (1 GiB: n = 10^6 at beta = 32)
 _BLOCK_BYTES = 2**22  # else recomputed block by block, each block's features this large
+# Storing costs a first write to fresh memory (~2 us per 4 KiB page here: 44 ms for the 92 MB of n = 2*10^4, beta = 5
+# on S^2, three times the features' arithmetic), so a single application (two passes) recomputes them instead.
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,11 @@ class HarmonicKernel:
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """:math:`\\Phi^T`, shape ``(rank, n)``, at unit vectors ``x`` (n, d)."""
-        return _circle_features(x, self.order) if self.d == 2 else _sphere_features(x, self.order)
+        return self._features(x)
+
+    def _features(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`features`, written into ``out`` (rank, n) when given (reused memory: no first writes)."""
+        return _circle_features(x, self.order, out) if self.d == 2 else _sphere_features(x, self.order, out)
 
 
 def harmonic_kernel(temperature: float, d: int, tol: float = 1e-10, min_weight: float = 1.0) -> HarmonicKernel:
@@ -149,9 +155,10 @@ def _power_rows(u: torch.Tensor, v: torch.Tensor, m: int, C: torch.Tensor, S: to
         k += j
 
 
-def _circle_features(x: torch.Tensor, K: int) -> torch.Tensor:
-    """Rows :math:`\\cos k\\theta` (``k = 0..K``) then :math:`\\sin k\\theta` (``k = 0..K``, the first a row of zeros)."""
-    F = torch.empty((2 * K + 2, x.shape[0]), dtype=x.dtype, device=x.device)
+def _circle_features(x: torch.Tensor, K: int, F: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows :math:`\\cos k\\theta` (``k = 0..K``) then :math:`\\sin k\\theta` (``k = 0..K``, the first a row of zeros),
+    written into ``F`` when given."""
+    F = x.new_empty((2 * K + 2, x.shape[0])) if F is None else F
     _power_rows(x[:, 0], x[:, 1], K, F[:K + 1], F[K + 1:])
     return F
 
@@ -162,54 +169,57 @@ def _sphere_degrees(L: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def _sphere_steps(L: int):
-    r"""Per step :math:`s = l - m \ge 1`: its first row and the recurrence coefficients of its rows
-    (m = 0, then 1, 1, 2, 2, ...) as float64 columns, and the normalization of :math:`\bar Q_{mm}`.
+def _sphere_steps(L: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"):
+    r"""Per step :math:`s = l - m \ge 1`: its first row, those of the two steps before it, and the recurrence
+    coefficients of its rows (m = 0, then 1, 1, 2, 2, ...) as columns, and the normalization of :math:`\bar Q_{mm}`.
 
     :math:`\bar Q_{m+1,m} = \sqrt{2m+3}\, z\, \bar Q_{mm}` and
     :math:`\bar Q_{lm} = a_{lm} z \bar Q_{l-1,m} - a_{lm} b_{lm} \bar Q_{l-2,m}` (fully normalized).
     """
-    offsets = np.concatenate([[0], np.cumsum(2 * (L - np.arange(L + 1)) + 1)])
+    offsets = np.concatenate([[0], np.cumsum(2 * (L - np.arange(L + 1)) + 1)]).tolist()
+
+    def column(values):
+        return torch.tensor(values, dtype=dtype, device=device)[:, None]
+
     steps = []
     for s in range(1, L + 1):
         m = np.concatenate([[0.0], np.repeat(np.arange(1.0, L - s + 1), 2)])
         l = m + s
         if s == 1:
-            steps.append((int(offsets[s]), torch.tensor(np.sqrt(2 * m + 3))[:, None], None))
+            steps.append((offsets[s], offsets[s - 1], 0, column(np.sqrt(2 * m + 3)), None))
             continue
         a = np.sqrt((4 * l * l - 1) / (l * l - m * m))
         ab = a * np.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
-        steps.append((int(offsets[s]), torch.tensor(a)[:, None], torch.tensor(ab)[:, None]))
+        steps.append((offsets[s], offsets[s - 1], offsets[s - 2], column(a), column(ab)))
     q = np.cumprod(np.concatenate([[1 / math.sqrt(4 * math.pi)], np.sqrt((2 * np.arange(1, L + 1) + 1.0)
                                                                           / (2 * np.arange(1, L + 1)))]))
-    return tuple(steps), offsets.tolist(), float(q[0]), torch.tensor(q[1:] * math.sqrt(2))[:, None]
+    return tuple(steps), float(q[0]), column(q[1:] * math.sqrt(2))
 
 
-def _sphere_features(x: torch.Tensor, L: int) -> torch.Tensor:
+def _sphere_features(x: torch.Tensor, L: int, F: torch.Tensor | None = None) -> torch.Tensor:
     r"""Real orthonormal spherical harmonics :math:`Y_{lm}(x)` (``(L+1)^2`` rows, degrees :func:`_sphere_degrees`).
 
     :math:`Y_{lm} = \bar Q_{lm}(z)\, \sqrt2\, \mathrm{Re}/\mathrm{Im}\,(x_1 + i x_2)^m` (:math:`\bar P_{lm} =
     \sin^m\theta\, \bar Q_{lm}`): the recurrence in :math:`l` is linear, so it runs on the products
     themselves, all orders :math:`m` at once. Rows go by step :math:`s = l - m`; within a step
     ``cos m=0, cos 1, sin 1, cos 2, sin 2, ...``, so the rows a step needs from the two before it are
-    their first rows (one contiguous slice each, three in-place products per step).
+    their first rows (one contiguous slice each, three in-place products per step). Written into ``F`` when given.
     """
     n, z = x.shape[0], x[:, 2].contiguous()
-    steps, offsets, q0, norm = _sphere_steps(L)
-    F = x.new_empty(((L + 1) ** 2, n))
+    steps, q0, norm = _sphere_steps(L, x.dtype, x.device)
+    F = x.new_empty(((L + 1) ** 2, n)) if F is None else F
     first = F[:2 * L + 1]  # s = 0: Y_mm
     re, im = x.new_empty((L + 1, n)), x.new_empty((L + 1, n))
     _power_rows(x[:, 0], x[:, 1], L, re, im)
     first[0] = q0
-    norm = norm.to(x)
     torch.mul(re[1:], norm, out=first[1::2])
     torch.mul(im[1:], norm, out=first[2::2])
-    for s, (start, a, ab) in enumerate(steps, start=1):
+    for start, prev, before, a, ab in steps:
         rows = a.shape[0]
-        out, prev = F[start:start + rows], F[offsets[s - 1]:offsets[s - 1] + rows]
-        torch.mul(prev, z, out=out).mul_(a.to(x))
+        out = F[start:start + rows]
+        torch.mul(F[prev:prev + rows], z, out=out).mul_(a)
         if ab is not None:
-            out.addcmul_(F[offsets[s - 2]:offsets[s - 2] + rows], ab.to(x), value=-1.0)
+            out.addcmul_(F[before:before + rows], ab, value=-1.0)
     return F
 
 
@@ -226,18 +236,22 @@ def _mm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 
 class _Factored:
-    """:math:`\\tilde K = \\Phi \\Lambda \\Phi^T` applied block by block (features kept when small)."""
+    """:math:`\\tilde K = \\Phi \\Lambda \\Phi^T` applied block by block (features kept when small and
+    ``keep``: more than one application to come)."""
 
-    def __init__(self, kernel: HarmonicKernel, X: torch.Tensor):
+    def __init__(self, kernel: HarmonicKernel, X: torch.Tensor, keep: bool = True):
         self.kernel, self.X, n = kernel, X, X.shape[0]
         self.lam = kernel.eigenvalues(X)[:, None]
         rows = max(1, _BLOCK_BYTES // (8 * kernel.rank))
         self.blocks = [(i0, min(n, i0 + rows)) for i0 in range(0, n, rows)]
-        store = 8 * n * kernel.rank <= _STORE_BYTES
+        store = keep and 8 * n * kernel.rank <= _STORE_BYTES
         self.stored = [kernel.features(X[i0:i1]) for i0, i1 in self.blocks] if store else None
+        self.buffer = None if store else X.new_empty(kernel.rank * rows)  # one block's features, reused
 
     def _features(self, b, i0, i1):
-        return self.stored[b] if self.stored is not None else self.kernel.features(self.X[i0:i1])
+        if self.stored is not None:
+            return self.stored[b]
+        return self.kernel._features(self.X[i0:i1], self.buffer[:self.kernel.rank * (i1 - i0)].view(-1, i1 - i0))
 
     def moments(self, Wt: torch.Tensor) -> torch.Tensor:
         """:math:`\\Phi^T W`, shape ``(rank, c)``, for ``Wt`` = :math:`W` ``(n, c)``."""
