@@ -109,8 +109,9 @@ class PlainLogFormatter(LogFormatterSciNotation):
 
 
 def plain_log_ticks(fig) -> None:
-    """Swap every default log-axis formatter of ``fig`` (major and minor, colour bars included) for a
-    :class:`PlainLogFormatter` with the same settings; a formatter a figure chose itself is kept."""
+    """Swap every :class:`matplotlib.ticker.LogFormatterSciNotation` of ``fig`` (matplotlib's log-axis
+    default, major and minor, colour bars included) for a :class:`PlainLogFormatter` with the same
+    settings; other formatters, subclasses included, are kept."""
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
