@@ -91,7 +91,10 @@ def _draw_once(fig, dpi: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import to_rgba_array
 
+    from sinkflow.plots.style import plain_log_ticks
+
     rc = mpl.rcParams
+    plain_log_ticks(fig)  # mathtext log tick labels: a third of a log figure's drawing
     fig.set_dpi(dpi)
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()

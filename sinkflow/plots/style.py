@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import matplotlib
 import matplotlib.pyplot as plt
+from matplotlib.ticker import LogFormatterSciNotation
 
-__all__ = ["PALETTE", "COLORS", "style", "new_figure"]
+__all__ = ["PALETTE", "COLORS", "style", "new_figure", "PlainLogFormatter", "plain_log_ticks"]
 
 #: Okabe & Ito (2008) colour-blind safe palette.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -76,3 +78,45 @@ def new_figure(ncols: int = 1, nrows: int = 1, width: float = 3.2, height: float
     """A figure with ``nrows x ncols`` axes of the given per-panel size (inches)."""
     return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False,
                         layout="constrained", **kwargs)
+
+
+_SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
+_MATHTEXT_LABEL = re.compile(r"^\$\\mathdefault\{(.*)\}\$$")
+
+
+class PlainLogFormatter(LogFormatterSciNotation):
+    r"""The log-axis tick labels of :class:`matplotlib.ticker.LogFormatterSciNotation`, the same ticks
+    and the same labels, written in plain text with Unicode superscripts (``10⁻²``, ``2×10⁻²``)
+    instead of mathtext (``$\mathdefault{10^{-2}}$``): the mathtext parser measured a third of a
+    log figure's drawing time, once per label, resolution and output format.
+
+    Examples
+    --------
+    >>> from sinkflow.plots.style import PlainLogFormatter
+    >>> f = PlainLogFormatter()
+    >>> f(1e-2), f(1.0), f(3e-5)
+    ('10⁻²', '10⁰', '3×10⁻⁵')
+    """
+
+    def __call__(self, x, pos=None):
+        label = super().__call__(x, pos)
+        match = _MATHTEXT_LABEL.match(label)
+        if match is None:
+            return label
+        text = match.group(1).replace("\\times", "\u00d7")
+        text = re.sub(r"\^\{([-0-9]+)\}", lambda m: m.group(1).translate(_SUPERSCRIPT), text)
+        return text.replace("-", "\u2212")  # a leading sign, as mathtext draws it
+
+
+def plain_log_ticks(fig) -> None:
+    """Swap every :class:`matplotlib.ticker.LogFormatterSciNotation` of ``fig`` (matplotlib's log-axis
+    default, major and minor, colour bars included) for a :class:`PlainLogFormatter` with the same
+    settings; other formatters, subclasses included, are kept."""
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
+                             (axis.get_minor_formatter, axis.set_minor_formatter)):
+                f = get()
+                if type(f) is LogFormatterSciNotation:
+                    put(PlainLogFormatter(f._base, labelOnlyBase=f.labelOnlyBase,
+                                          minor_thresholds=f.minor_thresholds, linthresh=f._linthresh))
