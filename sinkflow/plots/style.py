@@ -9,7 +9,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.ticker import LogFormatterSciNotation
 
-__all__ = ["PALETTE", "COLORS", "style", "new_figure", "PlainLogFormatter", "plain_log_ticks"]
+__all__ = ["PALETTE", "COLORS", "style", "new_figure", "plain_log_ticks"]
 
 #: Okabe & Ito (2008) colour-blind safe palette.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -84,7 +84,7 @@ _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u207
 _MATHTEXT_LABEL = re.compile(r"^\$\\mathdefault\{(.*)\}\$$")
 
 
-class PlainLogFormatter(LogFormatterSciNotation):
+class _PlainLogFormatter(LogFormatterSciNotation):
     r"""The log-axis tick labels of :class:`matplotlib.ticker.LogFormatterSciNotation`, the same ticks
     and the same labels, written in plain text with Unicode superscripts (``10⁻²``, ``2×10⁻²``)
     instead of mathtext (``$\mathdefault{10^{-2}}$``): the mathtext parser measured a third of a
@@ -92,8 +92,8 @@ class PlainLogFormatter(LogFormatterSciNotation):
 
     Examples
     --------
-    >>> from sinkflow.plots.style import PlainLogFormatter
-    >>> f = PlainLogFormatter()
+    >>> from sinkflow.plots.style import _PlainLogFormatter
+    >>> f = _PlainLogFormatter()
     >>> f(1e-2), f(1.0), f(3e-5)
     ('10⁻²', '10⁰', '3×10⁻⁵')
     """
@@ -110,13 +110,26 @@ class PlainLogFormatter(LogFormatterSciNotation):
 
 def plain_log_ticks(fig) -> None:
     """Swap every :class:`matplotlib.ticker.LogFormatterSciNotation` of ``fig`` (matplotlib's log-axis
-    default, major and minor, colour bars included) for a :class:`PlainLogFormatter` with the same
-    settings; other formatters, subclasses included, are kept."""
+    default, major and minor, colour bars included) for plain-text labels with the same ticks,
+    values and settings (Unicode superscripts instead of mathtext); other formatters, subclasses
+    included, are kept. :func:`sinkflow.plots.render` applies it to every figure it saves.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from sinkflow.plots.style import plain_log_ticks
+    >>> fig, ax = plt.subplots()
+    >>> _ = ax.loglog([1e-3, 1.0], [1e-3, 1.0])
+    >>> plain_log_ticks(fig)
+    >>> ax.xaxis.get_major_formatter()(1e-2)
+    '10⁻²'
+    >>> plt.close(fig)
+    """
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
                              (axis.get_minor_formatter, axis.set_minor_formatter)):
                 f = get()
                 if type(f) is LogFormatterSciNotation:
-                    put(PlainLogFormatter(f._base, labelOnlyBase=f.labelOnlyBase,
+                    put(_PlainLogFormatter(f._base, labelOnlyBase=f.labelOnlyBase,
                                           minor_thresholds=f.minor_thresholds, linthresh=f._linthresh))

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
 from sinkflow.plots._render import save_figure  # noqa: E402
-from sinkflow.plots.style import PlainLogFormatter, plain_log_ticks, style  # noqa: E402
+from sinkflow.plots.style import _PlainLogFormatter, plain_log_ticks, style  # noqa: E402
 
 _SUPER = "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"
 _LABEL = re.compile(f"(?:([0-9.]+)\u00d7)?10(\u207b?[{_SUPER}]+)|\u2212?[0-9.]+")
@@ -37,7 +37,7 @@ def test_same_ticks_and_values_as_mathtext(lim, label_only_base):
     ax.set_ylim(*lim)
     ticks = ax.yaxis.get_minorticklocs() if not label_only_base else ax.yaxis.get_majorticklocs()
     ref = LogFormatterSciNotation(labelOnlyBase=label_only_base)
-    new = PlainLogFormatter(labelOnlyBase=label_only_base)
+    new = _PlainLogFormatter(labelOnlyBase=label_only_base)
     for f in (ref, new):
         f.set_axis(ax.yaxis)
         f.set_locs(ticks)
@@ -67,6 +67,6 @@ def test_plain_log_ticks_keeps_settings():
     plain_log_ticks(fig)
     after = ax.xaxis.get_major_formatter(), ax.xaxis.get_minor_formatter()
     for old, new in zip(before, after):
-        assert isinstance(new, PlainLogFormatter)
+        assert isinstance(new, _PlainLogFormatter)
         assert (new._base, new.labelOnlyBase, new.minor_thresholds) == (old._base, old.labelOnlyBase, old.minor_thresholds)
     plt.close(fig)
