@@ -17,8 +17,6 @@ import numpy as np
 import sinkflow
 from sinkflow.plots import register
 
-LABELS = {"sinkhorn": "Sinkhorn", "softmax_gaussian": "SoftMax, Gaussian kernel",
-          "softmax_dot": "SoftMax, dot product", "unnormalized": "unnormalized"}
 COLOR_KEYS = {"sinkhorn": "sinkhorn", "softmax_gaussian": "gaussian", "softmax_dot": "softmax", "unnormalized": "unnormalized"}
 
 
@@ -168,7 +166,7 @@ def _floor_band(ax, t, floor, label):
 
 def plot_normalizations(data, cfg):
     from sinkflow.heat import NORMALIZATIONS
-    from sinkflow.plots.style import COLORS, new_figure
+    from sinkflow.plots.style import COLORS, LABELS, new_figure
 
     fig, axes = new_figure(2, 1, width=5.0, height=2.9)
     a, b = axes[0]

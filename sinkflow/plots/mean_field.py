@@ -18,7 +18,6 @@ import numpy as np
 import sinkflow
 from sinkflow.plots import register
 
-LABELS = {"sinkhorn": "Sinkhorn", "softmax_gaussian": "SoftMax, Gaussian kernel", "softmax": "SoftMax"}
 
 
 def mixture() -> sinkflow.GaussianMixture:
@@ -75,7 +74,7 @@ def compute_limits(cfg: LimitsConfig) -> dict:
 
 def plot_limits(data, cfg):
     from sinkflow.plots.heat import _log_axes, _loglog_panel
-    from sinkflow.plots.style import COLORS, new_figure
+    from sinkflow.plots.style import COLORS, LABELS, new_figure
 
     fig, axes = new_figure(3, 1, width=3.4, height=2.8)
     a, b, c = axes[0]
@@ -187,7 +186,7 @@ def compute_clusters(cfg: ClustersConfig) -> dict:
 
 def plot_clusters(data, cfg):
     from matplotlib.colors import LogNorm
-    from sinkflow.plots.style import COLORS, new_figure
+    from sinkflow.plots.style import COLORS, LABELS, new_figure
 
     from matplotlib.ticker import MaxNLocator
 

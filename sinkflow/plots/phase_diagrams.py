@@ -22,7 +22,6 @@ import numpy as np
 import sinkflow
 from sinkflow.plots import register
 
-LABELS = {"softmax": "SoftMax", "sinkhorn": "Sinkhorn"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ def compute_phase(cfg: PhaseConfig) -> dict:
 
 
 def plot_phase(data, cfg):
-    from sinkflow.plots.style import new_figure
+    from sinkflow.plots.style import LABELS, new_figure
 
     fig, axes = new_figure(len(cfg.normalizations), 1, width=3.3, height=3.0)
     for ax, norm in zip(axes[0], cfg.normalizations):

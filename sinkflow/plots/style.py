@@ -9,7 +9,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.ticker import LogFormatterSciNotation
 
-__all__ = ["PALETTE", "COLORS", "style", "new_figure", "plain_log_ticks"]
+__all__ = ["PALETTE", "COLORS", "LABELS", "style", "new_figure", "plain_log_ticks"]
 
 #: Okabe & Ito (2008) colour-blind safe palette.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -23,6 +23,15 @@ COLORS = {
     "reference": "#000000",
     "bound": "#E69F00",
     "other": "#56B4E9",
+}
+
+#: How the figures name the attentions and normalizations (legends and titles).
+LABELS = {
+    "softmax": "SoftMax",
+    "sinkhorn": "Sinkhorn",
+    "softmax_gaussian": "SoftMax, Gaussian kernel",
+    "softmax_dot": "SoftMax, dot product",
+    "unnormalized": "unnormalized",
 }
 
 RC = {
