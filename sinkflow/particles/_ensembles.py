@@ -29,6 +29,7 @@ from sinkflow._progress import progress_bar
 from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax, get_attention
 from sinkflow.particles._dense_fields import (DENSE_BYTES_LIMIT, check_matrix, check_weights, dense_limit,
                                               single_thread_if_small)
+from sinkflow.particles._ensemble_fields import EnsembleField, takes_ensemble
 from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
 from sinkflow.particles._monitors import (MONITOR_FUNCTIONS, MonitorContext, MonitorRecords, _as_monitor_names, _energy_kind,
                                         _Recorder)
@@ -219,12 +220,12 @@ def _chunk(systems, variant, steps, options):
     one_h = bool((systems.h == systems.h[0]).all())
     h = float(systems.h[0]) if one_h else systems.h.to(X.dtype)[:, None, None]
     _warn_step_size(X, W, systems, variant, o["integrator"])
-    sphere = o["manifold"] == "sphere"
-    field = ParticleField(variant, W_scores, systems.mats["W_V"], o["n_iter"], systems.a, tau,
-                          _solver_tol(o["tol"], X.dtype), o["max_iter"], False, None,
-                          o["n_iter"] is None if o["warm_start"] is None else bool(o["warm_start"]), sphere,
-                          "marginal_errors" in o["monitors"], symmetric=_symmetric_psd(W),
-                          stages=4 if o["integrator"] == "rk4" else 1)
+    sphere, symmetric, errors = o["manifold"] == "sphere", _symmetric_psd(W), "marginal_errors" in o["monitors"]
+    kind = EnsembleField if takes_ensemble(variant, o["n_iter"], symmetric, errors, X) else ParticleField
+    field = kind(variant, W_scores, systems.mats["W_V"], o["n_iter"], systems.a, tau,
+                 _solver_tol(o["tol"], X.dtype), o["max_iter"], False, None,
+                 o["n_iter"] is None if o["warm_start"] is None else bool(o["warm_start"]), sphere,
+                 errors, symmetric=symmetric, stages=4 if o["integrator"] == "rk4" else 1)
     record = _EnsembleRecorder(o["monitors"], o["monitor_every"], _contexts(field, variant, W, systems, o))
     with single_thread_if_small(X.shape[-2] * math.isqrt(systems.count), X.device):
         run = _integrate(field, X, INTEGRATORS[o["integrator"]], h, steps, record, o["save_every"], o["progress"],

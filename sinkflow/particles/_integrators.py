@@ -67,17 +67,23 @@ class ParticleField:
     def velocity(self, Y: torch.Tensor):
         stage = self.calls % self.stages
         self.calls += 1
-        ev = attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
-                             temperature=self.temperature, init_g=self._start(stage), tol=self.tol,
-                             max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
-                             landmarks=self.landmarks, mask=self.mask, symmetric=self.symmetric)
+        ev = self.evaluate(Y, self._start(stage))
         if ev.g is not None and self.warm_start:
             self.g = ev.g.detach()
             self.history[stage] = (self.history.get(stage, ()) + (self.g,))[-3:]
-        v = ev.velocity
-        if self.sphere:
-            v = v - (v * Y).sum(-1, keepdim=True) * Y
-        return v, ev
+        return self.tangent(ev.velocity, Y) if self.sphere else ev.velocity, ev
+
+    def tangent(self, v: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        """``v`` projected on the tangent spaces of the sphere at ``Y``: :math:`(I - y y^T) v`."""
+        return v - (v * Y).sum(-1, keepdim=True) * Y
+
+    def evaluate(self, Y: torch.Tensor, init_g: torch.Tensor | None):
+        """The :class:`~sinkflow.particles.FieldEvaluation` at ``Y`` (before any projection), the
+        Sinkhorn solve started from ``init_g``."""
+        return attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
+                               temperature=self.temperature, init_g=init_g, tol=self.tol,
+                               max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
+                               landmarks=self.landmarks, mask=self.mask, symmetric=self.symmetric)
 
     def _start(self, stage: int):
         """The warm start: the last potential, or, for a symmetric solve to tolerance (whose

@@ -1,0 +1,114 @@
+"""The block-wise field of ensembles (EnsembleField) against a plain field written here, and flows
+through it against each system's own run."""
+
+import numpy as np
+import pytest
+import torch
+from oracles import sinkhorn_log
+
+import sinkflow
+import sinkflow.particles._ensemble_fields as ensemble_fields
+from sinkflow.particles._ensemble_fields import EnsembleField, takes_ensemble
+from sinkflow.attention._variants import get_attention
+
+
+def plain_field(x, attention, W, W_V, a, tau):
+    """sum_j K_ij W_V x_j with K the row SoftMax (or the doubly stochastic Sinkhorn plan) of
+    a_j e^{x_i^T W x_j / tau}, one system at a time, in numpy (log domain)."""
+    out = []
+    for b in range(x.shape[0]):
+        C = x[b] @ W[b] @ x[b].T / tau[b] + np.log(a[b])
+        if attention == "softmax":
+            K = np.exp(C - C.max(1, keepdims=True))
+            K /= K.sum(1, keepdims=True)
+        else:
+            K = sinkhorn_log(C, 4001, a[b], a[b])[0]
+            assert np.abs(a[b] @ K - a[b]).sum() < 1e-13  # the oracle converged
+        out.append(K @ x[b] @ W_V[b].T)
+    return np.stack(out)
+
+
+def field(attention, W, W_V, a, tau, dtype=torch.float64, symmetric=True):
+    t = lambda v: None if v is None else torch.as_tensor(v, dtype=dtype)
+    return EnsembleField(get_attention(attention), t(W), t(W_V), None, t(a), tau, 1e-12 if dtype == torch.float64
+                         else 1e-5, 2000, False, None, False, False, False, symmetric=symmetric)
+
+
+def batch(seed, B, n, spread):
+    rng = np.random.default_rng(seed)
+    x = spread * rng.standard_normal((B, n, 2))
+    a = rng.random((B, n)) + 0.3
+    return x, a / a.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "sinkhorn"])
+def test_blocks_of_systems_give_the_plain_field(monkeypatch, attention):
+    monkeypatch.setattr(ensemble_fields, "BLOCK_ENTRIES", 3 * 9 * 9)  # blocks of 3 systems; 7 = 3 + 3 + 1
+    x, a = batch(1, 7, 9, 0.5)  # the plain loop converges within its 4,001 half-steps
+    rng = np.random.default_rng(2)
+    W = np.stack([np.eye(2) + 0.2 * M @ M.T for M in rng.standard_normal((7, 2, 2))])  # symmetric PSD
+    W_V = rng.standard_normal((7, 2, 2))
+    tau = 0.5
+    ev = field(attention, W / tau, W_V, a, 1.0).evaluate(torch.as_tensor(x), None)
+    expected = plain_field(x, attention, W, W_V, a, np.full(7, tau))
+    np.testing.assert_allclose(ev.velocity.numpy(), expected, rtol=0, atol=1e-10)
+    if attention == "sinkhorn":
+        assert ev.converged.all() and ev.n_iter.shape == (7,) and ev.g.shape == (7, 9)
+
+
+@pytest.mark.parametrize("dtype, spread", [(torch.float64, 9.0), (torch.float32, 3.0)])
+def test_softmax_rows_far_from_their_bound_subtract_their_maxima(dtype, spread):
+    # In R^2 the diagonal x_i^T x_i / tau of a spread system ranges over more than SHIFT_SLACK:
+    # the Cauchy-Schwarz shift would underflow whole rows there (the particle near the origin).
+    x, a = batch(3, 4, 12, spread)
+    x[:, 0] = 1e-3
+    m = (x * x).sum(-1) / 0.1
+    assert (m.max(1) - m.min(1) > ensemble_fields.SHIFT_SLACK[dtype]).all()
+    eye = np.broadcast_to(np.eye(2), (4, 2, 2))
+    ev = field("softmax", None, None, a, 0.1, dtype).evaluate(torch.as_tensor(x, dtype=dtype), None)
+    expected = plain_field(x, "softmax", eye, eye, a, np.full(4, 0.1))
+    assert torch.isfinite(ev.velocity).all()
+    np.testing.assert_allclose(ev.velocity.double().numpy(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-12,
+                               atol=1e-5 * spread if dtype == torch.float32 else 1e-12)
+
+
+def test_softmax_with_any_W_subtracts_row_maxima():
+    x, a = batch(4, 5, 10, 2.0)
+    W = np.array([[0.5, 2.0], [-1.0, 0.3]])  # not symmetric: no diagonal bound
+    ev = field("softmax", W, None, a, 0.2, symmetric=False).evaluate(torch.as_tensor(x), None)
+    expected = plain_field(x, "softmax", np.broadcast_to(W, (5, 2, 2)), np.broadcast_to(np.eye(2), (5, 2, 2)), a,
+                           np.full(5, 0.2))
+    np.testing.assert_allclose(ev.velocity.numpy(), expected, rtol=0, atol=1e-12)
+
+
+def test_which_flows_take_the_ensemble_field():
+    X = torch.zeros(4, 8, 2, dtype=torch.float64)
+    softmax, sinkhorn = get_attention("softmax"), get_attention("sinkhorn")
+    assert takes_ensemble(softmax, None, False, False, X) and takes_ensemble(sinkhorn, None, True, False, X)
+    assert not takes_ensemble(sinkhorn, 3, True, False, X)  # fixed counts: the kernel-domain iterations
+    assert not takes_ensemble(sinkhorn, None, False, False, X)  # a non-symmetric W to tolerance
+    assert not takes_ensemble(softmax, None, True, True, X)  # marginal errors need the matrices
+    assert not takes_ensemble(get_attention("gaussian"), None, True, False, X)
+    assert not takes_ensemble(softmax, None, True, False, X.half())
+
+
+@pytest.mark.parametrize("attention, integrator, manifold", [
+    ("softmax", "euler", "sphere"), ("softmax", "rk4", "euclidean"),
+    ("sinkhorn", "euler", "euclidean"), ("sinkhorn", "rk4", "sphere"),
+])
+def test_flows_through_the_ensemble_field_evolve_each_system_as_alone(monkeypatch, attention, integrator, manifold):
+    monkeypatch.setattr(ensemble_fields, "BLOCK_ENTRIES", 2 * 7 * 7)  # blocks of 2 systems
+    evaluate, calls = EnsembleField.evaluate, []
+    monkeypatch.setattr(EnsembleField, "evaluate", lambda self, *args: calls.append(1) or evaluate(self, *args))
+    rng = np.random.default_rng(5)
+    x0 = rng.standard_normal((5, 7, 2))
+    x0 = x0 / np.linalg.norm(x0, axis=-1, keepdims=True) if manifold == "sphere" else 0.5 * x0
+    temperature = np.array([0.2, 0.5, 1.0, 0.2, 2.0])
+    kwargs = dict(h=0.05, steps=6, integrator=integrator, manifold=manifold, monitors=["energy", "clusters"])
+    batched = sinkflow.simulate(x0, attention, temperature=temperature, **kwargs)
+    assert len(calls) == 6 * (4 if integrator == "rk4" else 1)
+    for b in range(5):
+        alone = sinkflow.simulate(x0[b], attention, temperature=float(temperature[b]), **kwargs)
+        np.testing.assert_allclose(batched.positions[:, b], alone.positions, rtol=0, atol=1e-12)
+        assert np.array_equal(batched.sinkhorn_iterations[:, b], alone.sinkhorn_iterations)
+        np.testing.assert_allclose(batched.monitors["energy"][:, b], alone.monitors["energy"], rtol=1e-12, atol=1e-12)
