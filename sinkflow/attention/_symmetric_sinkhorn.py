@@ -163,24 +163,27 @@ class _Systems:
         return self.xp.where(self.active[..., None], w - step, w) if self.batched else w - step
 
 
-def _newton_step(E, u, s, F, eye, rows):
+def _newton_step(E, u, s, F, rows):
     """Newton's step ``(I + K)^{-1} F`` of the systems ``rows`` of a batch (all for None), zero
     elsewhere: a converged system costs no dense solve, and each system's step is its own solve."""
     if rows is None or bool(rows.all()):
-        return _newton_solve(E, u, s, F, eye)
+        return _newton_solve(E, u, s, F)
     step = 0 * F
     if bool(rows.any()):
-        step[rows] = _newton_solve(E[rows], u[rows], s[rows], F[rows], eye)
+        step[rows] = _newton_solve(E[rows], u[rows], s[rows], F[rows])
     return step
 
 
-def _newton_solve(E, u, s, F, eye):
+def _newton_solve(E, u, s, F):
     r"""``(I + K)^{-1} F``. Torch tensors take the symmetric positive definite form
     :math:`(I + K)^{-1} F = \mathrm{diag}(1/u) (E + \mathrm{diag}(s/u))^{-1} (s F)` (``E`` PSD,
     ``s / u >= 1``): a Cholesky factorization, no pivoting, no ``K``, about half the cost of
     a batched ``gesv`` of 32 x 32 systems; numpy arrays (one small CPU system) LAPACK's ``gesv``."""
-    if isinstance(E, np.ndarray):
-        return _solve(_row_normalized(E, u, s)[0] + eye, F)
+    if isinstance(E, np.ndarray):  # I + K in one buffer (the bits of _row_normalized(E, u, s)[0] + I)
+        J = np.divide(u[..., None, :], s[..., :, None])
+        J *= E
+        J.reshape(J.shape[:-2] + (-1,))[..., :: J.shape[-1] + 1] += 1.0
+        return _solve(J, F)
     J = E.clone()
     J.diagonal(0, -2, -1).add_(s / u)
     L = torch.linalg.cholesky_ex(J)[0]
@@ -188,19 +191,25 @@ def _newton_solve(E, u, s, F, eye):
 
 
 def _iterate(C, a, init_g, tol, max_iter):
-    """The iteration on numpy arrays or torch tensors alike: ``(K, g, iterations, column_error)``.
+    """The iteration on numpy arrays or torch tensors alike: ``(K, g, iterations, column_error)``."""
+    E, half = _kernel(C)
+    (u, s), g, iterations, err = iterate_kernel(E, half, a, init_g, tol, max_iter)
+    return _row_normalized(E, u, s)[0], g, iterations, err
+
+
+def iterate_kernel(E, half, a, init_g, tol, max_iter):
+    """The iteration from the kernel ``E = exp(D)`` and ``half = m / 2`` (:func:`_kernel`), on numpy
+    arrays or torch tensors alike: ``((u, s), g, iterations, column_error)``, the plan being
+    ``diag(1 / s) E diag(u)`` (not formed). Call it under ``np.errstate`` as :func:`solve_symmetric` does.
 
     Heavy-ball steps, checked every ``_CHECK_EVERY`` iterations; for ``n <= NEWTON_N`` checked at
     every iteration and replaced by Newton's steps once a system's error is below ``_NEWTON_FROM``.
     """
-    xp = _xp(C)
-    E, half = _kernel(C)
+    xp = _xp(E)
     log_a = xp.log(a)
     warm = init_g is not None
     w = init_g + half if warm else 0.5 * (log_a - xp.log(E.sum(-1)))
-    newton = C.shape[-1] <= NEWTON_N
-    eye = (xp.eye(C.shape[-1], dtype=C.dtype) if xp is np else torch.eye(C.shape[-1], dtype=C.dtype, device=C.device)
-           ) if newton else None
+    newton = E.shape[-1] <= NEWTON_N
     every = 1 if newton else _CHECK_EVERY
     systems = _Systems(xp, w, warm and newton)
     previous = w
@@ -213,17 +222,17 @@ def _iterate(C, a, init_g, tol, max_iter):
         F = w + xp.log(s) - log_a
         close = systems.err < _NEWTON_FROM if newton else False
         if newton and bool(close.all()):
-            step = _newton_step(E, u, s, F, eye, systems.active if systems.batched else None)
+            step = _newton_step(E, u, s, F, systems.active if systems.batched else None)
             if not float(xp.abs(step).max()) <= _NEWTON_MAX:  # too far for Newton: a heavy-ball step
                 step = _newton_or_ball(xp, step, _GAMMA * F - _MOMENTUM * (w - previous))
         else:
             step = _GAMMA * F - _MOMENTUM * (w - previous)
             if newton and bool(close.any()):
-                newton_step = _newton_step(E, u, s, F, eye, close & systems.active)
+                newton_step = _newton_step(E, u, s, F, close & systems.active)
                 step = xp.where(close[..., None], _newton_or_ball(xp, newton_step, step), step)
         previous = w
         w = systems.advanced(w, step)
-    return _row_normalized(E, u, s)[0], w - half, systems.iterations, systems.err
+    return (u, s), w - half, systems.iterations, systems.err
 
 
 def solve_one(C: np.ndarray, a: np.ndarray, init_g: np.ndarray | None, tol: float, max_iter: int):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, solve_symmetric
+from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, iterate_kernel
 from sinkflow.attention._variants import _sinkhorn, _softmax
 from sinkflow.particles._dense_fields import SYMMETRIC_BUDGET, FieldEvaluation, _general_fallback
 from sinkflow.particles._integrators import ParticleField
@@ -105,26 +105,46 @@ class EnsembleField(ParticleField):
     def _sinkhorn(self, Y, q, V, init_g) -> FieldEvaluation:
         B, n, d = Y.shape
         a = self.weights if self.weights is not None else torch.full((B, n), 1.0 / n, dtype=Y.dtype, device=Y.device)
-        a = a.expand(B, n)
+        a, half = a.expand(B, n), 0.5 * _dot(q, Y)
         g, count = torch.empty(B, n, dtype=Y.dtype, device=Y.device), torch.empty(B, dtype=torch.int64, device=Y.device)
         converged = torch.empty(B, dtype=torch.bool, device=Y.device)
         P = torch.empty(B, n, d, dtype=Y.dtype, device=Y.device)
-        Vt = V.mT
+        q_half, Y_half = torch.cat([q, -half[..., None], _ones(Y)], -1), torch.cat([Y, _ones(Y), -half[..., None]], -1)
         blocks, buffer = self._blocks(Y)
-        for rows in blocks:
-            C = _matmul(q[rows], Y[rows].mT, buffer[: rows.stop - rows.start])
-            start = None if init_g is None else init_g[rows]
-            res = solve_symmetric(C, a[rows], start, self.tol, min(self.max_iter, SYMMETRIC_BUDGET))
-            K, g[rows], count[rows], converged[rows] = res.attention, res.g, res.iterations, res.converged
-            if not bool(res.converged.all()):
+        for rows in blocks:  # D = C - m_i / 2 - m_j / 2 <= 0 from one product, E = exp(D) in place
+            E = _matmul(q_half[rows], Y_half[rows].mT, buffer[: rows.stop - rows.start]).exp_()
+            (u, s), g[rows], count[rows], err = _solve(E, half[rows], a[rows], None if init_g is None else init_g[rows],
+                                                      self.tol, min(self.max_iter, SYMMETRIC_BUDGET))
+            converged[rows] = err <= self.tol  # NaN: not converged
+            uV = (u[..., None] * V[rows]).mT
+            if bool(converged[rows].all()):
+                _matmul(uV, E.mT, P[rows].mT)
+                P[rows] /= s[..., None]
+            else:  # the general solver finishes the systems the symmetric one left (as alone)
                 K, g[rows], count[rows], converged[rows] = _general_fallback(
-                    C, a[rows], self.tol, self.max_iter, K, res.g, res.iterations, res.converged)
-            _matmul(Vt[rows], K.mT, P[rows].mT)
+                    q[rows] @ Y[rows].mT, a[rows], self.tol, self.max_iter,
+                    E * (u[..., None, :] / s[..., :, None]), g[rows], count[rows], converged[rows])
+                _matmul(V[rows].mT, K.mT, P[rows].mT)
         return FieldEvaluation(P, None, g, count, converged, math.nan, math.nan)
 
 
+def _ones(t):
+    return torch.ones(t.shape[:-1] + (1,), dtype=t.dtype, device=t.device)
+
+
 def _with_ones(t):
-    return torch.cat([t, torch.ones(t.shape[:-1] + (1,), dtype=t.dtype, device=t.device)], -1)
+    return torch.cat([t, _ones(t)], -1)
+
+
+def _solve(E, half, a, init_g, tol, max_iter):
+    """:func:`~sinkflow.attention._symmetric_sinkhorn.iterate_kernel` on torch tensors, a CPU block in numpy:
+    ``((u, s), g, iterations, column_error)`` as tensors."""
+    cpu = E.device.type == "cpu"
+    args = [None if t is None else t.numpy() if cpu else t for t in (E, half, a, init_g)]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system stops, not converged
+        (u, s), g, iterations, err = iterate_kernel(*args, tol, max_iter)
+    wrap = (lambda t: torch.from_numpy(np.asarray(t))) if cpu else (lambda t: t)
+    return (wrap(u), wrap(s)), wrap(g), wrap(iterations), wrap(err)
 
 
 def _shifted(q, Y, symmetric):

@@ -112,3 +112,14 @@ def test_flows_through_the_ensemble_field_evolve_each_system_as_alone(monkeypatc
         np.testing.assert_allclose(batched.positions[:, b], alone.positions, rtol=0, atol=1e-12)
         assert np.array_equal(batched.sinkhorn_iterations[:, b], alone.sinkhorn_iterations)
         np.testing.assert_allclose(batched.monitors["energy"][:, b], alone.monitors["energy"], rtol=1e-12, atol=1e-12)
+
+
+def test_systems_left_unconverged_are_finished_by_the_general_solver_as_alone():
+    x0 = 0.7 * np.random.default_rng(6).standard_normal((4, 7, 2))
+    kwargs = dict(h=0.05, steps=3, max_iter=2)  # too few iterations for either solver
+    batched = sinkflow.simulate(x0, "sinkhorn", **kwargs)
+    assert not batched.converged.any()
+    for b in range(4):
+        alone = sinkflow.simulate(x0[b], "sinkhorn", **kwargs)
+        np.testing.assert_allclose(batched.positions[:, b], alone.positions, rtol=0, atol=1e-12)
+        assert np.array_equal(batched.sinkhorn_iterations[:, b], alone.sinkhorn_iterations)
