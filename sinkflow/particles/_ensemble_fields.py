@@ -4,7 +4,8 @@ For thousands of systems of a few dozen particles a field evaluation is a few pa
 ``B x n x n`` scores, and only the exponentials are arithmetic; :class:`EnsembleField` takes the
 other passes out or into cache:
 
-* the systems go in blocks of at most :data:`BLOCK_ENTRIES` matrix entries (1 MiB in float64), so
+* the systems go in blocks of at most :data:`BLOCK_ENTRIES` matrix entries (1 MiB in float64; on
+  an accelerator the whole batch is one block), so
   a block's scores stay in a core's L2 cache (1-2 MiB on current x86 server cores) from their
   product through the exponentials to the product with the values, in one reused buffer;
 * SoftMax: the temperature is folded into the queries (``n d`` work, not ``n^2``) and a row shift
@@ -75,7 +76,7 @@ class EnsembleField(ParticleField):
     def _blocks(self, Y):
         """Slices of at most ``BLOCK_ENTRIES`` entries (one block on an accelerator) and the scores buffer."""
         B, n = Y.shape[:2]
-        size = B if Y.device.type != "cpu" else max(1, min(B, BLOCK_ENTRIES // (n * n)))
+        size = max(1, min(B, BLOCK_ENTRIES // (n * n))) if _in_numpy(Y) else B
         if self._scores is None or self._scores.shape != (size, n, n) or self._scores.dtype != Y.dtype:
             self._scores = torch.empty(size, n, n, dtype=Y.dtype, device=Y.device)
         return [slice(lo, min(lo + size, B)) for lo in range(0, B, size)], self._scores
@@ -139,7 +140,7 @@ def _with_ones(t):
 def _solve(E, half, a, init_g, tol, max_iter):
     """:func:`~sinkflow.attention._symmetric_sinkhorn.iterate_kernel` on torch tensors, a CPU block in numpy:
     ``((u, s), g, iterations, column_error)`` as tensors."""
-    cpu = E.device.type == "cpu"
+    cpu = _in_numpy(E)
     args = [None if t is None else t.numpy() if cpu else t for t in (E, half, a, init_g)]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system stops, not converged
         (u, s), g, iterations, err = iterate_kernel(*args, tol, max_iter)
@@ -172,7 +173,12 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out = a @ b`` over a batch; CPU tensors through numpy's ``matmul`` (module docstring)."""
-    if out.device.type == "cpu":
+    if _in_numpy(out):
         np.matmul(a.numpy(), b.numpy(), out=out.numpy())
         return out
-    return torch.matmul(a, b, out=out)
+    return out.copy_(a @ b)  # out may be a transposed view
+
+
+def _in_numpy(t: torch.Tensor) -> bool:
+    """Whether ``t``'s blocks run through numpy (CPU); on an accelerator one block runs in torch."""
+    return t.device.type == "cpu"

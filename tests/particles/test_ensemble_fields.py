@@ -22,7 +22,7 @@ def plain_field(x, attention, W, W_V, a, tau):
             K = np.exp(C - C.max(1, keepdims=True))
             K /= K.sum(1, keepdims=True)
         else:
-            K = sinkhorn_log(C, 4001, a[b], a[b])[0]
+            K = sinkhorn_log(C, 801, a[b], a[b])[0]
             assert np.abs(a[b] @ K - a[b]).sum() < 1e-13  # the oracle converged
         out.append(K @ x[b] @ W_V[b].T)
     return np.stack(out)
@@ -44,7 +44,7 @@ def batch(seed, B, n, spread):
 @pytest.mark.parametrize("attention", ["softmax", "sinkhorn"])
 def test_blocks_of_systems_give_the_plain_field(monkeypatch, attention):
     monkeypatch.setattr(ensemble_fields, "BLOCK_ENTRIES", 3 * 9 * 9)  # blocks of 3 systems; 7 = 3 + 3 + 1
-    x, a = batch(1, 7, 9, 0.5)  # the plain loop converges within its 4,001 half-steps
+    x, a = batch(1, 7, 9, 0.5)  # the plain loop converges within its 801 half-steps
     rng = np.random.default_rng(2)
     W = np.stack([np.eye(2) + 0.2 * M @ M.T for M in rng.standard_normal((7, 2, 2))])  # symmetric PSD
     W_V = rng.standard_normal((7, 2, 2))
@@ -123,3 +123,15 @@ def test_systems_left_unconverged_are_finished_by_the_general_solver_as_alone():
         alone = sinkflow.simulate(x0[b], "sinkhorn", **kwargs)
         np.testing.assert_allclose(batched.positions[:, b], alone.positions, rtol=0, atol=1e-12)
         assert np.array_equal(batched.sinkhorn_iterations[:, b], alone.sinkhorn_iterations)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "sinkhorn"])
+def test_the_torch_route_of_accelerators_gives_the_same_flow(monkeypatch, attention):
+    x0 = np.random.default_rng(7).standard_normal((6, 9, 2))
+    x0 /= np.linalg.norm(x0, axis=-1, keepdims=True)
+    kwargs = dict(h=0.05, steps=4, manifold="sphere", temperature=0.25)
+    in_numpy = sinkflow.simulate(x0, attention, **kwargs)
+    monkeypatch.setattr(ensemble_fields, "_in_numpy", lambda t: False)  # one block, torch operations
+    in_torch = sinkflow.simulate(x0, attention, **kwargs)
+    np.testing.assert_allclose(in_torch.positions, in_numpy.positions, rtol=0, atol=1e-12)
+    assert np.array_equal(in_torch.sinkhorn_iterations, in_numpy.sinkhorn_iterations)
