@@ -5,20 +5,25 @@ For thousands of systems of a few dozen particles a field evaluation is a few pa
 other passes out or into cache:
 
 * the systems go in blocks of at most :data:`BLOCK_ENTRIES` matrix entries (1 MiB in float64; on
-  an accelerator the whole batch is one block), so
-  a block's scores stay in a core's L2 cache (1-2 MiB on current x86 server cores) from their
-  product through the exponentials to the product with the values, in one reused buffer;
-* SoftMax: the temperature is folded into the queries (``n d`` work, not ``n^2``) and a row shift
-  into the same product (one more coordinate), the exponentials are taken in place, and the
-  values carry a row of ones, so one product gives the numerators and the row sums at once and
-  only the ``n x d`` result is divided. For a symmetric positive semi-definite ``W`` the shift is
-  Cauchy-Schwarz's :math:`M_i = \sqrt{m_i \max_j m_j} \ge \max_j C_{ij}` (:math:`m = \operatorname{diag} C`),
-  within :math:`\max m - \min m` of the row maximum (exact on the sphere with ``W = I``: there
-  :math:`C_{ij} \le 1/\tau = M_i`); blocks whose diagonals spread more than :data:`SHIFT_SLACK`
-  (and any other ``W``) subtract the row maxima, as ``torch.softmax`` does;
-* Sinkhorn to tolerance: each block is solved by :func:`sinkflow.attention._symmetric_sinkhorn.solve_symmetric`
-  (one exponential pass, matrix-vector iterations on the cached kernel, warm started, each system
-  leaving the iteration when it has converged), which runs a CPU block in numpy;
+  an accelerator the whole batch is one block), so a block's scores stay in a core's L2 cache
+  (1-2 MiB on current x86 server cores) from their product through the exponentials to the
+  product with the values, in one reused buffer;
+* SoftMax: the temperature is folded into the queries (``n d`` work, not ``n^2``), the
+  exponentials are taken in place, and the values carry a column of ones, so one product gives
+  the numerators and the row sums at once and only the ``n x d`` result is divided. For a
+  symmetric positive semi-definite ``W``, Cauchy-Schwarz bounds every score by the largest
+  diagonal one, :math:`|C_{ij}| \le \sqrt{C_{ii} C_{jj}} \le \max_k C_{kk}`: where that is at most
+  :data:`UNSHIFTED_MAX` (half the exponent range) the exponentials need no shift, every entry
+  lying in :math:`[\sqrt{\text{tiny}}, 1/\sqrt{\text{tiny}}]` (on the sphere with ``W = I``:
+  :math:`\beta = 1/\tau \le 354` in float64, 43 in float32); other blocks (and any other ``W``)
+  subtract their row maxima, as ``torch.softmax`` does;
+* Sinkhorn to tolerance (a symmetric PSD ``W``): the Gaussian form of the scores,
+  :math:`D_{ij} = C_{ij} - C_{ii}/2 - C_{jj}/2 \le 0`, comes from the same product (two more
+  coordinates), its exponentials :math:`E = e^D` are taken in place, and
+  :func:`~sinkflow.attention._symmetric_sinkhorn.iterate_kernel` iterates on that cached kernel
+  (matrix-vector products and Newton's steps, warm started, each system leaving the iteration
+  when it has converged; a CPU block in numpy); the plan :math:`\mathrm{diag}(1/s) E \mathrm{diag}(u)`
+  is never formed, the velocity is :math:`E (u \odot V) / s`;
 * the products with the values are taken as ``V^T K^T`` (``d x n`` times ``n x n``): on CPU
   stacks of small matrices numpy's ``matmul`` takes about a third of torch's ``bmm`` time in that
   form (measured on 2,048 x 32 x 32).
@@ -40,21 +45,20 @@ from sinkflow.attention._variants import _sinkhorn, _softmax
 from sinkflow.particles._dense_fields import SYMMETRIC_BUDGET, FieldEvaluation, _general_fallback
 from sinkflow.particles._integrators import ParticleField
 
-__all__ = ["BLOCK_ENTRIES", "EnsembleField", "SHIFT_SLACK", "takes_ensemble"]
+__all__ = ["BLOCK_ENTRIES", "EnsembleField", "UNSHIFTED_MAX", "takes_ensemble"]
 
 #: Matrix entries of one block of systems (the bound of the numpy path of the symmetric solver).
 BLOCK_ENTRIES = NUMPY_ENTRIES
 
-#: Largest spread of a system's score diagonal for which the Cauchy-Schwarz shift of a SoftMax
-#: row replaces its maximum: half the exponent range of the dtype, so the largest entry of a row
-#: is at least sqrt(tiny) and what underflows weighs less than sqrt(tiny) of the row.
-SHIFT_SLACK = {dtype: -0.5 * math.log(torch.finfo(dtype).tiny) for dtype in (torch.float32, torch.float64)}
+#: Largest diagonal score of a SoftMax block whose exponentials are taken without a shift: half the
+#: exponent range of the dtype (every entry then lies within [sqrt(tiny), 1 / sqrt(tiny)]).
+UNSHIFTED_MAX = {dtype: -0.5 * math.log(torch.finfo(dtype).tiny) for dtype in (torch.float32, torch.float64)}
 
 
 def takes_ensemble(variant, n_iter, symmetric: bool, need_errors: bool, X: torch.Tensor) -> bool:
     """Whether :class:`EnsembleField` evaluates this batched flow: SoftMax, or Sinkhorn to tolerance
     with a symmetric PSD ``W``; dot-product scores, float32 / float64, no marginal-error monitor."""
-    if variant.scores != "dot" or need_errors or X.dtype not in SHIFT_SLACK or X.shape[-2] ** 2 > BLOCK_ENTRIES:
+    if variant.scores != "dot" or need_errors or X.dtype not in UNSHIFTED_MAX or X.shape[-2] ** 2 > BLOCK_ENTRIES:
         return False
     return variant.normalize is _softmax or (variant.normalize is _sinkhorn and n_iter is None and symmetric)
 
@@ -83,15 +87,14 @@ class EnsembleField(ParticleField):
 
     def _softmax(self, Y, q, V) -> FieldEvaluation:
         B, n, d = Y.shape
-        q_shift, Y_one, exact = _shifted(q, Y, self.symmetric)
-        V_one = Y_one if V is Y else _with_ones(V)  # values and a column of ones: numerators and row sums
+        V_one = _with_ones(V)  # values and a column of ones: the numerators and the row sums at once
         if self.weights is not None:
             V_one = V_one * self.weights[..., None]
         P = torch.empty(B, n, d + 1, dtype=Y.dtype, device=Y.device)  # K [V, 1], written as (K [V, 1])^T
         blocks, buffer = self._blocks(Y)
-        for rows in blocks:
-            S = _matmul(q_shift[rows], Y_one[rows].mT, buffer[: rows.stop - rows.start])
-            if exact[rows].any():
+        for rows, bounded in zip(blocks, _bounded(q, Y, self.symmetric, blocks)):
+            S = _matmul(q[rows], Y[rows].mT, buffer[: rows.stop - rows.start])
+            if not bounded:
                 S.sub_(S.amax(-1, keepdim=True))
             _matmul(V_one[rows].mT, S.exp_().mT, P[rows].mT)
         velocity = P[..., :d] / P[..., d:]
@@ -148,16 +151,15 @@ def _solve(E, half, a, init_g, tol, max_iter):
     return (wrap(u), wrap(s)), wrap(g), wrap(iterations), wrap(err)
 
 
-def _shifted(q, Y, symmetric):
-    """``[q, -M]`` and ``[Y, 1]`` (their product: the scores less a row shift ``M``) and which
-    systems still need their row maxima subtracted (module docstring)."""
-    if not symmetric:  # no bound from the diagonal: every block subtracts its row maxima
-        everywhere = torch.ones(Y.shape[0], dtype=torch.bool, device=Y.device)
-        return torch.cat([q, torch.zeros_like(q[..., :1])], -1), _with_ones(Y), everywhere
-    m = _dot(q, Y).clamp_min_(0.0)  # the diagonal of the scores (>= 0 for a PSD form)
-    top, low = m.amax(-1, keepdim=True), m.amin(-1, keepdim=True)
-    exact = (top - low)[:, 0] > SHIFT_SLACK[Y.dtype]
-    return torch.cat([q, -(m * top).sqrt_()[..., None]], -1), _with_ones(Y), exact
+def _bounded(q, Y, symmetric, blocks) -> list:
+    """For each block, whether its scores need no shift: ``W`` symmetric PSD and every diagonal
+    score at most ``UNSHIFTED_MAX`` (module docstring)."""
+    if not symmetric:
+        return [False] * len(blocks)
+    top = _dot(q, Y).amax(-1)  # max_i C_ii of each system
+    if not bool((top > UNSHIFTED_MAX[Y.dtype]).any()):  # NaN compares False: the flow's own check stops it
+        return [True] * len(blocks)
+    return [not bool((top[rows] > UNSHIFTED_MAX[Y.dtype]).any()) for rows in blocks]
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -57,13 +57,14 @@ def test_blocks_of_systems_give_the_plain_field(monkeypatch, attention):
 
 
 @pytest.mark.parametrize("dtype, spread", [(torch.float64, 9.0), (torch.float32, 3.0)])
-def test_softmax_rows_far_from_their_bound_subtract_their_maxima(dtype, spread):
-    # In R^2 the diagonal x_i^T x_i / tau of a spread system ranges over more than SHIFT_SLACK:
-    # the Cauchy-Schwarz shift would underflow whole rows there (the particle near the origin).
+def test_softmax_blocks_of_large_scores_subtract_their_row_maxima(monkeypatch, dtype, spread):
+    # In R^2 the diagonal x_i^T x_i / tau of a spread system exceeds UNSHIFTED_MAX: unshifted
+    # exponentials would overflow there. Blocks of two: one block of small systems, one of spread ones.
+    monkeypatch.setattr(ensemble_fields, "BLOCK_ENTRIES", 2 * 12 * 12)
     x, a = batch(3, 4, 12, spread)
-    x[:, 0] = 1e-3
+    x[:2] *= 0.1
     m = (x * x).sum(-1) / 0.1
-    assert (m.max(1) - m.min(1) > ensemble_fields.SHIFT_SLACK[dtype]).all()
+    assert np.array_equal(m.max(1) > ensemble_fields.UNSHIFTED_MAX[dtype], [False, False, True, True])
     eye = np.broadcast_to(np.eye(2), (4, 2, 2))
     ev = field("softmax", None, None, a, 0.1, dtype).evaluate(torch.as_tensor(x, dtype=dtype), None)
     expected = plain_field(x, "softmax", eye, eye, a, np.full(4, 0.1))
