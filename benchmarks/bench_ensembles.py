@@ -1,8 +1,8 @@
 """Particle flows at small n and in ensembles: Sinkhorn against SoftMax, one system against a batch.
 
-Two tables, one torch / BLAS thread, float64, ``temperature = 0.2``, ``h = 0.05`` (the issue's
-setting), medians over ``--repeats`` interleaved runs, every ratio against a reference measured in
-the same run:
+Two tables, one torch / BLAS thread, float64 (``--dtype float32``), ``temperature = 0.2``,
+``h = 0.05`` (the issue's setting), medians over ``--repeats`` interleaved runs, every ratio
+against a reference measured in the same run:
 
 1. ``small n``: ms per step (CPU time, wall beside it) of :func:`sinkflow.simulate` with SoftMax,
    Sinkhorn to tolerance (1e-10) and Sinkhorn with ``n_iter=3``, on the circle
@@ -11,18 +11,25 @@ the same run:
    flow through the general solver (the path every flow took before the symmetric solver).
 2. ``ensembles``: 2,048 systems of n = 32 in one call; the cost per system-step against the
    single-system step of the same attention, and against the batch's exponential floor (one
-   ``exp`` of the ``2048 x 32 x 32`` scores per field evaluation, timed alone: one Euler step
-   evaluates the field once, and both SoftMax and Sinkhorn need the exponentials of all the
-   scores at least once).
+   ``exp`` of the ``2048 x 32 x 32`` scores per field evaluation, timed alone in the run's dtype
+   and score range, into a preallocated output: one Euler step evaluates the field once, and both
+   SoftMax and Sinkhorn need the exponentials of all the scores at least once).
 
 Measured (``--small-only --repeats 5``, load 10.2 -> 7.8, CPU time; docs/performance.md): Sinkhorn(3)
 1.00-1.45x SoftMax everywhere; to tolerance 1.28-1.81x on the circle for n <= 256 (2.00x at 64),
 1.40-1.60x in R^2 for n >= 256, 2.02x / 2.36x in R^2 at n = 16 / 64 (two Newton steps) and 4.9x on
 the circle at n = 1,024 (the harmonic field's scaling).
 
+Measured (``--ensembles-only --repeats 5``, CPU time, load 8.6-8.9; before: main at 61d655d in the
+same session): float64 SoftMax 3.0x / 2.2x the floor on the circle / in R^2 (before 5.8x / 7.1x),
+1/37 / 1/35 of a single step (1/16, 1/13); Sinkhorn 1/17 / 1/10 (1/9, 1/5), 13.7x / 16.8x the floor
+(19.9x, 33.6x: one or two Newton steps of a dense 32 x 32 solve per system cost ~3x the floor each).
+float32: SoftMax 4.0x the floor, 1/62 / 1/52; Sinkhorn 1/20 / 1/15 (docs/performance.md).
+
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
-Usage: ``python benchmarks/bench_ensembles.py [--quick] [--repeats R] [--ensembles-only | --small-only]``.
+Usage: ``python benchmarks/bench_ensembles.py [--quick] [--repeats R] [--ensembles-only | --small-only]
+[--dtype float32] [--clock wall]``.
 """
 
 from __future__ import annotations
