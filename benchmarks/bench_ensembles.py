@@ -20,11 +20,12 @@ Measured (``--small-only --repeats 5``, load 10.2 -> 7.8, CPU time; docs/perform
 1.40-1.60x in R^2 for n >= 256, 2.02x / 2.36x in R^2 at n = 16 / 64 (two Newton steps) and 4.9x on
 the circle at n = 1,024 (the harmonic field's scaling).
 
-Measured (``--ensembles-only --repeats 5``, CPU time, load 8.6-8.9; before: main at 61d655d in the
-same session): float64 SoftMax 3.0x / 2.2x the floor on the circle / in R^2 (before 5.8x / 7.1x),
-1/37 / 1/35 of a single step (1/16, 1/13); Sinkhorn 1/17 / 1/10 (1/9, 1/5), 13.7x / 16.8x the floor
-(19.9x, 33.6x: one or two Newton steps of a dense 32 x 32 solve per system cost ~3x the floor each).
-float32: SoftMax 4.0x the floor, 1/62 / 1/52; Sinkhorn 1/20 / 1/15 (docs/performance.md).
+Measured (``--ensembles-only --repeats 5``, CPU time, load 12.7-13.9; before: main at 61d655d,
+run alternately): float64 SoftMax 10.2 / 7.9 ms a step on the circle / in R^2 (before 35.0 /
+35.2), 1/53 / 1/57 of a single step (1/15, 1/14), 4.4x / 3.6x numpy's exp floor (2.3x / 1.6x
+torch's); Sinkhorn 1/14 / 1/12 (1/9, 1/6), 27x / 33x the floor (one or two Newton steps of a dense
+32 x 32 solve per system cost 5-6x the floor each). float32: SoftMax 1/80 / 1/56, 4.5x / 5.7x;
+Sinkhorn 1/21 / 1/18 (docs/performance.md).
 
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
