@@ -15,7 +15,7 @@ other passes out or into cache:
   diagonal one, :math:`|C_{ij}| \le \sqrt{C_{ii} C_{jj}} \le \max_k C_{kk}`: where that is at most
   :data:`UNSHIFTED_MAX` (half the exponent range) the exponentials need no shift, every entry
   lying in :math:`[\sqrt{\text{tiny}}, 1/\sqrt{\text{tiny}}]` (on the sphere with ``W = I``:
-  :math:`\beta = 1/\tau \le 354` in float64, 43 in float32); other blocks (and any other ``W``)
+  :math:`\beta = 1/\tau \le 354` in float64, 43 in float32); other systems (and any other ``W``)
   subtract their row maxima, as ``torch.softmax`` does;
 * Sinkhorn to tolerance (a symmetric PSD ``W``): the Gaussian form of the scores,
   :math:`D_{ij} = C_{ij} - C_{ii}/2 - C_{jj}/2 \le 0`, comes from the same product (two more
@@ -29,8 +29,8 @@ other passes out or into cache:
   times ``n x n``) through numpy's ``matmul``: about a third of torch's ``bmm`` time on stacks of
   small matrices (measured on 2,048 x 32 x 32).
 
-Each system's result is its own: nothing in a block mixes systems, and the Sinkhorn solve stops
-each system at its own tolerance (:mod:`sinkflow.particles._ensembles`).
+Each system's result is its own, bit for bit whatever its block: nothing in a block mixes systems,
+and the Sinkhorn solve stops each system at its own tolerance (:mod:`sinkflow.particles._ensembles`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ __all__ = ["BLOCK_ENTRIES", "EnsembleField", "UNSHIFTED_MAX", "takes_ensemble"]
 #: Matrix entries of one block of systems (the bound of the numpy path of the symmetric solver).
 BLOCK_ENTRIES = NUMPY_ENTRIES
 
-#: Largest diagonal score of a SoftMax block whose exponentials are taken without a shift: half the
+#: Largest diagonal score of a SoftMax system whose exponentials are taken without a shift: half the
 #: exponent range of the dtype (every entry then lies within [sqrt(tiny), 1 / sqrt(tiny)]).
 UNSHIFTED_MAX = {dtype: -0.5 * math.log(torch.finfo(dtype).tiny) for dtype in (torch.float32, torch.float64)}
 
@@ -93,10 +93,11 @@ class EnsembleField(ParticleField):
             V_one = V_one * self.weights[..., None]
         P = torch.empty(B, n, d + 1, dtype=Y.dtype, device=Y.device)  # K [V, 1], written as (K [V, 1])^T
         blocks, buffer = self._blocks(Y)
-        for rows, bounded in zip(blocks, _bounded(q, Y, self.symmetric, blocks)):
+        large = _large(q, Y, self.symmetric)
+        for rows in blocks:
             S = _matmul(q[rows], Y[rows].mT, buffer[: rows.stop - rows.start])
-            if not bounded:
-                S.sub_(S.amax(-1, keepdim=True))
+            if large is not None and bool(large[rows].any()):  # those systems' rows less their maxima
+                S.sub_(torch.where(large[rows, None, None], S.amax(-1, keepdim=True), 0.0))
             _matmul(V_one[rows].mT, _exp_(S).mT, P[rows].mT)
         velocity = P[..., :d] / P[..., d:]
         return FieldEvaluation(velocity, None, None, 1, True, math.nan, math.nan)
@@ -152,15 +153,14 @@ def _solve(E, half, a, init_g, tol, max_iter):
     return (wrap(u), wrap(s)), wrap(g), wrap(iterations), wrap(err)
 
 
-def _bounded(q, Y, symmetric, blocks) -> list:
-    """For each block, whether its scores need no shift: ``W`` symmetric PSD and every diagonal
-    score at most ``UNSHIFTED_MAX`` (module docstring)."""
+def _large(q, Y, symmetric):
+    """The systems whose SoftMax rows must subtract their maxima (a boolean tensor), or None: all
+    for a ``W`` that is not symmetric PSD, else those with a diagonal score above ``UNSHIFTED_MAX``
+    (module docstring)."""
     if not symmetric:
-        return [False] * len(blocks)
-    top = _dot(q, Y).amax(-1)  # max_i C_ii of each system
-    if not bool((top > UNSHIFTED_MAX[Y.dtype]).any()):  # NaN compares False: the flow's own check stops it
-        return [True] * len(blocks)
-    return [not bool((top[rows] > UNSHIFTED_MAX[Y.dtype]).any()) for rows in blocks]
+        return torch.ones(Y.shape[0], dtype=torch.bool, device=Y.device)
+    large = _dot(q, Y).amax(-1) > UNSHIFTED_MAX[Y.dtype]  # max_i C_ii of each system; NaN: the flow's check stops it
+    return large if bool(large.any()) else None
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

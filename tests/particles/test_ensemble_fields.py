@@ -57,24 +57,26 @@ def test_blocks_of_systems_give_the_plain_field(monkeypatch, attention):
 
 
 @pytest.mark.parametrize("dtype, spread", [(torch.float64, 9.0), (torch.float32, 3.0)])
-def test_softmax_blocks_of_large_scores_subtract_their_row_maxima(monkeypatch, dtype, spread):
+def test_softmax_systems_of_large_scores_subtract_their_row_maxima(monkeypatch, dtype, spread):
     # In R^2 the diagonal x_i^T x_i / tau of a spread system exceeds UNSHIFTED_MAX: unshifted
-    # exponentials would overflow there. Blocks of two: one block of small systems, one of spread ones.
+    # exponentials would overflow there. Blocks of two, each a small system and a spread one.
     monkeypatch.setattr(ensemble_fields, "BLOCK_ENTRIES", 2 * 12 * 12)
     x, a = batch(3, 4, 12, spread)
-    x[:2] *= 0.1
+    x[::2] *= 0.1
     m = (x * x).sum(-1) / 0.1
-    assert np.array_equal(m.max(1) > ensemble_fields.UNSHIFTED_MAX[dtype], [False, False, True, True])
+    assert np.array_equal(m.max(1) > ensemble_fields.UNSHIFTED_MAX[dtype], [False, True, False, True])
     eye = np.broadcast_to(np.eye(2), (4, 2, 2))
     ev = field("softmax", None, None, a, 0.1, dtype).evaluate(torch.as_tensor(x, dtype=dtype), None)
     expected = plain_field(x, "softmax", eye, eye, a, np.full(4, 0.1))
     assert torch.isfinite(ev.velocity).all()
     np.testing.assert_allclose(ev.velocity.double().numpy(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-12,
                                atol=1e-5 * spread if dtype == torch.float32 else 1e-12)
+    small = field("softmax", None, None, a[::2], 0.1, dtype).evaluate(torch.as_tensor(x[::2], dtype=dtype), None)
+    assert torch.equal(small.velocity, ev.velocity[::2])  # a system's field is its own, bit for bit
 
 
 def test_softmax_with_any_W_subtracts_row_maxima():
-    x, a = batch(4, 5, 10, 2.0)
+    x, a = batch(4, 5, 10, 8.0)  # scores beyond the float64 exponent range
     W = np.array([[0.5, 2.0], [-1.0, 0.3]])  # not symmetric: no diagonal bound
     ev = field("softmax", W, None, a, 0.2, symmetric=False).evaluate(torch.as_tensor(x), None)
     expected = plain_field(x, "softmax", np.broadcast_to(W, (5, 2, 2)), np.broadcast_to(np.eye(2), (5, 2, 2)), a,
