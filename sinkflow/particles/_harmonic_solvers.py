@@ -13,26 +13,27 @@ them, on the whole marginal error rather than a block's.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import torch
-from scipy import linalg
 
 from sinkflow.particles._harmonic_kernels import _Factored
 
 _NEWTON_RATIO = 1e-2  # Newton's block: the modes of eigenvalue above this fraction of the largest
 _NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2, or r on the circle)
 _NEWTON_FAR = 1e-3  # marginal error above which the Jacobian is formed anew at every step
-_ROW_BY_ROW = 2**18  # two-row products over more entries than this: one matrix-vector product per row (faster)
+_SWEEP_BYTES = 2**20  # a fused sweep's blocks: features this large stay in a core's cache between its two products
+_PAIRS = 2**18  # products of more rows against more entries than this: two rows at a time (faster)
 
 
 def _dot(A, B):
-    """``A @ B`` for a short ``A``; on the CPU two rows against a large ``B`` one matrix-vector product
-    each (OpenBLAS's small-``m`` gemm is up to 2x slower there: benchmarks/bench_harmonic.py)."""
-    if isinstance(A, np.ndarray) and A.shape[0] == 2 and B.size > _ROW_BY_ROW:
-        return np.stack([A[0] @ B, A[1] @ B])
-    return A @ B
+    """``A @ B`` for a short ``A``; on the CPU against a large ``B`` two rows of ``A`` at a time: OpenBLAS's
+    gemm with three to six rows runs at half the speed of one with two there (docs/performance.md)."""
+    if not isinstance(A, np.ndarray) or A.shape[0] <= 2 or B.size <= _PAIRS:
+        return A @ B
+    return np.concatenate([A[i:i + 2] @ B for i in range(0, A.shape[0], 2)])
 
 
 class _Passes:
@@ -60,10 +61,14 @@ class _Passes:
     def device(self, M: np.ndarray):
         return M if self.cpu else torch.as_tensor(M, device=self.factored.X.device)
 
-    def _blocks(self):
+    def _blocks(self, nbytes: int | None = None):
+        """``(i0, i1, features)`` by block (the feature blocks cut into ``nbytes`` pieces when given)."""
         for b, (i0, i1) in enumerate(self.factored.blocks):
             F = self.stored[b] if self.stored is not None else self.array(self.factored._features(b, i0, i1))
-            yield i0, i1, F
+            width = i1 - i0 if nbytes is None else max(1, nbytes // (8 * F.shape[0]))
+            for j0 in range(0, i1 - i0, width):
+                j1 = min(i1 - i0, j0 + width)
+                yield i0 + j0, i0 + j1, F[:, j0:j1]
 
     def moments(self, W):
         """:math:`W \\Phi`, ``(c, r)``, for weights ``W`` ``(c, n)``."""
@@ -86,6 +91,16 @@ class _Passes:
             G = G + FR * s[i0:i1] @ FR.T
         return self.host(G)
 
+    def sweep(self, M, step):
+        """The sums of moments ``M`` by cache-sized block, handed to ``step(i0, i1, sums)``; the weights it
+        returns are accumulated into moments with the block's features still in cache (None if it returns None)."""
+        LM, out = M * self.lam, None
+        for i0, i1, F in self._blocks(_SWEEP_BYTES):
+            W = step(i0, i1, _dot(LM, F))
+            if W is not None:
+                out = _dot(W, F.T) if out is None else out + _dot(W, F.T)
+        return out
+
     def field(self, s):
         """Row-normalized field of the kernel with column scaling ``s``: velocity ``(d, n)`` and row sums."""
         S = self.sums(self.moments(self.a * s * self.X1))
@@ -100,104 +115,130 @@ class _Passes:
         return float(abs(self.a * s * self.apply(1 / row_sums) - self.a).sum())
 
 
-class _Newton:
-    """Newton's correction on the leading modes ``rows`` of the moment map (``_harmonic_fields.py``).
+@functools.lru_cache(maxsize=16)
+def _newton_plan(d: int, order: int, eigenvalues: bytes):
+    r"""Newton's rows (leading modes, eigenvalue above :data:`_NEWTON_RATIO` of the largest, at most
+    :data:`_NEWTON_MAX`; not the zero row of :math:`\sin 0`), their eigenvalues, the plain modes' rate and,
+    on the circle when ``2 max(m) <= K``, the gather of the Gram matrix from moments (else None):
+    entry :math:`(j, k)` is half ``M[first] + sign * M[second]`` (module :class:`_Newton`)."""
+    lam = np.frombuffer(eigenvalues)
+    candidates = np.arange(lam.size)
+    candidates = candidates[candidates != order + 1] if d == 2 else candidates
+    ranked = candidates[np.argsort(-lam[candidates], kind="stable")]
+    count = min(_NEWTON_MAX, int((lam[ranked] > _NEWTON_RATIO * lam[ranked[0]]).sum()))
+    rows = np.sort(ranked[:count])
+    rate = float(lam[ranked[count]] / lam[ranked[0]]) if count < ranked.size else 0.0
+    m, sine = np.where(rows <= order, rows, rows - order - 1), rows > order
+    if d != 2 or 2 * int(m.max()) > order:
+        return rows, lam[rows], rate, None
+    plus, minus = m[:, None] + m[None, :], m[:, None] - m[None, :]
+    same = sine[:, None] == sine[None, :]  # cos cos: C(j-k) + C(j+k); sin sin: C(j-k) - C(j+k)
+    first = np.where(same, np.abs(minus), order + 1 + plus)  # cos sin: S(j+k) - S(j-k); sin cos: S(j+k) + S(j-k)
+    second = np.where(same, plus, order + 1 + np.abs(minus))
+    sign = np.where(same, np.where(sine[:, None], -1.0, 1.0), np.where(sine[:, None], 1.0, -1.0) * np.sign(minus))
+    return rows, lam[rows], rate, (first, second, sign)
 
-    On the circle the Gram matrix of products :math:`\\cos j\\theta \\cos k\\theta = \\frac12(\\cos(j-k)\\theta
-    + \\cos(j+k)\\theta)` (and the like) comes from the moments of ``a u^2`` up to order ``2 max(rows)``:
+
+class _Newton:
+    r"""Newton's correction on the leading modes ``rows`` of the moment map (``_harmonic_fields.py``).
+
+    On the circle the Gram matrix of products, :math:`\cos j\theta \cos k\theta = \frac12(\cos(j-k)\theta
+    + \cos(j+k)\theta)` and the like, comes from the moments of ``a u^2`` up to order ``2 max(rows)``:
     one more row in the moments pass instead of ``n |R|^2`` products (``from_moments``).
     """
 
     def __init__(self, P: _Passes):
-        lam = P.host(P.lam)
         kernel = P.factored.kernel
-        candidates = np.arange(lam.size)
-        if kernel.d == 2:  # the row of sin 0 is zero
-            candidates = candidates[candidates != kernel.order + 1]
-        order = candidates[np.argsort(-lam[candidates], kind="stable")]
-        count = min(_NEWTON_MAX, int((lam[order] > _NEWTON_RATIO * lam[order[0]]).sum()))
-        self.rows = np.sort(order[:count])
-        self.lam = lam[self.rows]
-        self.rate = float(lam[order[count]] / lam[order[0]]) if count < order.size else 0.0  # the plain modes'
-        self.lu, self.K = None, kernel.order
-        if kernel.d == 2:
-            self.m = np.where(self.rows <= self.K, self.rows, self.rows - self.K - 1)
-            self.sine = self.rows > self.K
-        self.from_moments = kernel.d == 2 and 2 * int(self.m.max()) <= self.K
+        lam = np.ascontiguousarray(P.host(P.lam))
+        self.rows, self.lam, self.rate, self.gather = _newton_plan(kernel.d, kernel.order, lam.tobytes())
+        self.from_moments, self.inverse = self.gather is not None, None
 
     def factor(self, P: _Passes, s, moments_of_s=None) -> None:
-        """Factor :math:`I + G_{RR}\\Lambda_R` at :math:`G = \\Phi^T \\mathrm{diag}(s) \\Phi` (``moments_of_s``:
-        :math:`s\\Phi`, on the host, when ``from_moments``)."""
-        G = self._circle_gram(moments_of_s) if self.from_moments else P.gram(self.rows, s)
-        self.lu = linalg.lu_factor(np.eye(self.rows.size) + G * self.lam, check_finite=False)
-
-    def _circle_gram(self, moments: np.ndarray) -> np.ndarray:
-        C, S = moments[:self.K + 1], moments[self.K + 1:]
-        m, sine = self.m, self.sine
-        plus, minus = m[:, None] + m[None, :], m[:, None] - m[None, :]
-        c_minus, c_plus, s_plus = C[np.abs(minus)], C[plus], S[plus]
-        s_minus = np.sign(minus) * S[np.abs(minus)]  # sin((j - k) theta), signed
-        both_cos, both_sin = ~sine[:, None] & ~sine[None, :], sine[:, None] & sine[None, :]
-        G = np.where(both_cos, c_minus + c_plus, 0.0) + np.where(both_sin, c_minus - c_plus, 0.0)
-        G += np.where(~sine[:, None] & sine[None, :], s_plus - s_minus, 0.0)  # cos j sin k
-        G += np.where(sine[:, None] & ~sine[None, :], s_plus + s_minus, 0.0)  # sin j cos k
-        return 0.5 * G
+        r"""Invert :math:`I + G_{RR}\Lambda_R` (eigenvalues at least 1) at :math:`G = \Phi^T \mathrm{diag}(s) \Phi`
+        (``moments_of_s``: :math:`s\Phi` on the host, when ``from_moments``)."""
+        if self.from_moments:
+            first, second, sign = self.gather
+            G = 0.5 * (moments_of_s[first] + sign * moments_of_s[second])
+        else:
+            G = P.gram(self.rows, s)
+        self.inverse = np.linalg.inv(np.eye(self.rows.size) + G * self.lam)
 
     def correction(self, f: np.ndarray) -> np.ndarray:
-        """:math:`t`: :math:`t_R = (I + G_{RR}\\Lambda_R)^{-1} f_R - f_R`, 0 elsewhere."""
+        r""":math:`t`: :math:`t_R = (I + G_{RR}\Lambda_R)^{-1} f_R - f_R`, 0 elsewhere."""
         t = np.zeros_like(f)
-        t[self.rows] = linalg.lu_solve(self.lu, f[self.rows], check_finite=False) - f[self.rows]
+        t[self.rows] = self.inverse @ f[self.rows] - f[self.rows]
         return t
 
 
-def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | None = None):
-    """The symmetric scaling :math:`u_i (\\tilde K a u)_i = 1` by the moment map with Newton's correction.
+def _weights(P: _Passes, u, carry: bool, gram: bool, i0: int = 0, i1: int | None = None):
+    """The rows whose moments the next iteration needs, for particles ``i0:i1``: ``a u``, with ``a u x``
+    (the field's numerators) when ``carry``, then ``a u^2`` (the circle's Gram matrix) when ``gram``."""
+    w = P.a[i0:i1] * u
+    W = w * P.X1[:, i0:i1] if carry else w[None]
+    return P.xp.concatenate([W, (w * u)[None]]) if gram else W
 
-    Iteration ``j``: the sums of the current scaling ``u`` (its marginal error; the field's numerators
-    when its moments carry them) and of the next point ``x = M + t`` (one pass), then the moments of
-    ``u_next = 1 / (Phi Lambda x)`` (one pass), with ``a u_next^2`` for the circle's Gram matrix when
-    the Jacobian is formed anew, and ``a u_next x`` (the numerators) when ``u_next`` is predicted to
-    converge: by ``memory["sweeps"]`` (those of the previous solve in a flow, written back) or by the
-    plain modes' rate after a Newton step. Else one more application computes the numerators for the converged ``u``.
-    The start is first scaled to :math:`(a u)^T \\tilde K (a u) = 1` (which the fixed point satisfies):
-    the scaling mode, which the plain step does not contract, is then right from the start.
+
+def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | None = None):
+    """The symmetric scaling :math:`u_i (\tilde K a u)_i = 1` by the moment map with Newton's correction.
+
+    One sweep per iteration, by cache-sized block: the sums of the current scaling ``u`` (its marginal
+    error; the field's numerators when its moments carry them) and of the next point ``x = M + t``,
+    then, with the block's features still in cache, the moments of ``u_next = 1 / (Phi Lambda x)``
+    (:func:`_weights`). The numerators ride along when ``u_next`` is predicted to converge: by
+    ``memory["sweeps"]`` (the sweeps of the previous solve in a flow, written back) or by the last two
+    errors; else one more application computes them. A sweep whose scaling is predicted to converge
+    skips the next moments (one more pass if it does not). On the circle the Jacobian is formed at every
+    iteration (its Gram matrix rides along); on :math:`S^2` on the first and while far or slow. The start
+    is scaled to :math:`(a u)^T \tilde K (a u) = 1`, which the fixed point satisfies (the plain step does
+    not contract that mode).
 
     Returns ``(velocity (d, n), row sums (n,), u, kernel applications, converged, marginal error)``.
     """
     xp, a, newton = P.xp, P.a, _Newton(P)
     memory = {} if memory is None else memory
-    expect = memory.get("sweeps")
+    expect, gram = memory.get("sweeps"), newton.from_moments
     M = P.moments((a * u)[None])
     scale = 1 / math.sqrt(float((M[0] * P.lam * M[0]).sum()))
     u, M = u * scale, M * scale
-    t, done, err, previous = None, 0, math.inf, math.inf
+    E, u_next, velocity = xp.empty_like(u), xp.empty_like(u), xp.empty_like(P.X1[1:])
+    t, done, errs, previous = None, 0, [], math.inf
     while done < max_iter:
         done += 1
-        S = P.sums(M if t is None else xp.concatenate([M, M[:1] + P.device(t)]))
-        E = S[0]
-        err = float((a * abs(u * E - 1)).sum()); print("   err", done, err, M.shape[0]) if __import__("os").environ.get("H28DBG") else None
+        carried = M.shape[0] > 1
+        carry = (expect is not None and done + 1 >= expect) or (len(errs) >= 2 and errs[-1] ** 3 <= tol * errs[-2] ** 2)
+        state = {"err": 0.0, "positive": True}
+
+        def step(i0, i1, S):
+            E[i0:i1] = S[0]
+            state["err"] += float((a[i0:i1] * abs(u[i0:i1] * S[0] - 1)).sum())
+            if carried:
+                velocity[:, i0:i1] = S[1:M.shape[0]] / S[0]
+            point = S[0] if t is None else S[-1]
+            state["positive"] &= bool((point > 0).all())
+            xp.reciprocal(point, out=u_next[i0:i1])
+            return None if carried else _weights(P, u_next[i0:i1], carry, gram, i0, i1)
+
+        Mn = P.sweep(M if t is None else xp.concatenate([M, M[:1] + P.device(t)]), step)
+        err = state["err"]
+        errs.append(err)
         if err <= tol or not math.isfinite(err) or done == max_iter:
             break
-        if t is not None and not bool((S[-1] > 0).all()):  # the corrected point went too far: the plain step
-            t, newton.lu = None, None
-        u_next = 1 / (E if t is None else S[-1])
-        refresh = newton.lu is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or the last step gained < 10x
-        carry = (expect is not None and done + 1 >= expect) or (t is not None and err * newton.rate <= tol)
-        W = a * u_next * P.X1 if carry else (a * u_next)[None]
-        gram_row = refresh and newton.from_moments
-        Mn = P.moments(xp.concatenate([W, (a * u_next * u_next)[None]]) if gram_row else W)
+        if not state["positive"]:  # the corrected point went too far: the plain step from u
+            t, newton.inverse, Mn = None, None, None
+            xp.reciprocal(E, out=u_next)
+        if Mn is None:  # predicted to converge and did not, or the plain step
+            Mn = P.moments(_weights(P, u_next, carry, gram))
         f = P.host(Mn[0] - M[0]) - (0 if t is None else t)  # H(x) - x
+        refresh = gram or newton.inverse is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or gained < 10x
         if refresh:
-            newton.factor(P, a * u_next * u_next, P.host(Mn[-1]) if gram_row else None)
-        previous = math.inf if refresh else err  # a new Jacobian: no verdict on the last step
-        t = newton.correction(f)
-        u, M = u_next, Mn[:W.shape[0]]
+            newton.factor(P, a * u_next * u_next, P.host(Mn[-1]) if gram else None)
+        previous, t = (math.inf if refresh else err), newton.correction(f)
+        u, u_next, M = u_next, u, Mn[:Mn.shape[0] - gram]
     if err <= tol:
         memory["sweeps"] = done
     if M.shape[0] > 1:  # the numerators rode along
-        return S[1:M.shape[0]] / E, E, u, done, err <= tol, err
-    velocity = P.sums(P.moments(a * u * P.X1[1:])) / E
-    return velocity, E, u, done + 1, err <= tol, err
+        return velocity, E, u, done, err <= tol, err
+    return P.sums(P.moments(a * u * P.X1[1:])) / E, E, u, done + 1, err <= tol, err
 
 
 def alternating_sinkhorn(P: _Passes, gamma, n_iter: int, need_errors: bool):
