@@ -185,8 +185,8 @@ def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_error
     else:
         velocity, s, row, col = alternating_sinkhorn(P, s, n_iter, need_errors)
         g, applications, converged = xp.log(s), n_iter, True
-    velocity = torch.from_numpy(np.ascontiguousarray(velocity.T)) if P.cpu else velocity.T.contiguous()
-    g = g if g is None or not P.cpu else torch.from_numpy(g)
+    velocity = torch.from_numpy(np.ascontiguousarray(velocity.T)) if P.numpy else velocity.T.contiguous()
+    g = g if g is None or not P.numpy else torch.from_numpy(g)
     return FieldEvaluation(velocity, None, g, applications, converged, row, col)
 
 

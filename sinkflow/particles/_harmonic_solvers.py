@@ -25,6 +25,7 @@ from sinkflow.particles._harmonic_kernels import _Factored
 _NEWTON_RATIO = 1e-2  # Newton's block: the modes of eigenvalue above this fraction of the largest
 _NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2, or r on the circle)
 _NEWTON_FAR = 1e-3  # marginal error above which the Jacobian is formed anew at every step
+_NUMPY_ON_CPU = True  # False: torch's operations everywhere (as on other devices; the tests check both)
 _CACHE_BYTES = 2**20  # the products run on blocks of features this large: a sweep's second product finds them in a
 # core's cache, and OpenBLAS's gemm with 3-6 rows runs up to 2x faster on them than on 4 MiB blocks
 
@@ -37,8 +38,8 @@ class _Passes:
     """
 
     def __init__(self, F: _Factored, a: torch.Tensor):
-        self.factored, self.cpu = F, F.X.device.type == "cpu"
-        self.xp = np if self.cpu else torch
+        self.factored, self.numpy = F, F.X.device.type == "cpu" and _NUMPY_ON_CPU
+        self.xp = np if self.numpy else torch
         self.a, self.lam = self.array(a), self.array(F.lam[:, 0])
         X = self.array(F.X)
         self.X1 = self.xp.concatenate([self.xp.ones_like(X[:, 0])[None], X.T])
@@ -46,13 +47,13 @@ class _Passes:
 
     def array(self, t: torch.Tensor):
         """A float64 tensor as this object's array (numpy on the CPU, shared memory)."""
-        return t.numpy() if self.cpu else t
+        return t.numpy() if self.numpy else t
 
     def host(self, M) -> np.ndarray:
-        return M if self.cpu else M.cpu().numpy()
+        return M if self.numpy else M.cpu().numpy()
 
     def device(self, M: np.ndarray):
-        return M if self.cpu else torch.as_tensor(M, device=self.factored.X.device)
+        return M if self.numpy else torch.as_tensor(M, device=self.factored.X.device)
 
     def _blocks(self, nbytes: int = _CACHE_BYTES):
         """``(i0, i1, features)`` by block (the feature blocks cut into ``nbytes`` pieces)."""
@@ -79,7 +80,7 @@ class _Passes:
     def gram(self, rows: np.ndarray, s) -> np.ndarray:
         r""":math:`\Phi_R^T \mathrm{diag}(s) \Phi_R` over the feature rows ``R`` (host), for ``s >= 0``: on whole
         feature blocks (long products), on the CPU by BLAS's symmetric rank-k update (half the products)."""
-        if not self.cpu:
+        if not self.numpy:
             return self.host(sum(F[self.device(rows)] * s[i0:i1] @ F[self.device(rows)].T
                                  for i0, i1, F in self._blocks(2**62)))
         G = np.zeros((rows.size, rows.size), order="F")
