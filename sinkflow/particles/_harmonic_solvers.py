@@ -22,7 +22,7 @@ from scipy.linalg import blas
 
 from sinkflow.particles._harmonic_kernels import _Factored
 
-_NEWTON_RATIO = 1e-2  # Newton's block: the modes of eigenvalue above this fraction of the largest
+_NEWTON_RATIO = 1e-3  # Newton's block: the modes of eigenvalue above this fraction of the largest
 _NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2, or r on the circle)
 _NEWTON_FAR = 1e-3  # marginal error above which the Jacobian is formed anew at every step
 _NUMPY_ON_CPU = True  # False: torch's operations everywhere (as on other devices; the tests check both)

@@ -82,12 +82,12 @@ def test_torch_operations_and_small_blocks_give_the_same_field(d, monkeypatch):
             assert other.n_iter == ref.n_iter
 
 
-@pytest.mark.parametrize("d, beta, applications", [(2, 5.0, 3), (2, 32.0, 3), (3, 5.0, 4)])
-def test_flow_solves_are_the_dense_field_in_few_sweeps(d, beta, applications):
+@pytest.mark.parametrize("d, beta", [(2, 5.0), (2, 32.0), (3, 5.0)])
+def test_flow_solves_are_the_dense_field_in_three_applications(d, beta):
     """Inside a flow (warm start extrapolated from the last three solves, the numerators riding along
     by the last solve's count) every step's field is the dense Sinkhorn field, and from the fifth step
-    on a solve takes 3 kernel applications on the circle, 4 on S^2 (Newton's step gains 1e-3 there
-    against 1e-5 on the circle), the field's included (5-7 before: measured)."""
+    on a solve takes 3 kernel applications, the field's included (5-7 before it: measured; 4 on S^2
+    with Newton's modes down to 1e-2 of the largest eigenvalue instead of 1e-3)."""
     n, h = 600, 0.05
     x = torch.tensor(sinkflow.random_particles(n, d, seed=4, manifold="sphere"))
     field = _flow_field(harmonic_kernel(1 / beta, d, 1e-10, 1 / n))
@@ -99,4 +99,4 @@ def test_flow_solves_are_the_dense_field_in_few_sweeps(d, beta, applications):
         assert ev.converged and float((v - dense).abs().max()) < 1e-10
         counts.append(ev.n_iter)
         x = torch.nn.functional.normalize(x + h * v, dim=1)
-    assert max(counts[4:]) <= applications, counts
+    assert max(counts[4:]) <= 3, counts
