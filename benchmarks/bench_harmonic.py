@@ -7,9 +7,11 @@ tolerance 1e-10, and the targets of issue 30 beside it:
 - ``SoftMax step``: :func:`sinkflow.particles.harmonic_attention_field` (the field ``simulate``
   chooses on its own there), one step = one field evaluation; target <= 50 ms at N = 2*10^4,
   <= 2 s at N = 10^6;
-- ``Sinkhorn step``: one step inside a flow: the solve to 1e-10 warm-started from the scaling of
-  the state one Euler step (h = 0.1) before, as ``simulate`` does, with its kernel applications
-  (sweeps and the final field); target <= 3x the SoftMax step;
+- ``Sinkhorn step``: one step inside a flow: four Euler steps (h = 0.1) of the Sinkhorn flow from
+  the uniform start, then the next evaluation of the field ``simulate`` builds, from copies of its
+  state (the warm start extrapolated from the last three scalings, the solver's memory), with its
+  kernel applications (the field's included); target <= 3x the SoftMax step (evaluated by the
+  same kind of field at the same state);
 - ``block-wise SoftMax``: :func:`sinkflow.particles.lazy_attention_field` (``n^2`` exponentials), measured
   at n = min(N, 2*10^4) in the same run and scaled by ``(N / n)^2`` above (stated as such: at
   N = 10^6 one pass is ~10^12 exponentials, hours on this machine).
@@ -17,6 +19,10 @@ tolerance 1e-10, and the targets of issue 30 beside it:
 CPU time of the process (one thread: the work of one core; on a shared machine the wall time is
 longer by the waits for a core, printed beside it), minima of ``--repeats`` runs, interleaved;
 targets and ratios on CPU time. Prints a markdown table and the load average.
+
+Measured (load average 8-12 on 2 cores; docs/performance.md): Sinkhorn / SoftMax 1.8x on the circle
+at N = 2*10^4 and 10^6 (beta = 5 and 32; 3 applications), 1.3x and 1.7x on S^2 at N = 2*10^4
+(beta = 5, 32); the earlier solve, by this script in the same session, 2.2-3.0x (5 applications).
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_harmonic.py [--quick] [--manifold sphere]``.
 """
 
