@@ -1,14 +1,15 @@
 r"""The Sinkhorn solves of the harmonic fields on their features (the mathematics is in ``_harmonic_fields.py``).
 
 Everything is written on rows: weights ``W`` ``(c, n)``, moments :math:`W\Phi` ``(c, r)`` and kernel sums
-:math:`(M\Lambda)\Phi^T` ``(c, n)``, as numpy arrays on the CPU (a numpy call costs a fifth of a torch
-call at n = 1,024, where a step is a few dozen calls: docs/performance.md) and torch tensors elsewhere.
-:class:`_Passes` runs the two products block by block; the small dense algebra of Newton's step runs
-on the host (``r``-vectors).
+:math:`(M\Lambda)\Phi^T` ``(c, n)``, as numpy arrays on the CPU (a numpy call costs a third to a fifth of
+a torch call, and at n = 1,024 a step is a few dozen calls: docs/performance.md) and torch tensors
+elsewhere. :class:`_Passes` runs the two products block by block; the small dense algebra of Newton's
+step runs on the host (``r``-vectors).
 
-One iteration of the symmetric solve is two passes (sums of the current point, then moments of the
-next scaling); every decision (stop, Newton's Jacobian, the numerators riding along) is taken between
-them, on the whole marginal error rather than a block's.
+One iteration of the symmetric solve is one sweep by cache-sized block: the sums of the current
+points, then, with the block's features still in cache, the moments of the next scaling. The
+decisions (stop, Newton's Jacobian, the numerators riding along) are taken between sweeps, on the
+whole marginal error rather than a block's.
 """
 
 from __future__ import annotations
