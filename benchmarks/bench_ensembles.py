@@ -20,7 +20,7 @@ Measured (``--small-only --repeats 5``, load 10.2 -> 7.8, CPU time; docs/perform
 1.40-1.60x in R^2 for n >= 256, 2.02x / 2.36x in R^2 at n = 16 / 64 (two Newton steps) and 4.9x on
 the circle at n = 1,024 (the harmonic field's scaling). Since then, with the harmonic field's
 solve reworked (load 8.7 -> 10.4): the circle at n = 1,024 1.71x to tolerance, 1.11x for Sinkhorn(3)
-(3.81x and 1.44x by the earlier code, load 10.5).
+(3.81x and 1.44x by the earlier code, load 10.5); 1.67x and 1.10x in a later run (load 9.2 -> 10.9).
 
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
