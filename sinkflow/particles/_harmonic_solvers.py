@@ -109,7 +109,8 @@ class _Passes:
         return self.sums(self.moments((self.a * s)[None]))[0]
 
     def column_error(self, row_sums, s) -> float:
-        """:math:`\\sum_j |\\sum_i a_i K_{ij} - a_j|` for rows normalized, :math:`K_{ij} = \\tilde K_{ij} a_j s_j / r_i`."""
+        """:math:`\\sum_j |\\sum_i a_i K_{ij} - a_j|` for rows normalized,
+        :math:`K_{ij} = \\tilde K_{ij} a_j s_j / r_i`."""
         return float(abs(self.a * s * self.apply(1 / row_sums) - self.a).sum())
 
 
@@ -251,7 +252,8 @@ def alternating_sinkhorn(P: _Passes, gamma, n_iter: int, need_errors: bool):
             gamma = 1 / P.apply(alpha)
     if n_iter % 2:  # the last step normalizes the rows: fused with the velocity
         velocity, sums = P.field(gamma)
-        return velocity, gamma, 0.0 if need_errors else math.nan, P.column_error(sums, gamma) if need_errors else math.nan
+        col = P.column_error(sums, gamma) if need_errors else math.nan
+        return velocity, gamma, 0.0 if need_errors else math.nan, col
     gamma = 1 / P.apply(alpha)  # ended on a column step: K applied as it is
     velocity, sums = P.field(gamma)
     row_sums = alpha * sums
