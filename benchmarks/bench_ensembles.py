@@ -18,7 +18,9 @@ against a reference measured in the same run:
 Measured (``--small-only --repeats 5``, load 10.2 -> 7.8, CPU time; docs/performance.md): Sinkhorn(3)
 1.00-1.45x SoftMax everywhere; to tolerance 1.28-1.81x on the circle for n <= 256 (2.00x at 64),
 1.40-1.60x in R^2 for n >= 256, 2.02x / 2.36x in R^2 at n = 16 / 64 (two Newton steps) and 4.9x on
-the circle at n = 1,024 (the harmonic field's scaling).
+the circle at n = 1,024 (the harmonic field's scaling). Since then, with the harmonic field's
+solve reworked (load 8.7 -> 10.4): the circle at n = 1,024 1.71x to tolerance, 1.11x for Sinkhorn(3)
+(3.81x and 1.44x by the earlier code, load 10.5); 1.67x and 1.10x in a later run (load 9.2 -> 10.9).
 
 Measured (``--ensembles-only --repeats 5``, CPU time, load 12.7-13.9; before: main at 61d655d,
 run alternately): float64 SoftMax 10.2 / 7.9 ms a step on the circle / in R^2 (before 35.0 /

@@ -30,14 +30,19 @@ rows normalized at the end). As :math:`\tilde K = \Phi\Lambda\Phi^T`, :math:`u =
 :math:`-G\Lambda`, :math:`G = \Phi^T \mathrm{diag}(a u^2)\, \Phi`, whose nonzero eigenvalues are those of
 :math:`P = K^\infty` (in :math:`[0, 1]`; 1 for the scaling :math:`x \to cx`), and they fall with
 :math:`\Lambda`: only the leading modes are slow. Newton's step on the modes :math:`R` of eigenvalue above
-``_NEWTON_RATIO`` of the largest (at most ``_NEWTON_MAX``): :math:`x \leftarrow H(x) + t`,
-:math:`t_R = (I + G_{RR}\Lambda_R)^{-1} f_R - f_R` (:math:`f = H(x) - x`), the plain step on the others;
-:math:`G_{RR}` costs :math:`n |R|^2`, formed on the first iteration and again while the marginal error
-is above ``_NEWTON_FAR`` or an iteration gains less than 10x. One kernel application per iteration
-(matrix-vector products: the sums of the current iterate, for its marginal error, and of the next
-point; the moments of the next); the field's numerators ride along in the last sweep when the last
-two errors predict convergence, else one more application computes them: 5 applications from a
-warm start in a flow to 1e-10 (11-15 for the heavy ball on :math:`\log u` before), 8-11 cold. A fixed
+``_NEWTON_RATIO`` of the largest (at most ``_NEWTON_MAX``; ``_harmonic_solvers.py``): :math:`x \leftarrow H(x) + t`,
+:math:`t_R = (I + G_{RR}\Lambda_R)^{-1} f_R - f_R` (:math:`f = H(x) - x`), the plain step on the others.
+On the circle :math:`G_{RR}` is gathered from the moments of :math:`a u^2` (products of
+:math:`\cos, \sin` are sums of them) and formed at every iteration; on :math:`S^2` it costs
+:math:`n |R|^2`, formed on the first iteration and again while the marginal error is above
+``_NEWTON_FAR`` or an iteration gains less than 10x. The start is scaled to
+:math:`(au)^T\tilde K(au) = 1` (as the fixed point is: the plain step leaves that mode alone). One
+sweep of the features per iteration, by cache-sized block: the sums of the current iterate (its
+marginal error) and of the next point, then the moments of the next; the field's numerators ride
+along when the next is predicted to converge (in a flow: by the previous solve's count), and a sweep
+predicted last skips the moments. In a flow, warm-started from the extrapolation of the last three
+scalings, a solve to 1e-10 takes 3 applications on the circle and 4 on :math:`S^2`, the field's
+included (5 before, 11-15 by the heavy ball on :math:`\log u`), 5-8 cold. A fixed
 ``n_iter`` runs the alternating half-iterations of :func:`sinkflow.solve_sinkhorn` (row step first),
 one application each.
 """
@@ -49,12 +54,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 from sinkflow._checks import check_choice
 from sinkflow.particles._dense_fields import FieldEvaluation, check_weights
 from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, harmonic_kernel
+from sinkflow.particles._harmonic_solvers import _Passes, alternating_sinkhorn, symmetric_sinkhorn
 from sinkflow.particles._integrators import ParticleField
 
 __all__ = ["HarmonicField", "harmonic_attention_field", "HarmonicParticleField", "harmonic_choice", "HARMONIC_MIN_N"]
@@ -63,9 +70,6 @@ __all__ = ["HarmonicField", "harmonic_attention_field", "HarmonicParticleField",
 HARMONIC_MIN_N = 512
 _NORMALIZATIONS = {"softmax": "row", "sinkhorn": "sinkhorn"}
 _COST_RATIO = 2  # the harmonic field replaces the dense one when rank * _COST_RATIO <= n (benchmarks/bench_harmonic.py)
-_NEWTON_RATIO = 1e-2  # Newton's block: the modes of eigenvalue above this fraction of the largest
-_NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2)
-_NEWTON_FAR = 1e-3  # marginal error above which the Jacobian is formed anew at every step
 
 
 @dataclass(frozen=True)
@@ -165,146 +169,30 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
                          out.converged, out.row_error, out.column_error, kernel)
 
 
-def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors) -> FieldEvaluation:
+def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors, memory=None) -> FieldEvaluation:
     """The field of ``kernel`` at the particles ``X`` (float64 tensors) as a :class:`FieldEvaluation` (no
-    ``attention``); the features are kept between applications unless there is only one on :math:`S^2`
-    (there storing them costs more than forming them twice; on the circle less at beta = 5)."""
+    ``attention``; ``memory``: a dict a flow keeps between the solves of one stage). The features are
+    kept between applications unless there is only one on :math:`S^2` (there storing them costs more
+    than forming them twice; on the circle less at beta = 5)."""
     single = normalization == "row" or n_iter == 1
-    F = _Factored(kernel, X, keep=not single or need_errors or kernel.d == 2)
+    P = _Passes(_Factored(kernel, X, keep=not single or need_errors or kernel.d == 2), a)
+    xp = P.xp
+    s = xp.ones_like(P.a) if g0 is None or normalization == "row" else xp.exp(P.array(g0))
+    row = col = math.nan
     if single:
-        vel, row_sums = _rows(F, a, torch.ones_like(a) if g0 is None or normalization == "row" else torch.exp(g0))
-        col = _column_error(F, a, row_sums, torch.ones_like(a)) if need_errors else math.nan
-        return FieldEvaluation(vel, None, None, 1, True, 0.0 if need_errors else math.nan, col)
-    if n_iter is None:
-        return _symmetric_sinkhorn(F, a, g0, tol, max_iter, need_errors)
-    return _alternating_sinkhorn(F, a, g0, n_iter, need_errors)
-
-
-def _values(X, w):
-    """The weights ``[w, w x]`` whose kernel application gives row sums and numerators."""
-    return torch.cat([w[:, None], w[:, None] * X], 1)
-
-
-def _rows(F, a, s):
-    """Row-normalized field of the kernel with column scaling ``s``: velocity and row sums of ``K diag(a s)``."""
-    vel, sums = torch.empty_like(F.X), torch.empty_like(a)
-
-    def step(i0, i1, R):
-        sums[i0:i1] = R[:, 0]
-        vel[i0:i1] = R[:, 1:] / R[:, :1]
-
-    F.sweep(F.moments(_values(F.X, a * s)), step)
-    return vel, sums
-
-
-def _column_error(F, a, row_sums, s):
-    """:math:`\\sum_j |\\sum_i a_i K_{ij} - a_j|` for rows normalized, :math:`K_{ij} = \\tilde K_{ij} a_j s_j / r_i`."""
-    total = torch.zeros((), dtype=a.dtype, device=a.device)
-    M = F.moments((a / row_sums)[:, None])
-
-    def step(i0, i1, R):
-        nonlocal total
-        total = total + (a[i0:i1] * s[i0:i1] * R[:, 0] - a[i0:i1]).abs().sum()
-
-    F.sweep(M, step)
-    return float(total)
-
-
-def _symmetric_sinkhorn(F, a, g0, tol, max_iter, need_errors) -> FieldEvaluation:
-    """The symmetric scaling by the moment map with Newton's correction on its leading modes (module docstring).
-
-    Sweep ``j`` evaluates, block by block, the kernel sums of the current iterate ``u`` (moments
-    ``P``; its marginal error) and of the next point ``x = P + t`` (``t``: the Newton correction,
-    nonzero on the leading modes only), and accumulates the moments of ``u_next = 1 / (Phi Lambda x)``:
-    one kernel application per iteration, features used once. The Jacobian's leading block is
-    formed on the first sweep and again whenever an iteration gains less than 10x. The numerators of
-    the field ride along (moments of ``a u x``) only once the last two errors predict that ``u_next``
-    converges; else one more application computes them for the converged ``u``.
-    """
-    u = torch.ones_like(a) if g0 is None else torch.exp(g0)
-    P = F.moments((a * u)[:, None])
-    lam, errs, ready = F.lam[:, 0], [], False
-    rows = _newton_rows(lam)
-    t, E, u_next, vel = torch.zeros_like(P), torch.empty_like(a), torch.empty_like(a), torch.empty_like(F.X)
-    done, err, previous, jacobian = 0, math.inf, math.inf, None
-    while done < max_iter:
-        done += 1
-        carry = len(errs) >= 2 and errs[-1] ** 3 <= tol * errs[-2] ** 2  # err * (its gain)^2 <= tol
-        state = {"err": 0.0, "positive": True}
-
-        def step(i0, i1, R):
-            E[i0:i1] = R[:, 0]
-            state["err"] += float((a[i0:i1] * (u[i0:i1] * R[:, 0] - 1).abs()).sum())
-            if R.shape[1] > 2:  # P carries the numerators
-                vel[i0:i1] = R[:, 1:-1] / R[:, :1]
-            state["positive"] &= bool((R[:, -1] > 0).all())
-            torch.reciprocal(R[:, -1], out=u_next[i0:i1])
-            w = a[i0:i1] * u_next[i0:i1]
-            return _values(F.X[i0:i1], w) if carry else w[:, None]
-
-        P_next = F.sweep(torch.cat([P, P[:, :1] + t], 1), step)
-        err = state["err"]
-        errs.append(err)
-        if err <= tol or not math.isfinite(err):
-            ready = P.shape[1] > 1
-            break
-        if not state["positive"]:  # the corrected point went too far: the plain step from u
-            t.zero_()
-            torch.reciprocal(E, out=u_next)
-            P_next, jacobian = F.moments((a * u_next)[:, None]), None
-        refresh = jacobian is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or the last step gained < 10x
-        previous, f = err, P_next[:, :1] - P[:, :1] - t  # f = H(x) - x
-        if refresh:
-            G = F.gram(rows, a * u_next * u_next)
-            jacobian = torch.linalg.lu_factor(torch.eye(len(rows), dtype=G.dtype) + G * lam[rows][None, :])
-            previous = math.inf  # the next iterate was not stepped with this one: no verdict on it
-        t = torch.zeros_like(f)
-        t[rows] = torch.linalg.lu_solve(*jacobian, f[rows]) - f[rows]
-        u, u_next, P = u_next, u, P_next
-    vel, sums = (vel, E) if ready else _rows(F, a, u)
-    col = _column_error(F, a, sums, u) if need_errors else math.nan
-    return FieldEvaluation(vel, None, torch.log(u), done + (not ready), err <= tol, 0.0 if need_errors else math.nan,
-                           col)
-
-
-def _newton_rows(lam: torch.Tensor) -> torch.Tensor:
-    """The leading modes (eigenvalue above :data:`_NEWTON_RATIO` of the largest, at most :data:`_NEWTON_MAX`)."""
-    order = torch.argsort(lam, descending=True)
-    count = min(_NEWTON_MAX, int((lam > _NEWTON_RATIO * lam.max()).sum()))
-    return torch.sort(order[:count]).values
-
-
-def _alternating_sinkhorn(F, a, g0, n_iter, need_errors) -> FieldEvaluation:
-    """``n_iter`` half-iterations, row step first from the column scaling ``exp(g0)`` (1 by default):
-    :math:`K = \\mathrm{diag}(\\alpha) \\tilde K \\mathrm{diag}(a \\gamma)`, :math:`\\alpha = 1/\\tilde K(a\\gamma)`,
-    :math:`\\gamma = 1/\\tilde K(a\\alpha)`."""
-    gamma, alpha = (torch.ones_like(a) if g0 is None else torch.exp(g0)), None
-    for t in range(1, n_iter):  # all but the last half-step
-        if t % 2:
-            alpha = 1 / _apply_sums(F, a, gamma)
-        else:
-            gamma = 1 / _apply_sums(F, a, alpha)
-    if n_iter % 2:  # the last step normalizes the rows: fused with the velocity
-        vel, sums = _rows(F, a, gamma)
-        col = _column_error(F, a, sums, gamma) if need_errors else math.nan
-        return FieldEvaluation(vel, None, torch.log(gamma), n_iter, True, 0.0 if need_errors else math.nan, col)
-    gamma = 1 / _apply_sums(F, a, alpha)  # ended on a column step: K applied as it is
-    vel, sums = _rows(F, a, gamma)
-    row_sums = alpha * sums
-    row = float((a * (row_sums - 1).abs()).sum()) if need_errors else math.nan
-    col = _column_error(F, a, 1 / alpha, gamma) if need_errors else math.nan
-    return FieldEvaluation(vel * row_sums[:, None], None, torch.log(gamma), n_iter, True, row, col)
-
-
-def _apply_sums(F, a, s):
-    """:math:`\\tilde K (a s)`."""
-    out = torch.empty_like(a)
-
-    def step(i0, i1, R):
-        out[i0:i1] = R[:, 0]
-
-    F.sweep(F.moments((a * s)[:, None]), step)
-    return out
+        velocity, sums = P.field(s)
+        row, col = (0.0, P.column_error(sums, s)) if need_errors else (row, col)
+        g, applications, converged = None, 1, True
+    elif n_iter is None:
+        velocity, sums, s, applications, converged, _ = symmetric_sinkhorn(P, s, tol, max_iter, memory)
+        row, col = (0.0, P.column_error(sums, s)) if need_errors else (row, col)
+        g = xp.log(s)
+    else:
+        velocity, s, row, col = alternating_sinkhorn(P, s, n_iter, need_errors)
+        g, applications, converged = xp.log(s), n_iter, True
+    velocity = torch.from_numpy(np.ascontiguousarray(velocity.T)) if P.numpy else velocity.T.contiguous()
+    g = g if g is None or not P.numpy else torch.from_numpy(g)
+    return FieldEvaluation(velocity, None, g, applications, converged, row, col)
 
 
 @dataclass
@@ -313,15 +201,20 @@ class HarmonicParticleField(ParticleField):
     :func:`harmonic_attention_field` (``kernel`` set); ``g`` carries the Sinkhorn scaling."""
 
     kernel: HarmonicKernel | None = None
+    memory: dict = dataclasses.field(default_factory=dict)  # per stage: what the last solve learned
 
     def velocity(self, Y: torch.Tensor):
         variant = self.attention if isinstance(self.attention, str) else self.attention.name
+        stage = self.calls % self.stages
+        self.calls += 1
         a = self.weights
         a = torch.full((Y.shape[0],), 1.0 / Y.shape[0], dtype=torch.float64, device=Y.device) if a is None else a.to(torch.float64)
         ev = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant], self.n_iter,
-                       self.tol, self.max_iter, self.g if self.warm_start else None, self.need_errors)
+                       self.tol, self.max_iter, self._start(stage), self.need_errors,
+                       self.memory.setdefault(stage, {}) if self.warm_start else None)
         if ev.g is not None and self.warm_start:
             self.g = ev.g
+            self.history[stage] = (self.history.get(stage, ()) + (self.g,))[-3:]
         v = ev.velocity.to(Y.dtype)
         v = v - (v * Y).sum(1, keepdim=True) * Y
         return v, FieldEvaluation(v, None, ev.g, ev.n_iter, ev.converged, ev.row_error, ev.column_error)

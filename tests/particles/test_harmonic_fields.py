@@ -121,8 +121,8 @@ def test_stored_and_recomputed_features_give_one_field(monkeypatch):
 
 def test_warm_started_sinkhorn_is_pot_s_in_few_applications():
     """A flow's solve: warm-started from the scaling one Euler step before, it converges to POT's plan in
-    at most 9 kernel applications, the final field's included (measured 8 here; 11-15 by the earlier
-    heavy-ball iteration; 5-6 at n = 2*10^4, beta = 5 and 32 to 1e-10)."""
+    at most 8 kernel applications, the final field's included, and so does a cold start (7 and 7 measured
+    here, the start scaled as the fixed point is; 11-15 and 9+ by the earlier iterations)."""
     beta, n = 8.0, 400
     x0 = sinkflow.random_particles(n, 2, seed=6, manifold="sphere")
     start = harmonic_attention_field(x0, "sinkhorn", temperature=1 / beta, tol=1e-12)
@@ -131,7 +131,7 @@ def test_warm_started_sinkhorn_is_pot_s_in_few_applications():
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     warm = harmonic_attention_field(x, "sinkhorn", temperature=1 / beta, tol=1e-12, init_g=start.g)
     cold = harmonic_attention_field(x, "sinkhorn", temperature=1 / beta, tol=1e-12)
-    assert warm.converged and warm.n_iter <= 9 < cold.n_iter
+    assert warm.converged and cold.converged and max(warm.n_iter, cold.n_iter) <= 8
     a = np.full(n, 1 / n)
     pot = ot.sinkhorn(a, a, -x @ x.T, 1 / beta, stopThr=1e-15, numItermax=100_000)
     np.testing.assert_allclose(warm.velocity, (pot / a[:, None]) @ x, atol=1e-10)

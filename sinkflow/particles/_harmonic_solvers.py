@@ -1,0 +1,262 @@
+r"""The Sinkhorn solves of the harmonic fields on their features (the mathematics is in ``_harmonic_fields.py``).
+
+Everything is written on rows: weights ``W`` ``(c, n)``, moments :math:`W\Phi` ``(c, r)`` and kernel sums
+:math:`(M\Lambda)\Phi^T` ``(c, n)``, as numpy arrays on the CPU (a numpy call costs a third to a fifth of
+a torch call, and at n = 1,024 a step is a few dozen calls: docs/performance.md) and torch tensors
+elsewhere. :class:`_Passes` runs the two products block by block; the small dense algebra of Newton's
+step runs on the host (``r``-vectors).
+
+One iteration of the symmetric solve is one sweep by cache-sized block: the sums of the current
+points, then, with the block's features still in cache, the moments of the next scaling. The
+decisions (stop, Newton's Jacobian, the numerators riding along) are taken between sweeps, on the
+whole marginal error rather than a block's.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+from scipy.linalg import blas
+
+from sinkflow.particles._harmonic_kernels import _Factored
+
+_NEWTON_RATIO = 1e-3  # Newton's block: the modes of eigenvalue above this fraction of the largest
+_NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2, or r on the circle)
+_NEWTON_FAR = 1e-3  # marginal error above which the Jacobian is formed anew at every step
+_NUMPY_ON_CPU = True  # False: torch's operations everywhere (as on other devices; the tests check both)
+_CACHE_BYTES = 2**20  # the products run on blocks of features this large: a sweep's second product finds them in a
+# core's cache, and OpenBLAS's gemm with 3-6 rows runs up to 2x faster on them than on 4 MiB blocks
+
+
+class _Passes:
+    """The products of :math:`\\tilde K = \\Phi \\Lambda \\Phi^T` over the blocks of a ``_Factored``, on rows.
+
+    Attributes: ``a`` (n,), ``lam`` (r,), ``X1`` ``(1 + d, n)`` (ones, then the coordinates: the
+    weights of the sums and numerators of the field), ``xp`` (numpy or torch); all on the CPU as numpy.
+    """
+
+    def __init__(self, F: _Factored, a: torch.Tensor):
+        self.factored, self.numpy = F, F.X.device.type == "cpu" and _NUMPY_ON_CPU
+        self.xp = np if self.numpy else torch
+        self.a, self.lam = self.array(a), self.array(F.lam[:, 0])
+        X = self.array(F.X)
+        self.X1 = self.xp.concatenate([self.xp.ones_like(X[:, 0])[None], X.T])
+        self.stored = None if F.stored is None else [self.array(f) for f in F.stored]
+
+    def array(self, t: torch.Tensor):
+        """A float64 tensor as this object's array (numpy on the CPU, shared memory)."""
+        return t.numpy() if self.numpy else t
+
+    def host(self, M) -> np.ndarray:
+        return M if self.numpy else M.cpu().numpy()
+
+    def device(self, M: np.ndarray):
+        return M if self.numpy else torch.as_tensor(M, device=self.factored.X.device)
+
+    def _blocks(self, nbytes: int = _CACHE_BYTES):
+        """``(i0, i1, features)`` by block (the feature blocks cut into ``nbytes`` pieces)."""
+        for b, (i0, i1) in enumerate(self.factored.blocks):
+            F = self.stored[b] if self.stored is not None else self.array(self.factored._features(b, i0, i1))
+            width = max(1, nbytes // (8 * F.shape[0]))
+            for j0 in range(0, i1 - i0, width):
+                j1 = min(i1 - i0, j0 + width)
+                yield i0 + j0, i0 + j1, F[:, j0:j1]
+
+    def moments(self, W):
+        """:math:`W \\Phi`, ``(c, r)``, for weights ``W`` ``(c, n)``."""
+        out = 0
+        for i0, i1, F in self._blocks():
+            out = out + W[:, i0:i1] @ F.T
+        return out
+
+    def sums(self, M):
+        """:math:`(M \\Lambda) \\Phi^T`, ``(c, n)``: the kernel applied to the weights of moments ``M``."""
+        LM = M * self.lam
+        parts = [LM @ F for _, _, F in self._blocks()]
+        return parts[0] if len(parts) == 1 else self.xp.concatenate(parts, 1)
+
+    def gram(self, rows: np.ndarray, s) -> np.ndarray:
+        r""":math:`\Phi_R^T \mathrm{diag}(s) \Phi_R` over the feature rows ``R`` (host), for ``s >= 0``: on whole
+        feature blocks (long products), on the CPU by BLAS's symmetric rank-k update (half the products)."""
+        if not self.numpy:
+            return self.host(sum(F[self.device(rows)] * s[i0:i1] @ F[self.device(rows)].T
+                                 for i0, i1, F in self._blocks(2**62)))
+        G = np.zeros((rows.size, rows.size), order="F")
+        for i0, i1, F in self._blocks(2**62):
+            G = blas.dsyrk(1.0, F[rows] * np.sqrt(s[i0:i1]), beta=1.0, c=G, overwrite_c=1)
+        return np.triu(G) + np.triu(G, 1).T
+
+    def sweep(self, M, step):
+        """The sums of moments ``M`` by cache-sized block, handed to ``step(i0, i1, sums)``; the weights it
+        returns are accumulated into moments with the block's features still in cache (None if it returns None)."""
+        LM, out = M * self.lam, None
+        for i0, i1, F in self._blocks():
+            W = step(i0, i1, LM @ F)
+            if W is not None:
+                out = W @ F.T if out is None else out + W @ F.T
+        return out
+
+    def field(self, s):
+        """Row-normalized field of the kernel with column scaling ``s``: velocity ``(d, n)`` and row sums."""
+        S = self.sums(self.moments(self.a * s * self.X1))
+        return S[1:] / S[0], S[0]
+
+    def apply(self, s):
+        """:math:`\\tilde K (a s)`."""
+        return self.sums(self.moments((self.a * s)[None]))[0]
+
+    def column_error(self, row_sums, s) -> float:
+        """:math:`\\sum_j |\\sum_i a_i K_{ij} - a_j|` for rows normalized,
+        :math:`K_{ij} = \\tilde K_{ij} a_j s_j / r_i`."""
+        return float(abs(self.a * s * self.apply(1 / row_sums) - self.a).sum())
+
+
+@functools.lru_cache(maxsize=16)
+def _newton_plan(d: int, order: int, eigenvalues: bytes):
+    r"""Newton's rows (leading modes, eigenvalue above :data:`_NEWTON_RATIO` of the largest, at most
+    :data:`_NEWTON_MAX`; not the zero row of :math:`\sin 0`), their eigenvalues, the plain modes' rate and,
+    on the circle when ``2 max(m) <= K``, the gather of the Gram matrix from moments (else None):
+    entry :math:`(j, k)` is half ``M[first] + sign * M[second]`` (module :class:`_Newton`)."""
+    lam = np.frombuffer(eigenvalues)
+    candidates = np.arange(lam.size)
+    candidates = candidates[candidates != order + 1] if d == 2 else candidates
+    ranked = candidates[np.argsort(-lam[candidates], kind="stable")]
+    count = min(_NEWTON_MAX, int((lam[ranked] > _NEWTON_RATIO * lam[ranked[0]]).sum()))
+    rows = np.sort(ranked[:count])
+    rate = float(lam[ranked[count]] / lam[ranked[0]]) if count < ranked.size else 0.0
+    m, sine = np.where(rows <= order, rows, rows - order - 1), rows > order
+    if d != 2 or 2 * int(m.max()) > order:
+        return rows, lam[rows], rate, None
+    plus, minus = m[:, None] + m[None, :], m[:, None] - m[None, :]
+    same = sine[:, None] == sine[None, :]  # cos cos: C(j-k) + C(j+k); sin sin: C(j-k) - C(j+k)
+    first = np.where(same, np.abs(minus), order + 1 + plus)  # cos sin: S(j+k) - S(j-k); sin cos: S(j+k) + S(j-k)
+    second = np.where(same, plus, order + 1 + np.abs(minus))
+    sign = np.where(same, np.where(sine[:, None], -1.0, 1.0), np.where(sine[:, None], 1.0, -1.0) * np.sign(minus))
+    return rows, lam[rows], rate, (first, second, sign)
+
+
+class _Newton:
+    r"""Newton's correction on the leading modes ``rows`` of the moment map (``_harmonic_fields.py``).
+
+    On the circle the Gram matrix of products, :math:`\cos j\theta \cos k\theta = \frac12(\cos(j-k)\theta
+    + \cos(j+k)\theta)` and the like, comes from the moments of ``a u^2`` up to order ``2 max(rows)``:
+    one more row in the moments pass instead of ``n |R|^2`` products (``from_moments``).
+    """
+
+    def __init__(self, P: _Passes):
+        kernel = P.factored.kernel
+        lam = np.ascontiguousarray(P.host(P.lam))
+        self.rows, self.lam, self.rate, self.gather = _newton_plan(kernel.d, kernel.order, lam.tobytes())
+        self.from_moments, self.inverse = self.gather is not None, None
+
+    def factor(self, P: _Passes, s, moments_of_s=None) -> None:
+        r"""Invert :math:`I + G_{RR}\Lambda_R` (eigenvalues at least 1) at :math:`G = \Phi^T \mathrm{diag}(s) \Phi`
+        (``moments_of_s``: :math:`s\Phi` on the host, when ``from_moments``)."""
+        if self.from_moments:
+            first, second, sign = self.gather
+            G = 0.5 * (moments_of_s[first] + sign * moments_of_s[second])
+        else:
+            G = P.gram(self.rows, s)
+        self.inverse = np.linalg.inv(np.eye(self.rows.size) + G * self.lam)
+
+    def correction(self, f: np.ndarray) -> np.ndarray:
+        r""":math:`t`: :math:`t_R = (I + G_{RR}\Lambda_R)^{-1} f_R - f_R`, 0 elsewhere."""
+        t = np.zeros_like(f)
+        t[self.rows] = self.inverse @ f[self.rows] - f[self.rows]
+        return t
+
+
+def _weights(P: _Passes, u, carry: bool, gram: bool, i0: int = 0, i1: int | None = None):
+    """The rows whose moments the next iteration needs, for particles ``i0:i1``: ``a u``, with ``a u x``
+    (the field's numerators) when ``carry``, then ``a u^2`` (the circle's Gram matrix) when ``gram``."""
+    w = P.a[i0:i1] * u
+    W = w * P.X1[:, i0:i1] if carry else w[None]
+    return P.xp.concatenate([W, (w * u)[None]]) if gram else W
+
+
+def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | None = None):
+    """The symmetric scaling :math:`u_i (\tilde K a u)_i = 1` by the moment map with Newton's correction.
+
+    One sweep per iteration, by cache-sized block: the sums of the current scaling ``u`` (its marginal
+    error; the field's numerators when its moments carry them) and of the next point ``x = M + t``,
+    then, with the block's features still in cache, the moments of ``u_next = 1 / (Phi Lambda x)``
+    (:func:`_weights`). The numerators ride along when ``u_next`` is predicted to converge: by
+    ``memory["sweeps"]`` (the sweeps of the previous solve in a flow, written back) or by the last two
+    errors; else one more application computes them. A sweep whose scaling is predicted to converge
+    skips the next moments (one more pass if it does not). On the circle the Jacobian is formed at every
+    iteration (its Gram matrix rides along); on :math:`S^2` on the first and while far or slow. The start
+    is scaled to :math:`(a u)^T \tilde K (a u) = 1`, which the fixed point satisfies (the plain step does
+    not contract that mode).
+
+    Returns ``(velocity (d, n), row sums (n,), u, kernel applications, converged, marginal error)``.
+    """
+    xp, a, newton = P.xp, P.a, _Newton(P)
+    memory = {} if memory is None else memory
+    expect, gram = memory.get("sweeps"), newton.from_moments
+    M = P.moments((a * u)[None])
+    scale = 1 / math.sqrt(float((M[0] * P.lam * M[0]).sum()))
+    u, M = u * scale, M * scale
+    E, u_next, velocity = xp.empty_like(u), xp.empty_like(u), xp.empty_like(P.X1[1:])
+    t, done, errs, previous = None, 0, [], math.inf
+    while done < max_iter:
+        done += 1
+        carried = M.shape[0] > 1
+        carry = (expect is not None and done + 1 >= expect) or (len(errs) >= 2 and errs[-1] ** 3 <= tol * errs[-2] ** 2)
+        state = {"err": 0.0, "positive": True}
+
+        def step(i0, i1, S):
+            E[i0:i1] = S[0]
+            state["err"] += float((a[i0:i1] * abs(u[i0:i1] * S[0] - 1)).sum())
+            if carried:
+                velocity[:, i0:i1] = S[1:M.shape[0]] / S[0]
+            point = S[0] if t is None else S[-1]
+            state["positive"] &= bool((point > 0).all())
+            xp.reciprocal(point, out=u_next[i0:i1])
+            return None if carried else _weights(P, u_next[i0:i1], carry, gram, i0, i1)
+
+        Mn = P.sweep(M if t is None else xp.concatenate([M, M[:1] + P.device(t)]), step)
+        err = state["err"]
+        errs.append(err)
+        if err <= tol or not math.isfinite(err) or done == max_iter:
+            break
+        if not state["positive"]:  # the corrected point went too far: the plain step from u
+            t, newton.inverse, Mn = None, None, None
+            xp.reciprocal(E, out=u_next)
+        if Mn is None:  # predicted to converge and did not, or the plain step
+            Mn = P.moments(_weights(P, u_next, carry, gram))
+        f = P.host(Mn[0] - M[0]) - (0 if t is None else t)  # H(x) - x
+        refresh = gram or newton.inverse is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or gained < 10x
+        if refresh:
+            newton.factor(P, a * u_next * u_next, P.host(Mn[-1]) if gram else None)
+        previous, t = (math.inf if refresh else err), newton.correction(f)
+        u, u_next, M = u_next, u, Mn[:Mn.shape[0] - gram]
+    if err <= tol:
+        memory["sweeps"] = done
+    if M.shape[0] > 1:  # the numerators rode along
+        return velocity, E, u, done, err <= tol, err
+    return P.sums(P.moments(a * u * P.X1[1:])) / E, E, u, done + 1, err <= tol, err
+
+
+def alternating_sinkhorn(P: _Passes, gamma, n_iter: int, need_errors: bool):
+    """``n_iter`` half-iterations, row step first from the column scaling ``gamma``:
+    :math:`K = \\mathrm{diag}(\\alpha) \\tilde K \\mathrm{diag}(a \\gamma)`, :math:`\\alpha = 1/\\tilde K(a\\gamma)`,
+    :math:`\\gamma = 1/\\tilde K(a\\alpha)`. Returns ``(velocity (d, n), gamma, row error, column error)``."""
+    alpha = None
+    for step in range(1, n_iter):  # all but the last half-step
+        if step % 2:
+            alpha = 1 / P.apply(gamma)
+        else:
+            gamma = 1 / P.apply(alpha)
+    if n_iter % 2:  # the last step normalizes the rows: fused with the velocity
+        velocity, sums = P.field(gamma)
+        col = P.column_error(sums, gamma) if need_errors else math.nan
+        return velocity, gamma, 0.0 if need_errors else math.nan, col
+    gamma = 1 / P.apply(alpha)  # ended on a column step: K applied as it is
+    velocity, sums = P.field(gamma)
+    row_sums = alpha * sums
+    row = float((P.a * abs(row_sums - 1)).sum()) if need_errors else math.nan
+    col = P.column_error(1 / alpha, gamma) if need_errors else math.nan
+    return velocity * row_sums, gamma, row, col
