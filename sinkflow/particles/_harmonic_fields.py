@@ -193,7 +193,7 @@ def _rows(F, a, s):
         sums[i0:i1] = R[:, 0]
         vel[i0:i1] = R[:, 1:] / R[:, :1]
 
-    F.sweep(F.moments(_values(F.X, a * s)), step)
+    F.sweep(F.position_moments(a * s), step)
     return vel, sums
 
 

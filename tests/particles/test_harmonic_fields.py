@@ -10,7 +10,7 @@ from scipy import special
 import sinkflow
 from sinkflow.particles import attention_field, harmonic_attention_field, harmonic_kernel
 from sinkflow.particles import _harmonic_kernels
-from sinkflow.particles._harmonic_kernels import _circle_features, _sphere_degrees, _sphere_features
+from sinkflow.particles._harmonic_bases import _circle_features, _sphere_degrees, _sphere_features
 
 
 def _particles(n, d, seed, weighted):
