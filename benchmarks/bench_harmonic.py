@@ -105,7 +105,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cases = [(20_000, 2, 5.0), (20_000, 2, 32.0), (20_000, 3, 5.0), (20_000, 3, 32.0)]
     if not args.quick:
-        cases += [(1_000_000, 2, 5.0), (1_000_000, 2, 32.0)]
+        cases += [(1_000_000, 2, 5.0), (1_000_000, 2, 32.0), (1_000_000, 3, 5.0), (1_000_000, 3, 32.0)]
     cases = [case for case in cases if args.manifold in ("both", {2: "circle", 3: "sphere"}[case[1]])]
     print(f"load average before: {os.getloadavg()}")
     print("| N | beta | manifold | order (features) | SoftMax step, CPU ms (wall) | Sinkhorn step, warm, CPU ms "

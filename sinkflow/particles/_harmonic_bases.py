@@ -205,6 +205,14 @@ class _SphereBasis:
         self.L, self.plan = L, _sphere_plan(L, like.dtype, like.device)
         self.half = _orders(L + 1, 0)  # orders per parity up to L + 1 (the odd ones padded to as many)
         self.width = 2 * (L + 2) + 4 * self.half  # values per particle
+        self._work = None
+
+    def _workspace(self, shape, like):
+        """A tensor of ``shape`` in one reused buffer (fresh memory costs page faults: 2-3x the products)."""
+        size = math.prod(shape)
+        if self._work is None or self._work.numel() < size:
+            self._work = like.new_empty(size)
+        return self._work[:size].view(shape)
 
     def block(self, x, buffer=None):
         n, L, h = x.shape[0], self.L, self.half
@@ -230,19 +238,22 @@ class _SphereBasis:
 
     def add_moments(self, acc, block, W):
         T, E = block
-        X, Wt = T.new_empty((W.shape[1], self.L + 1, T.shape[2])), W.T.contiguous()
+        X, Wt = self._workspace((W.shape[1], self.L + 1, T.shape[2]), T), W.T.contiguous()
         for p in (0, 1):
             torch.mul(Wt[:, None, :], T[p, :self.L + 1], out=X)
             acc[p].addmm_(X.view(-1, T.shape[2]), E[p, :self._columns(p)].T)
 
     def apply(self, block, N):
-        """The sums :math:`\\sum_{k,g} \\Theta_k E_g N_{c,k,g}` at the block's particles, shape ``(n, c)``."""
+        """The sums :math:`\\sum_{k,g} \\Theta_k E_g N_{c,k,g}` at the block's particles, shape ``(n, c)``, in the
+        workspace (valid until the next product)."""
         T, E = block
-        out = None
+        c, n = N[0].shape[0] // (self.L + 1), T.shape[2]
+        work = self._workspace(((2 + self.L + 1) * c * n,), T)
+        sums, H = work[:2 * c * n].view(2, c, n), work[2 * c * n:].view(c * (self.L + 1), n)
         for p in (0, 1):
-            H = torch.mm(N[p], E[p, :self._columns(p)]).view(-1, self.L + 1, T.shape[2]).mul_(T[p, :self.L + 1])
-            out = H.sum(1) if out is None else out.add_(H.sum(1))
-        return out.T
+            torch.mm(N[p], E[p, :self._columns(p)], out=H)
+            torch.sum(H.view(c, self.L + 1, n).mul_(T[p, :self.L + 1]), 1, out=sums[p])
+        return sums[0].add_(sums[1]).T
 
     def to_harmonics(self, acc):
         cols = acc[0].shape[0] // (self.L + 1)
@@ -278,8 +289,9 @@ class _SphereBasis:
     def add_positions(self, acc, block, w, x):
         """Accumulates the moments of ``w`` alone up to degree ``L + 1``: those of ``[w, w x]`` to ``L`` follow."""
         T, E = block
+        X = self._workspace(T.shape[1:], T)
         for p in (0, 1):
-            acc[p].addmm_(T[p] * w, E[p].T)
+            acc[p].addmm_(torch.mul(T[p], w, out=X), E[p].T)
 
     def positions_to_harmonics(self, acc):
         r""":math:`\Phi^T [w, w x]` from the moments of ``w`` to degree ``L + 1``: with :math:`G_{km} = \sum_j w_j
