@@ -96,8 +96,8 @@ class _CircleBasis:
     def from_harmonics(self, M):
         return M
 
-    def rows(self, F, rows):
-        return F[rows]
+    def rows(self, F, rows, out=None):
+        return F[rows] if out is None else torch.index_select(F, 0, rows, out=out)
 
     def position_zeros(self, like):
         return self.zeros(3, like)  # [w, w x1, w x2]
@@ -272,15 +272,16 @@ class _SphereBasis:
             N.append(A.permute(2, 1, 0).reshape(cols * (self.L + 1), -1))
         return N
 
-    def rows(self, block, rows):
-        """The harmonics ``rows`` (indices, :func:`_sphere_degrees` order) at the block's particles."""
+    def rows(self, block, rows, out=None):
+        """The harmonics ``rows`` (indices, :func:`_sphere_degrees` order) at the block's particles (into ``out``)."""
         T, E = block
-        out = T.new_empty((len(rows), T.shape[2]))
+        out = T.new_empty((len(rows), T.shape[2])) if out is None else out
         for p in (0, 1):
             where = torch.nonzero(self.plan.parity[rows] == p)[:, 0]
             position = self.plan.position[rows[where]]
-            Q = self.plan.D[p].view(-1, self.L + 1)[position] @ T[p, :self.L + 1]
-            out[where] = Q.mul_(E[p][position // (self.L + 1)])
+            Q, Eg = self._workspace((2, len(where), T.shape[2]), T)
+            torch.mm(self.plan.D[p].view(-1, self.L + 1)[position], T[p, :self.L + 1], out=Q)
+            out[where] = Q.mul_(torch.index_select(E[p], 0, position // (self.L + 1), out=Eg))
         return out
 
     def position_zeros(self, like):

@@ -1,9 +1,11 @@
-"""The harmonic expansion of the attention kernel on the circle and :math:`S^2`, and its features.
+"""The harmonic expansion of the attention kernel on the circle and :math:`S^2`, and its application.
 
 :func:`harmonic_kernel` truncates the expansion to a tolerance, :class:`HarmonicKernel` evaluates it and
 its features :math:`\\Phi` (``cos k theta, sin k theta`` on the circle, real spherical harmonics on
-:math:`S^2`), and ``_Factored`` applies :math:`\\Phi \\Lambda \\Phi^T` block by block; the fields built on
-them are in ``_harmonic_fields.py`` (whose docstring has the mathematics).
+:math:`S^2`), and ``_Factored`` applies :math:`\\Phi \\Lambda \\Phi^T` block by block in a per-particle basis
+(``_harmonic_bases.py``: on :math:`S^2` products of Fourier modes in both angles, by matrix products,
+without forming the harmonics); the fields built on them are in ``_harmonic_fields.py`` (whose
+docstring has the mathematics).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from sinkflow.particles._harmonic_bases import _CircleBasis, _mm, _sphere_degree
 
 __all__ = ["HarmonicKernel", "harmonic_kernel"]
 
-_STORE_BYTES = 2**30  # features of all particles kept between applications up to this size (1 GiB: n = 10^6 at beta = 32)
-_BLOCK_BYTES = 2**22  # else recomputed block by block, each block's features this large
-# Storing costs a first write to fresh memory (~2 us per 4 KiB page here: 44 ms for the 92 MB of n = 2*10^4, beta = 5
-# on S^2, three times the features' arithmetic), so a single application (two passes) recomputes them instead.
+_STORE_BYTES = 2**30  # bases of all particles kept between applications up to this size (1 GiB: n = 10^6 at beta = 32
+# on the circle, at beta = 5 on S^2)
+_BLOCK_BYTES = 2**22  # else recomputed block by block, each block's basis this large (2-8 MiB measured alike on S^2)
+# Storing costs a first write to fresh memory (~2 us per 4 KiB page here), so a single application (two passes)
+# recomputes them instead.
 
 
 @dataclass(frozen=True)
@@ -171,11 +174,13 @@ class _Factored:
         return self.basis.positions_to_harmonics(acc)
 
     def gram(self, rows: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """:math:`\\Phi_R^T \\mathrm{diag}(s)\\, \\Phi_R` over the feature rows ``R`` = ``rows``."""
-        G = s.new_zeros((len(rows), len(rows)))
+        """:math:`\\Phi_R^T \\mathrm{diag}(s)\\, \\Phi_R` over the feature rows ``R`` = ``rows``, for ``s >= 0``."""
+        G, root = s.new_zeros((len(rows), len(rows))), s.sqrt()
+        buffer = s.new_empty(len(rows) * (self.blocks[0][1] - self.blocks[0][0]))
         for b, (i0, i1) in enumerate(self.blocks):
-            F = self.basis.rows(self._block(b, i0, i1), rows)
-            G += _mm(F * s[i0:i1], F.T)
+            F = self.basis.rows(self._block(b, i0, i1), rows, out=buffer[:len(rows) * (i1 - i0)].view(len(rows), -1))
+            F.mul_(root[i0:i1])
+            G += _mm(F, F.T)
         return G
 
     def sweep(self, M: torch.Tensor, step) -> torch.Tensor | None:
