@@ -15,8 +15,11 @@ tolerance 1e-10, and the targets of issue 30 beside it:
   N = 10^6 one pass is ~10^12 exponentials, hours on this machine).
 
 CPU time of the process (one thread: the work of one core; on a shared machine the wall time is
-longer by the waits for a core, printed beside it), minima of ``--repeats`` runs, interleaved;
-targets and ratios on CPU time. Prints a markdown table and the load average.
+longer by the waits for a core, printed beside it), minima of ``--repeats`` runs (2 at N = 10^6),
+interleaved; targets and ratios on CPU time. Prints a markdown table and the load average. Rows:
+N = 2*10^4 and (without ``--quick``) 10^6, beta = 5 and 32, on the circle and S^2; about 3 minutes
+for ``--manifold sphere`` on an idle core. Measured (load average 8-12 on 2 cores, docs/theory/clustering.md):
+S^2 at beta = 5 SoftMax RESULTS_PLACEHOLDER.
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_harmonic.py [--quick] [--manifold sphere]``.
 """
 
