@@ -17,12 +17,12 @@ tolerance 1e-10, and the targets of issue 30 beside it:
   N = 10^6 one pass is ~10^12 exponentials, hours on this machine).
 
 CPU time of the process (one thread: the work of one core; on a shared machine the wall time is
-longer by the waits for a core, printed beside it), minima of ``--repeats`` runs, interleaved;
-targets and ratios on CPU time. Prints a markdown table and the load average.
+longer by the waits for a core, printed beside it), minima of ``--repeats`` runs (2 at N = 10^6),
+interleaved; targets and ratios on CPU time. Prints a markdown table and the load average. Rows:
+N = 2*10^4 and (without ``--quick``) 10^6, beta = 5 and 32, on the circle and S^2 (about 4 minutes of CPU
+for ``--manifold sphere``). The Sinkhorn step is timed inside a flow (a few Euler steps first).
 
-Measured (load average 8-12 on 2 cores; docs/performance.md): Sinkhorn / SoftMax 1.8x on the circle
-at N = 2*10^4 and 10^6 (beta = 5 and 32; 3 applications), 1.3x and 1.7x on S^2 at N = 2*10^4
-(beta = 5, 32); the earlier solve, by this script in the same session, 2.2-3.0x (5 applications).
+MEASURED_PLACEHOLDER
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_harmonic.py [--quick] [--manifold sphere]``.
 """
 
@@ -121,7 +121,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cases = [(20_000, 2, 5.0), (20_000, 2, 32.0), (20_000, 3, 5.0), (20_000, 3, 32.0)]
     if not args.quick:
-        cases += [(1_000_000, 2, 5.0), (1_000_000, 2, 32.0)]
+        cases += [(1_000_000, 2, 5.0), (1_000_000, 2, 32.0), (1_000_000, 3, 5.0), (1_000_000, 3, 32.0)]
     cases = [case for case in cases if args.manifold in ("both", {2: "circle", 3: "sphere"}[case[1]])]
     print(f"load average before: {os.getloadavg()}")
     print("| N | beta | manifold | order (features) | SoftMax step, CPU ms (wall) | Sinkhorn step, warm, CPU ms "

@@ -171,11 +171,16 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
 
 def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors, memory=None) -> FieldEvaluation:
     """The field of ``kernel`` at the particles ``X`` (float64 tensors) as a :class:`FieldEvaluation` (no
-    ``attention``; ``memory``: a dict a flow keeps between the solves of one stage). The features are
+    ``attention``; ``memory``: a dict a flow keeps between the solves of one stage). The harmonics are
     kept between applications unless there is only one on :math:`S^2` (there storing them costs more
-    than forming them twice; on the circle less at beta = 5)."""
+    than forming them twice; on the circle less at beta = 5); one application on :math:`S^2` runs in
+    the product basis (:meth:`_Factored.position_moments`), without forming the harmonics."""
     single = normalization == "row" or n_iter == 1
-    P = _Passes(_Factored(kernel, X, keep=not single or need_errors or kernel.d == 2), a)
+    if single and kernel.d == 3 and not need_errors:
+        start = torch.ones_like(a) if g0 is None or normalization == "row" else torch.exp(g0)
+        return FieldEvaluation(_basis_field(_Factored(kernel, X, keep=False), a * start), None, None, 1, True,
+                               math.nan, math.nan)
+    P = _Passes(_Factored(kernel, X, keep=False), a, keep=not single or need_errors or kernel.d == 2)
     xp = P.xp
     s = xp.ones_like(P.a) if g0 is None or normalization == "row" else xp.exp(P.array(g0))
     row = col = math.nan
@@ -193,6 +198,17 @@ def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_error
     velocity = torch.from_numpy(np.ascontiguousarray(velocity.T)) if P.numpy else velocity.T.contiguous()
     g = g if g is None or not P.numpy else torch.from_numpy(g)
     return FieldEvaluation(velocity, None, g, applications, converged, row, col)
+
+
+def _basis_field(F: _Factored, w: torch.Tensor) -> torch.Tensor:
+    """Row-normalized field of the kernel with column weights ``w`` (``(n, d)``), by one sweep of the basis."""
+    velocity = torch.empty_like(F.X)
+
+    def step(i0, i1, R):
+        torch.div(R[:, 1:], R[:, :1], out=velocity[i0:i1])
+
+    F.sweep(F.position_moments(w), step)
+    return velocity
 
 
 @dataclass

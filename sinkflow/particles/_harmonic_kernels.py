@@ -1,14 +1,15 @@
-"""The harmonic expansion of the attention kernel on the circle and :math:`S^2`, and its features.
+"""The harmonic expansion of the attention kernel on the circle and :math:`S^2`, and its application.
 
 :func:`harmonic_kernel` truncates the expansion to a tolerance, :class:`HarmonicKernel` evaluates it and
 its features :math:`\\Phi` (``cos k theta, sin k theta`` on the circle, real spherical harmonics on
-:math:`S^2`), and ``_Factored`` applies :math:`\\Phi \\Lambda \\Phi^T` block by block; the fields built on
-them are in ``_harmonic_fields.py`` (whose docstring has the mathematics).
+:math:`S^2`), and ``_Factored`` applies :math:`\\Phi \\Lambda \\Phi^T` block by block in a per-particle basis
+(``_harmonic_bases.py``: on :math:`S^2` products of Fourier modes in both angles, by matrix products,
+without forming the harmonics); the fields built on them are in ``_harmonic_fields.py`` (whose
+docstring has the mathematics).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -18,13 +19,15 @@ from scipy import special
 
 from sinkflow._backend import check_number
 from sinkflow._checks import check_choice
+from sinkflow.particles._harmonic_bases import _CircleBasis, _mm, _sphere_degrees, _SphereBasis
 
 __all__ = ["HarmonicKernel", "harmonic_kernel"]
 
-_STORE_BYTES = 2**30  # features of all particles kept between applications up to this size (1 GiB: n = 10^6 at beta = 32)
-_BLOCK_BYTES = 2**22  # else recomputed block by block, each block's features this large
-# Storing costs a first write to fresh memory (~2 us per 4 KiB page here: 44 ms for the 92 MB of n = 2*10^4, beta = 5
-# on S^2, three times the features' arithmetic), so a single application (two passes) recomputes them instead.
+_STORE_BYTES = 2**30  # bases of all particles kept between applications up to this size (1 GiB: n = 10^6 at beta = 32
+# on the circle, at beta = 5 on S^2)
+_BLOCK_BYTES = 2**22  # else recomputed block by block, each block's basis this large (2-8 MiB measured alike on S^2)
+# Storing costs a first write to fresh memory (~2 us per 4 KiB page here), so a single application (two passes)
+# recomputes them instead.
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,12 @@ class HarmonicKernel:
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """:math:`\\Phi^T`, shape ``(rank, n)``, at unit vectors ``x`` (n, d)."""
-        return self._features(x)
+        basis = self.basis(x)
+        return basis.rows(basis.block(x), torch.arange(self.rank, device=x.device))
 
-    def _features(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`features`, written into ``out`` (rank, n) when given (reused memory: no first writes)."""
-        return _circle_features(x, self.order, out) if self.d == 2 else _sphere_features(x, self.order, out)
+    def basis(self, like: torch.Tensor):
+        """The per-particle basis the kernel is applied in (``_harmonic_bases.py``), for tensors like ``like``."""
+        return _CircleBasis(self.order) if self.d == 2 else _SphereBasis(self.order, like)
 
 
 def harmonic_kernel(temperature: float, d: int, tol: float = 1e-10, min_weight: float = 1.0) -> HarmonicKernel:
@@ -136,148 +140,62 @@ def harmonic_kernel(temperature: float, d: int, tol: float = 1e-10, min_weight: 
     return HarmonicKernel(int(d), beta, order, coef[:order + 1].copy(), float(tails[order]))
 
 
-def _power_rows(u: torch.Tensor, v: torch.Tensor, m: int, C: torch.Tensor, S: torch.Tensor) -> None:
-    """Real and imaginary parts of :math:`(u + iv)^k`, ``k = 0..m``, written into rows of ``C`` and ``S``.
-
-    By doubling (:math:`w^{k+j} = w^k w^j`, each block of rows from the ones before it): every entry
-    is a product of at most ~log2(m) rounded factors, written in place (no complex tensors, no copies).
-    """
-    C[0], S[0] = 1.0, 0.0
-    if m >= 1:
-        C[1], S[1] = u, v
-    k = 2
-    while k <= m:
-        ck = C[k - 1] * u - S[k - 1] * v  # w^k
-        sk = S[k - 1] * u + C[k - 1] * v
-        j = min(k, m + 1 - k)
-        torch.mul(C[:j], ck, out=C[k:k + j]).addcmul_(S[:j], sk, value=-1.0)
-        torch.mul(S[:j], ck, out=S[k:k + j]).addcmul_(C[:j], sk)
-        k += j
-
-
-def _circle_features(x: torch.Tensor, K: int, F: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows :math:`\\cos k\\theta` (``k = 0..K``) then :math:`\\sin k\\theta` (``k = 0..K``, the first a row of zeros),
-    written into ``F`` when given."""
-    F = x.new_empty((2 * K + 2, x.shape[0])) if F is None else F
-    _power_rows(x[:, 0], x[:, 1], K, F[:K + 1], F[K + 1:])
-    return F
-
-
-def _sphere_degrees(L: int) -> np.ndarray:
-    r"""Degree :math:`l` of each row of :func:`_sphere_features` (step :math:`s = l - m` by step)."""
-    return np.concatenate([np.concatenate([[s], np.repeat(np.arange(1, L - s + 1) + s, 2)]) for s in range(L + 1)])
-
-
-@functools.lru_cache(maxsize=16)
-def _sphere_steps(L: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"):
-    r"""Per step :math:`s = l - m \ge 1`: its first row, those of the two steps before it, and the recurrence
-    coefficients of its rows (m = 0, then 1, 1, 2, 2, ...) as columns, and the normalization of :math:`\bar Q_{mm}`.
-
-    :math:`\bar Q_{m+1,m} = \sqrt{2m+3}\, z\, \bar Q_{mm}` and
-    :math:`\bar Q_{lm} = a_{lm} z \bar Q_{l-1,m} - a_{lm} b_{lm} \bar Q_{l-2,m}` (fully normalized).
-    """
-    offsets = np.concatenate([[0], np.cumsum(2 * (L - np.arange(L + 1)) + 1)]).tolist()
-
-    def column(values):
-        return torch.tensor(values, dtype=dtype, device=device)[:, None]
-
-    steps = []
-    for s in range(1, L + 1):
-        m = np.concatenate([[0.0], np.repeat(np.arange(1.0, L - s + 1), 2)])
-        l = m + s
-        if s == 1:
-            steps.append((offsets[s], offsets[s - 1], 0, column(np.sqrt(2 * m + 3)), None))
-            continue
-        a = np.sqrt((4 * l * l - 1) / (l * l - m * m))
-        ab = a * np.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
-        steps.append((offsets[s], offsets[s - 1], offsets[s - 2], column(a), column(ab)))
-    q = np.cumprod(np.concatenate([[1 / math.sqrt(4 * math.pi)], np.sqrt((2 * np.arange(1, L + 1) + 1.0)
-                                                                          / (2 * np.arange(1, L + 1)))]))
-    return tuple(steps), float(q[0]), column(q[1:] * math.sqrt(2))
-
-
-def _sphere_features(x: torch.Tensor, L: int, F: torch.Tensor | None = None) -> torch.Tensor:
-    r"""Real orthonormal spherical harmonics :math:`Y_{lm}(x)` (``(L+1)^2`` rows, degrees :func:`_sphere_degrees`).
-
-    :math:`Y_{lm} = \bar Q_{lm}(z)\, \sqrt2\, \mathrm{Re}/\mathrm{Im}\,(x_1 + i x_2)^m` (:math:`\bar P_{lm} =
-    \sin^m\theta\, \bar Q_{lm}`): the recurrence in :math:`l` is linear, so it runs on the products
-    themselves, all orders :math:`m` at once. Rows go by step :math:`s = l - m`; within a step
-    ``cos m=0, cos 1, sin 1, cos 2, sin 2, ...``, so the rows a step needs from the two before it are
-    their first rows (one contiguous slice each, three in-place products per step). Written into ``F`` when given.
-    """
-    n, z = x.shape[0], x[:, 2].contiguous()
-    steps, q0, norm = _sphere_steps(L, x.dtype, x.device)
-    F = x.new_empty(((L + 1) ** 2, n)) if F is None else F
-    first = F[:2 * L + 1]  # s = 0: Y_mm
-    re, im = x.new_empty((L + 1, n)), x.new_empty((L + 1, n))
-    _power_rows(x[:, 0], x[:, 1], L, re, im)
-    first[0] = q0
-    torch.mul(re[1:], norm, out=first[1::2])
-    torch.mul(im[1:], norm, out=first[2::2])
-    for start, prev, before, a, ab in steps:
-        rows = a.shape[0]
-        out = F[start:start + rows]
-        torch.mul(F[prev:prev + rows], z, out=out).mul_(a)
-        if ab is not None:
-            out.addcmul_(F[before:before + rows], ab, value=-1.0)
-    return F
-
-
-def _mm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """``A @ B`` for a short ``A`` (a few rows): on the CPU through numpy's BLAS, with one
-    matrix-vector product per row up to two rows, several times faster than torch's products at
-    these shapes (benchmarks/bench_harmonic.py, docs/performance.md)."""
-    if A.device.type != "cpu":
-        return A @ B
-    An, Bn = A.numpy(), B.numpy()
-    if An.shape[0] <= 2:
-        return torch.from_numpy(np.stack([row @ Bn for row in An]))
-    return torch.from_numpy(An @ Bn)
-
-
 class _Factored:
-    """:math:`\\tilde K = \\Phi \\Lambda \\Phi^T` applied block by block (features kept when small and
-    ``keep``: more than one application to come)."""
+    """:math:`\\tilde K = \\Phi \\Lambda \\Phi^T` applied block by block in the kernel's basis (its blocks kept
+    when small and ``keep``: more than one application to come). Moments are in the harmonics
+    (``rank`` rows, the order of :meth:`HarmonicKernel.eigenvalues`)."""
 
     def __init__(self, kernel: HarmonicKernel, X: torch.Tensor, keep: bool = True):
         self.kernel, self.X, n = kernel, X, X.shape[0]
         self.lam = kernel.eigenvalues(X)[:, None]
-        rows = max(1, _BLOCK_BYTES // (8 * kernel.rank))
+        self.basis = kernel.basis(X)
+        rows = max(1, _BLOCK_BYTES // (8 * self.basis.width))
         self.blocks = [(i0, min(n, i0 + rows)) for i0 in range(0, n, rows)]
-        store = keep and 8 * n * kernel.rank <= _STORE_BYTES
-        self.stored = [kernel.features(X[i0:i1]) for i0, i1 in self.blocks] if store else None
-        self.buffer = None if store else X.new_empty(kernel.rank * rows)  # one block's features, reused
+        store = keep and 8 * n * self.basis.width <= _STORE_BYTES
+        self.stored = [self.basis.block(X[i0:i1]) for i0, i1 in self.blocks] if store else None
+        self.buffer = None if store else X.new_empty(self.basis.width * rows)  # one block's basis, reused
 
-    def _features(self, b, i0, i1):
-        if self.stored is not None:
-            return self.stored[b]
-        return self.kernel._features(self.X[i0:i1], self.buffer[:self.kernel.rank * (i1 - i0)].view(-1, i1 - i0))
+    def _block(self, b, i0, i1):
+        return self.stored[b] if self.stored is not None else self.basis.block(self.X[i0:i1], self.buffer)
+
+    def harmonics(self, b, i0, i1, out=None):
+        """The harmonics :math:`\\Phi^T` of block ``b`` (rows ``i0:i1``), ``(rank, i1 - i0)``, into ``out`` if given
+        (else possibly the block's own memory)."""
+        return self.basis.harmonics(self._block(b, i0, i1), out)
 
     def moments(self, Wt: torch.Tensor) -> torch.Tensor:
         """:math:`\\Phi^T W`, shape ``(rank, c)``, for ``Wt`` = :math:`W` ``(n, c)``."""
-        M = Wt.new_zeros((self.kernel.rank, Wt.shape[1]))
+        acc = self.basis.zeros(Wt.shape[1], Wt)
         for b, (i0, i1) in enumerate(self.blocks):
-            M += _mm(Wt[i0:i1].T, self._features(b, i0, i1).T).T
-        return M
+            self.basis.add_moments(acc, self._block(b, i0, i1), Wt[i0:i1])
+        return self.basis.to_harmonics(acc)
+
+    def position_moments(self, w: torch.Tensor) -> torch.Tensor:
+        """:math:`\\Phi^T [w, w x]`, shape ``(rank, 1 + d)``: the moments whose kernel sums are the row sums and
+        the numerators of a field (on :math:`S^2` from those of ``w`` alone, one degree higher)."""
+        acc = self.basis.position_zeros(w)
+        for b, (i0, i1) in enumerate(self.blocks):
+            self.basis.add_positions(acc, self._block(b, i0, i1), w[i0:i1], self.X[i0:i1])
+        return self.basis.positions_to_harmonics(acc)
 
     def gram(self, rows: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """:math:`\\Phi_R^T \\mathrm{diag}(s)\\, \\Phi_R` over the feature rows ``R`` = ``rows``."""
-        G = s.new_zeros((len(rows), len(rows)))
+        """:math:`\\Phi_R^T \\mathrm{diag}(s)\\, \\Phi_R` over the feature rows ``R`` = ``rows``, for ``s >= 0``."""
+        G, root = s.new_zeros((len(rows), len(rows))), s.sqrt()
+        buffer = s.new_empty(len(rows) * (self.blocks[0][1] - self.blocks[0][0]))
         for b, (i0, i1) in enumerate(self.blocks):
-            F = self._features(b, i0, i1)[rows]
-            G += _mm(F * s[i0:i1], F.T)
+            F = self.basis.rows(self._block(b, i0, i1), rows, out=buffer[:len(rows) * (i1 - i0)].view(len(rows), -1))
+            F.mul_(root[i0:i1])
+            G += _mm(F, F.T)
         return G
 
     def sweep(self, M: torch.Tensor, step) -> torch.Tensor | None:
         """Rows ``(K W)[i0:i1] = Phi_b Lambda M`` handed to ``step(i0, i1, rows)``; the blocks ``step``
         returns (the next weights) are accumulated into the next moments (None when it returns None)."""
-        LM, M_next = self.lam * M, None
+        N, acc = self.basis.from_harmonics(self.lam * M), None
         for b, (i0, i1) in enumerate(self.blocks):
-            F = self._features(b, i0, i1)
-            W_next = step(i0, i1, _mm(LM.T, F).T)  # (n_b, c): this side is the fast product
+            block = self._block(b, i0, i1)
+            W_next = step(i0, i1, self.basis.apply(block, N))
             if W_next is not None:
-                M_next = M.new_zeros((M.shape[0], W_next.shape[1])) if M_next is None else M_next
-                M_next += _mm(W_next.T, F.T).T
-        return M_next
-
-
+                acc = self.basis.zeros(W_next.shape[1], W_next) if acc is None else acc
+                self.basis.add_moments(acc, block, W_next)
+        return None if acc is None else self.basis.to_harmonics(acc)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from scipy.linalg import blas
 
-from sinkflow.particles._harmonic_kernels import _Factored
+from sinkflow.particles._harmonic_kernels import _STORE_BYTES, _Factored
 
 _NEWTON_RATIO = 1e-3  # Newton's block: the modes of eigenvalue above this fraction of the largest
 _NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2, or r on the circle)
@@ -38,13 +38,18 @@ class _Passes:
     weights of the sums and numerators of the field), ``xp`` (numpy or torch); all on the CPU as numpy.
     """
 
-    def __init__(self, F: _Factored, a: torch.Tensor):
+    def __init__(self, F: _Factored, a: torch.Tensor, keep: bool = True):
         self.factored, self.numpy = F, F.X.device.type == "cpu" and _NUMPY_ON_CPU
         self.xp = np if self.numpy else torch
         self.a, self.lam = self.array(a), self.array(F.lam[:, 0])
         X = self.array(F.X)
         self.X1 = self.xp.concatenate([self.xp.ones_like(X[:, 0])[None], X.T])
-        self.stored = None if F.stored is None else [self.array(f) for f in F.stored]
+        rank, rows = F.kernel.rank, max(i1 - i0 for i0, i1 in F.blocks)
+        if keep and 8 * F.X.shape[0] * rank <= _STORE_BYTES:  # the harmonics, formed once for all the passes
+            self.stored = [self.array(F.harmonics(b, i0, i1, F.X.new_empty((rank, i1 - i0))))
+                           for b, (i0, i1) in enumerate(F.blocks)]
+        else:  # formed block by block at each pass, into one reused buffer
+            self.stored, self.buffer = None, F.X.new_empty(rank * rows)
 
     def array(self, t: torch.Tensor):
         """A float64 tensor as this object's array (numpy on the CPU, shared memory)."""
@@ -59,7 +64,8 @@ class _Passes:
     def _blocks(self, nbytes: int = _CACHE_BYTES):
         """``(i0, i1, features)`` by block (the feature blocks cut into ``nbytes`` pieces)."""
         for b, (i0, i1) in enumerate(self.factored.blocks):
-            F = self.stored[b] if self.stored is not None else self.array(self.factored._features(b, i0, i1))
+            F = self.stored[b] if self.stored is not None else self.array(
+                self.factored.harmonics(b, i0, i1, self.buffer[:self.factored.kernel.rank * (i1 - i0)].view(-1, i1 - i0)))
             width = max(1, nbytes // (8 * F.shape[0]))
             for j0 in range(0, i1 - i0, width):
                 j1 = min(i1 - i0, j0 + width)

@@ -10,7 +10,7 @@ from scipy import special
 import sinkflow
 from sinkflow.particles import attention_field, harmonic_attention_field, harmonic_kernel
 from sinkflow.particles import _harmonic_kernels
-from sinkflow.particles._harmonic_kernels import _circle_features, _sphere_degrees, _sphere_features
+from sinkflow.particles._harmonic_bases import _circle_features, _sphere_degrees, _sphere_features
 
 
 def _particles(n, d, seed, weighted):
@@ -24,6 +24,18 @@ def _particles(n, d, seed, weighted):
 def _dense(x, attention, beta, weights, **kw):
     w = None if weights is None else torch.tensor(weights)
     return attention_field(torch.tensor(x), attention, None, None, weights=w, temperature=1 / beta, **kw).velocity.numpy()
+
+
+def _scipy_harmonics(x, L):
+    """Real orthonormal Y_lm from scipy's complex Y_l^m, rows in the order of ``_sphere_degrees``."""
+    polar, azimuth = np.arccos(np.clip(x[:, 2], -1, 1)), np.arctan2(x[:, 1], x[:, 0])
+    rows = []
+    for s in range(L + 1):
+        rows.append(special.sph_harm_y(s, 0, polar, azimuth).real)
+        for m in range(1, L - s + 1):
+            Y = np.sqrt(2) * (-1) ** m * special.sph_harm_y(m + s, m, polar, azimuth)
+            rows += [Y.real, Y.imag]
+    return np.array(rows)
 
 
 @pytest.mark.parametrize("d", [2, 3])
@@ -92,19 +104,36 @@ def test_circle_features_are_cos_and_sin():
 
 
 def test_sphere_features_are_scipy_s_harmonics():
-    """The recurrence on the products against scipy's complex Y_l^m (Condon-Shortley phase (-1)^m):
-    rows sqrt(2) (-1)^m Re / Im Y_l^m, in the order of ``_sphere_degrees`` (step s = l - m by step)."""
+    """The harmonics from the product basis (Fourier coefficients in theta, powers of e^{i phi}) against
+    scipy's complex Y_l^m (Condon-Shortley phase (-1)^m): rows sqrt(2) (-1)^m Re / Im Y_l^m, in the order
+    of ``_sphere_degrees`` (step s = l - m by step)."""
     x = sinkflow.random_particles(30, 3, seed=4, manifold="sphere")
     L = 30
-    F = _sphere_features(torch.tensor(x), L).numpy()
-    polar, azimuth = np.arccos(np.clip(x[:, 2], -1, 1)), np.arctan2(x[:, 1], x[:, 0])
-    rows = []
-    for s in range(L + 1):
-        rows.append(special.sph_harm_y(s, 0, polar, azimuth).real)
-        for m in range(1, L - s + 1):
-            Y = np.sqrt(2) * (-1) ** m * special.sph_harm_y(m + s, m, polar, azimuth)
-            rows += [Y.real, Y.imag]
-    np.testing.assert_allclose(F, np.array(rows), atol=1e-12)
+    np.testing.assert_allclose(_sphere_features(torch.tensor(x), L).numpy(), _scipy_harmonics(x, L), atol=1e-12)
+
+
+@pytest.mark.parametrize("L", [1, 2, 11, 12])
+def test_sphere_kernel_products_are_the_harmonics_products(L):
+    """The products in the basis of cos/sin k theta times e^{im phi} (moments, those of [w, w x] from w alone
+    one degree higher, the kernel's sums, the Gram rows) against plain products with scipy's harmonics."""
+    x = sinkflow.random_particles(300, 3, seed=L, manifold="sphere")
+    x[:2] = [[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]  # the poles: no angle phi there
+    w = np.random.default_rng(L).uniform(0.1, 1.0, 300)
+    ker = harmonic_kernel(1 / 3.0, 3)
+    ker = type(ker)(3, 3.0, L, ker.coefficients[:L + 1], 0.0)
+    Phi = _scipy_harmonics(x, L)  # (rank, n)
+    values = np.concatenate([w[:, None], w[:, None] * x], 1)
+    F = _harmonic_kernels._Factored(ker, torch.tensor(x), keep=False)
+    np.testing.assert_allclose(F.position_moments(torch.tensor(w)).numpy(), Phi @ values, atol=1e-12)
+    M = F.moments(torch.tensor(values))
+    np.testing.assert_allclose(M.numpy(), Phi @ values, atol=1e-12)
+    lam = ker.eigenvalues(M).numpy()
+    sums = []
+    F.sweep(M, lambda i0, i1, R: sums.append(R.clone()))
+    np.testing.assert_allclose(torch.cat(sums).numpy(), Phi.T @ (lam[:, None] * (Phi @ values)), atol=1e-12)
+    rows = torch.tensor([0, 3, ker.rank - 1, 1])
+    G = F.gram(rows, torch.tensor(w))
+    np.testing.assert_allclose(G.numpy(), (Phi[rows] * w) @ Phi[rows].T, atol=1e-12)
 
 
 def test_stored_and_recomputed_features_give_one_field(monkeypatch):
@@ -112,7 +141,8 @@ def test_stored_and_recomputed_features_give_one_field(monkeypatch):
     kw = dict(temperature=0.25, tol=1e-12)
     stored = harmonic_attention_field(x, "sinkhorn", **kw)
     monkeypatch.setattr(_harmonic_kernels, "_STORE_BYTES", 0)  # features recomputed block by block
-    monkeypatch.setattr(_harmonic_kernels, "_BLOCK_BYTES", 8 * 529 * 100)  # 100 particles a block (L = 22)
+    width = stored.kernel.basis(torch.zeros(1, 3, dtype=torch.float64)).width
+    monkeypatch.setattr(_harmonic_kernels, "_BLOCK_BYTES", 8 * width * 100)  # 100 particles a block
     recomputed = harmonic_attention_field(x, "sinkhorn", **kw)
     assert recomputed.kernel.rank == 529
     np.testing.assert_allclose(recomputed.velocity, stored.velocity, atol=1e-13)
