@@ -97,7 +97,7 @@ def plot_limits(data, cfg):
         if f"l1_{norm}" in data:
             c.plot(data["eps"], data[f"l1_{norm}"], "o-", color=COLORS[key], ms=4,
                    label=f"{LABELS[norm]}: slope {data[f'eps_slope_{norm}']:.2f}")
-    _log_axes(c)
+    _log_axes(c, data["eps"])
     c.set_xlabel(r"$\varepsilon$")
     c.set_ylabel(r"$\|\rho^\varepsilon_t - \rho^{\rm heat}_t\|_{L^1}$")
     c.set_title(r"PDE $\to$ heat (order 1 expected)")
