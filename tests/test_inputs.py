@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow._backend import check_number, leading
+from sinkflow._backend import broadcast_shapes, check_number, leading
 from sinkflow.heat._landmark_errors import nystrom_spectral_error
 
 RNG = np.random.default_rng(2026)
@@ -256,6 +256,24 @@ def test_check_number_contract():
         check_number(0, "k", integer=True, positive=True)
     with pytest.raises(ValueError, match="x must be finite"):
         check_number(-math.inf, "x")
+
+
+SHAPES = [((), ()), ((3,), ()), ((2, 1), (3,)), ((1, 4), (5, 1), (1,)), ((0,), (1,)), ((2, 0, 3), (1, 3)),
+          ((4, 1, 2), (3, 1)), (torch.Size([2, 3]), (1, 3)), ((3,), (4,)), ((2, 3), (3, 3)), ((0,), (2,)),
+          ((5, 1), (1, 4), (3, 1, 1))]
+
+
+@pytest.mark.parametrize("shapes", SHAPES, ids=str)
+def test_broadcast_shapes_is_torchs_rule(shapes):
+    """The plain-Python rule (torch's first call imports sympy) against torch's, mismatches included."""
+    try:
+        expected = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="cannot be broadcast"):
+            broadcast_shapes(*shapes)
+    else:
+        got = broadcast_shapes(*shapes)
+        assert got == expected and isinstance(got, torch.Size)
 
 
 # --------------------------------------------------------------------------- tol = 0

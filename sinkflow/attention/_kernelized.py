@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, exp_floor, from_torch, leading, to_torch
+from sinkflow._backend import broadcast_shapes, check_finite, check_float, check_number, exp_floor, from_torch, leading, to_torch
 from sinkflow.attention._scores import gaussian_scores
 
 __all__ = ["gaussian_kernel", "kernelized_attention_matrix", "kernelized_attention", "lifted_kernel"]
@@ -24,7 +24,7 @@ def _check_pair(Q, K, name_q="Q", name_k="K", V=None):
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"{name_q} and {name_k} must share the head dimension p, got {q.shape[-1]} and {k.shape[-1]}")
     try:
-        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        broadcast_shapes(q.shape[:-2], k.shape[:-2])
     except RuntimeError:
         raise ValueError(f"batch shapes of {name_q} {tuple(q.shape[:-2])} and {name_k} {tuple(k.shape[:-2])} do not broadcast") from None
     check_finite(q.detach(), name_q)
@@ -131,7 +131,7 @@ def kernelized_attention(Q, K, V):
 
 
 def _stack(q, k):
-    shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    shape = broadcast_shapes(q.shape[:-2], k.shape[:-2])
     return torch.cat([q.expand(*shape, *q.shape[-2:]), k.expand(*shape, *k.shape[-2:])], dim=-2)
 
 

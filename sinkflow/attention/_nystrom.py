@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import HALF_DTYPES, check_float, check_number, from_torch, lift_half, require, to_torch
+from sinkflow._backend import HALF_DTYPES, broadcast_shapes, check_float, check_number, from_torch, lift_half, require, to_torch
 from sinkflow.attention._normalizations import softmax
 from sinkflow.attention._scores import dot_scores
 from sinkflow.attention._inverses import _newton_schulz, _check_scale, _check_iter, _check_gamma, _pinv_rtol, _core, _check_inverse
@@ -128,7 +128,7 @@ def _landmark_indices(landmarks, n_points, batch_shape, device, replace, generat
 
 def _gather_rows(x, idx):
     """x (..., N, p), idx (..., m) -> (..., m, p) with broadcasting over batch."""
-    shape = torch.broadcast_shapes(x.shape[:-2], idx.shape[:-1])
+    shape = broadcast_shapes(x.shape[:-2], idx.shape[:-1])
     x = x.expand(*shape, *x.shape[-2:])
     idx = idx.expand(*shape, idx.shape[-1])
     return torch.gather(x, -2, idx[..., None].expand(*idx.shape, x.shape[-1]))
@@ -176,7 +176,7 @@ def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator
     _check_inverse(inverse)
     q, k = lift_half(q, k)
     n_q, n_k, p = q.shape[-2], k.shape[-2], q.shape[-1]
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    batch = broadcast_shapes(q.shape[:-2], k.shape[:-2])
     if lift:
         x = _stack(q, k)
         idx = _landmark_indices(landmarks, n_q + n_k, batch, q.device, replace, generator)

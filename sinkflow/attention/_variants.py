@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from sinkflow._backend import compiling, require
+from sinkflow._backend import broadcast_shapes, compiling, require
 from sinkflow.attention._marginals import uniform_attention_marginal
 from sinkflow.attention._normalizations import softmax, solve_sinkhorn
 from sinkflow.attention._nystrom import nystrom_attention, nystromformer_attention
@@ -116,7 +116,7 @@ def _padding_masks(mask, n, m):
     """Split an admissibility mask into query and key padding masks, or refuse."""
     if mask is None:
         return None, None
-    mask = torch.broadcast_to(mask, torch.broadcast_shapes(mask.shape, (n, m)))
+    mask = torch.broadcast_to(mask, broadcast_shapes(mask.shape, (n, m)))
     keys = mask.any(-2, keepdim=True)  # (..., 1, m)
     queries = mask.any(-1, keepdim=True)  # (..., n, 1)
     require((mask == (queries & keys)).all(), NotImplementedError,
@@ -130,7 +130,7 @@ def _landmarks(q, k, m):
     Eager: through a generator seeded from it; under torch.compile (no generator objects
     there, no reading a seed back), from it directly.
     """
-    size = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (m,)
+    size = broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (m,)
     points = q.shape[-2] + k.shape[-2]
     if compiling():
         return torch.randint(0, points, size, device=q.device)

@@ -19,7 +19,9 @@ References follow the protocol of :mod:`sinkflow.heat` (``dim``, ``pdf``, ``samp
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -45,7 +47,51 @@ def _particles(x, d=None) -> np.ndarray:
     return x
 
 
+#: The quantiles of the last few references (a figure compares many samples with each reference).
+_QUANTILES: OrderedDict = OrderedDict()
+_QUANTILES_KEPT = 32
+
+
+def _reference_key(reference):
+    """The values of a frozen dataclass reference as a hashable key; None for any other object
+    (its quantiles are then not kept)."""
+    if not dataclasses.is_dataclass(reference) or not reference.__dataclass_params__.frozen:
+        return None
+    key = [type(reference).__module__, type(reference).__qualname__]
+    for field in dataclasses.fields(reference):
+        value = getattr(reference, field.name)
+        if isinstance(value, np.ndarray):
+            key.append((value.dtype.str, value.shape, value.tobytes()))
+        elif _plain(value) or (isinstance(value, tuple) and all(map(_plain, value))):
+            key.append(value)
+        else:
+            return None
+    return tuple(key)
+
+
+def _plain(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
 def _quantiles_1d(reference, m: int) -> np.ndarray:
+    """:func:`_tabulated_quantiles`, kept for the last :data:`_QUANTILES_KEPT` references of equal
+    values (read-only: the same array is handed out again)."""
+    key = _reference_key(reference)
+    if key is None:
+        return _tabulated_quantiles(reference, m)
+    key = (key, m)
+    if key in _QUANTILES:
+        _QUANTILES.move_to_end(key)
+        return _QUANTILES[key]
+    q = _tabulated_quantiles(reference, m)
+    q.flags.writeable = False
+    _QUANTILES[key] = q
+    if len(_QUANTILES) > _QUANTILES_KEPT:
+        _QUANTILES.popitem(last=False)
+    return q
+
+
+def _tabulated_quantiles(reference, m: int) -> np.ndarray:
     """Reference quantiles at u = (k + 1/2)/m, from the CDF tabulated on a fine grid."""
     mean = float(np.asarray(reference.mean()).ravel()[0])
     sd = math.sqrt(float(np.asarray(reference.covariance()).ravel()[0]))

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading
+from sinkflow._backend import broadcast_shapes, check_finite, check_float, check_number, from_torch, leading
 from sinkflow._checks import check_choice
 from sinkflow._progress import progress_bar
 from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax, get_attention
@@ -75,7 +75,7 @@ def _batch_shape(parts) -> tuple:
     batch, seen = (), []
     for name, shape in parts:
         try:
-            batch = torch.broadcast_shapes(batch, shape)
+            batch = broadcast_shapes(batch, shape)
         except RuntimeError:
             raise ValueError(f"the batch dimensions {tuple(shape)} of {name} do not broadcast against "
                              f"{tuple(batch)} (the batch of {', '.join(seen)})") from None

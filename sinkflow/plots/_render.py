@@ -98,7 +98,7 @@ def _draw_once(fig, dpi: float):
     fig.set_dpi(dpi)
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
-    fig.set_layout_engine("none")  # laid out: no later file redoes it
+    _freeze_layout(fig)
     full = np.asarray(canvas.buffer_rgba())
     if rc["savefig.bbox"] != "tight":
         return full.copy(), None
@@ -118,6 +118,19 @@ def _draw_once(fig, dpi: float):
     cols = slice(max(0, -x0), min(w, full.shape[1] - x0))
     image[rows, cols] = full[rows.start + top:rows.stop + top, cols.start + x0:cols.stop + x0]
     return image, bbox
+
+
+def _freeze_layout(fig) -> None:
+    """Drop ``fig``'s layout engine once it has laid the figure out, so that no later file redoes it.
+
+    ``set_layout_engine("none")`` would leave a placeholder engine, and ``savefig`` draws a figure
+    that has an engine once more before writing it (a whole draw with the vector renderer, a
+    third of the PDF's time); ``None`` is no engine, unless the rcParams ask for one by default.
+    """
+    import matplotlib as mpl
+
+    with mpl.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+        fig.set_layout_engine(None)
 
 
 def _savefig(fig, path: Path, bbox) -> None:

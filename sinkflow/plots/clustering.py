@@ -107,14 +107,17 @@ def plot_predictions(data, cfg):
     d.set_xlabel("clusters at $t = 2t_f$")
     d.set_ylabel("fraction of runs")
     d.set_title(rf"Sinkhorn, $\beta = {cfg.tie_beta:g}$: $\lambda_3 = 0.495$, $\lambda_4 = 0.505$", fontsize=9)
-    d.set_ylim(0, 1.2)
+    d.set_ylim(0, 1.02)  # a fraction: ticks up to 1
+    d.set_yticks(np.linspace(0, 1, 6))
     d.legend(fontsize=7, loc="upper right")  # above the empty counts 4-6
     return fig
 
 
 register("cluster_predictions", compute=compute_predictions, plot=plot_predictions, quick=PredictionsConfig(),
          full=PredictionsConfig(), default=False,
-         description="Circle at N = 2e4: cluster counts and positions vs predict_clusters, SoftMax and Sinkhorn")
+         description="Circle at N = 2e4: cluster counts and positions vs predict_clusters, SoftMax and Sinkhorn",
+         caption=("At N = 20,000, SoftMax forms k*(beta) clusters in 31 of 40 runs, Sinkhorn its own k* in 19 of 52; "
+                  "no run forms more than k*, and at the beta = 5 tie of modes 3 and 4 Sinkhorn mostly forms 3."))
 
 
 @dataclass(frozen=True)

@@ -251,11 +251,14 @@ def compute_convergence(cfg: ConvergenceConfig) -> dict:
             "dt": np.asarray(cfg.dt_values), "dt_errors": dt_err, "dt_slope": slope_dt, "eps_dt": eps_dt}
 
 
-def _log_axes(ax):
+def _log_axes(ax, x):
+    """Log-log axes whose x ticks are the sampled values ``x``, written plainly (a range of less than a
+    decade would otherwise show one labelled tick)."""
     from matplotlib.ticker import NullFormatter
 
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks(x, [f"{v:g}" for v in x])
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
@@ -266,7 +269,7 @@ def _loglog_panel(ax, x, errors, slope, color, label, center=None, alpha=0.4):
     for k in range(errors.shape[1]):
         ax.plot(x, errors[:, k], ".", color=color, alpha=alpha, ms=4)
     ax.plot(x, center, "o-", color=color, ms=4, label=f"{label}: slope {slope:.2f}")
-    _log_axes(ax)
+    _log_axes(ax, x)
 
 
 def plot_convergence(data, cfg):
@@ -345,7 +348,7 @@ def plot_barycentric(data, cfg):
     for norm, lab in (("sinkhorn", r"Sinkhorn, scale $\varepsilon/2$"), ("softmax_gaussian", r"SoftMax, scale $\varepsilon$")):
         b.plot(data["eps"], data[f"err_{norm}"], "o-", color=COLORS[COLOR_KEYS[norm]],
                label=f"{lab}: slope {data[f'slope_{norm}']:.2f}")
-    _log_axes(b)
+    _log_axes(b, data["eps"])
     b.set_xlabel(r"$\varepsilon$")
     b.set_ylabel(r"$\max_x |(B_\varepsilon - x)/\mathrm{scale} - \partial_x\log\rho|$")
     b.set_title("First-order error")

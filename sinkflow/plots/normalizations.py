@@ -53,6 +53,8 @@ def _lines(ax, q, k, K, color, title):
 
 
 def attention_plot(data: dict, cfg: AttentionConfig):
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     fig, axes = new_figure(3, 2, width=2.9, height=2.7)
     q, k = data["queries"], data["keys"]
     _lines(axes[0, 0], q, k, data["softmax"], COLORS["softmax"], "SoftMax $K^1$")
@@ -64,6 +66,9 @@ def attention_plot(data: dict, cfg: AttentionConfig):
     ax.step(ranks, sinkflow.sorted_column_sums(data["softmax"]), where="mid", color=COLORS["softmax"], label="SoftMax")
     ax.step(ranks, sinkflow.sorted_column_sums(data["sinkhorn"]), where="mid", color=COLORS["sinkhorn"], label="Sinkhorn")
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # sums near 1: 0.5, 1, 2, written plainly
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("key rank")
     ax.set_ylabel(r"sorted column sum $\sum_i K_{ij}$")
     ax.set_title("column sums")

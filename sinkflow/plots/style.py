@@ -91,20 +91,22 @@ def new_figure(ncols: int = 1, nrows: int = 1, width: float = 3.2, height: float
 
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 _MATHTEXT_LABEL = re.compile(r"^\$\\mathdefault\{(.*)\}\$$")
+_UNIT_DECADE = re.compile(r"(-?)(?:([0-9.]+)\\times)?10\^\{0\}")
 
 
 class _PlainLogFormatter(LogFormatterSciNotation):
     r"""The log-axis tick labels of :class:`matplotlib.ticker.LogFormatterSciNotation`, the same ticks
     and the same labels, written in plain text with Unicode superscripts (``10⁻²``, ``2×10⁻²``)
-    instead of mathtext (``$\mathdefault{10^{-2}}$``): the mathtext parser measured a third of a
-    log figure's drawing time, once per label, resolution and output format.
+    instead of mathtext (``$\mathdefault{10^{-2}}$``), and the decade of 1 plainly (``1``, ``2``, not
+    ``10⁰``, ``2×10⁰``): the mathtext parser measured a third of a log figure's drawing time, once per
+    label, resolution and output format.
 
     Examples
     --------
     >>> from sinkflow.plots.style import _PlainLogFormatter
     >>> f = _PlainLogFormatter()
-    >>> f(1e-2), f(1.0), f(3e-5)
-    ('10⁻²', '10⁰', '3×10⁻⁵')
+    >>> f(1e-2), f(3e-5), f(1.0), f(2.0)   # the decade of 1 in plain numbers
+    ('10⁻²', '3×10⁻⁵', '1', '2')
     """
 
     def __call__(self, x, pos=None):
@@ -112,6 +114,9 @@ class _PlainLogFormatter(LogFormatterSciNotation):
         match = _MATHTEXT_LABEL.match(label)
         if match is None:
             return label
+        plain = _UNIT_DECADE.fullmatch(match.group(1))
+        if plain is not None:  # 2×10⁰ and 10⁰ read 2 and 1
+            return ("\u2212" if plain.group(1) else "") + (plain.group(2) or "1")
         text = match.group(1).replace("\\times", "\u00d7")
         text = re.sub(r"\^\{([-0-9]+)\}", lambda m: m.group(1).translate(_SUPERSCRIPT), text)
         return text.replace("-", "\u2212")  # a leading sign, as mathtext draws it

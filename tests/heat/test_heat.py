@@ -302,6 +302,32 @@ def test_wasserstein2_exact_in_1d_and_floor_in_2d():
     assert sinkflow.wasserstein2(pts + 1.0, MIX_2D, seed=1).value > 3 * r2.floor
 
 
+def test_wasserstein2_tabulates_each_reference_once_and_only_for_equal_values(monkeypatch):
+    """The 1D quantiles are kept per reference value (a figure compares dozens of samples with each
+    reference): equal references, built apart, share one tabulation; a reference that differs in
+    one number, a Barenblatt or an object that is not a frozen dataclass gets its own; each value
+    equals the uncached computation."""
+    import sinkflow.heat._distances as distances
+
+    calls = []
+    tabulate = distances._tabulated_quantiles
+    monkeypatch.setattr(distances, "_tabulated_quantiles", lambda ref, m: calls.append(ref) or tabulate(ref, m))
+    monkeypatch.setattr(distances, "_QUANTILES", distances.OrderedDict())
+
+    class Plain:  # the reference protocol, not a dataclass: never kept
+        dim, mean, covariance, pdf = 1, STD_1D.mean, STD_1D.covariance, STD_1D.pdf
+
+    x = np.linspace(-1.0, 2.0, 50)
+    shifted = GaussianMixture.gaussian([1e-9], [[1.0]])
+    refs = [STD_1D.evolve(0.1), STD_1D.evolve(0.1), shifted, Barenblatt(dim=1, time=0.3), Barenblatt(dim=1, time=0.3),
+            Barenblatt(dim=1, time=0.31), Plain(), Plain()]
+    values = [sinkflow.wasserstein2(x, r).value for r in refs]
+    assert [id(r) for r in calls] == [id(refs[k]) for k in (0, 2, 3, 5, 6, 7)]
+    for r, v in zip(refs, values):
+        assert v == math.sqrt(distances._empirical_w2_squared_1d(x, tabulate(r, 20000)))
+    assert values[0] != values[2] and values[3] != values[5]
+
+
 @pytest.mark.parametrize("n, m, rounded", [(1, 1, False), (3, 7, False), (200, 20000, False), (40, 13, True)])
 def test_empirical_w2_1d_matches_pot_and_a_shift(n, m, rounded):
     """The numpy 1D W2 (POT is not imported for it) against POT's wasserstein_1d, ties included,

@@ -70,3 +70,15 @@ def test_plain_log_ticks_keeps_settings():
         assert isinstance(new, _PlainLogFormatter)
         assert (new._base, new.labelOnlyBase, new.minor_thresholds) == (old._base, old.labelOnlyBase, old.minor_thresholds)
     plt.close(fig)
+
+
+def test_the_decade_of_one_reads_plainly():
+    # 1, 2, 3 rather than 10⁰, 2×10⁰, 3×10⁰ (with a sign on a symlog axis); other decades keep their powers
+    f = _PlainLogFormatter(labelOnlyBase=False)
+    assert [f(x) for x in (1.0, 2.0, 3.0, 10.0, 0.2)] == ["1", "2", "3", "10\u00b9", "2\u00d710\u207b\u00b9"]
+    fig, ax = plt.subplots()
+    ax.set_yscale("symlog", linthresh=1.0)
+    g = _PlainLogFormatter(linthresh=1.0)
+    g.set_axis(ax.yaxis)
+    assert [g(x) for x in (-1.0, 1.0)] == ["\u22121", "1"]
+    plt.close(fig)

@@ -1,24 +1,27 @@
-"""Every default figure is slide-ready: no text over text, every axis labelled.
+"""Every default figure is slide-ready: no text over text, every axis labelled, ticks that read plainly.
 
-Drawn from the committed reference data (``figures/data/NAME.npz``, no compute), so the test
-sees exactly the committed figures. Text artists of a figure (titles, labels, tick labels,
-legend entries, annotations) must not overlap one another.
+Drawn from the committed reference data (``figures/data/NAME.npz``, no compute) with the log tick
+labels that saving gives them, so the test sees exactly the committed figures. Text artists of a
+figure (titles, labels, tick labels, legend entries, annotations) must not overlap one another; no
+tick reads ``10⁰`` or ``2×10⁰`` (1 and 2); an axis of fractions has no tick above 1.
 """
 
 import itertools
+import re
 from pathlib import Path
 
 import matplotlib
 import pytest
 
 from sinkflow.plots import get, read_reference, reference_path, registry
-from sinkflow.plots.style import style
+from sinkflow.plots.style import plain_log_ticks, style
 
 matplotlib.use("Agg")
 
 FIGURES = Path(__file__).parents[2] / "figures"
 #: The default set, and figures outside it whose committed data is drawn and checked too.
-CHECKED = sorted({name for name, spec in registry().items() if spec.default} | {"clustering_phase_diagram"})
+CHECKED = sorted({name for name, spec in registry().items() if spec.default} | {"clustering_phase_diagram",
+                                                                                "cluster_predictions"})
 #: Figures checked elsewhere (none today).
 ELSEWHERE: set[str] = set()
 
@@ -40,7 +43,9 @@ def _drawn(name):
     flat = read_reference(reference_path(FIGURES, name))
     assert flat, f"no committed data for {name}"
     with style():
-        return spec.plot(_unflatten(flat), spec.config("quick"))
+        fig = spec.plot(_unflatten(flat), spec.config("quick"))
+    plain_log_ticks(fig)  # as sinkflow.plots.render saves it
+    return fig
 
 
 def drawn_texts(fig) -> list:
@@ -64,10 +69,11 @@ def drawn_texts(fig) -> list:
     return painted
 
 
-def overlaps(fig, margin: float = 1.0) -> list:
-    """Pairs of painted text artists whose boxes overlap by more than ``margin`` pixels each way."""
+def overlaps(fig, margin: float = 1.0, texts=None) -> list:
+    """Pairs of painted text artists (``texts``, default: :func:`drawn_texts`) whose boxes overlap by
+    more than ``margin`` pixels each way."""
     found = []
-    for (a, ba), (b, bb) in itertools.combinations(drawn_texts(fig), 2):
+    for (a, ba), (b, bb) in itertools.combinations(drawn_texts(fig) if texts is None else texts, 2):
         dx = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
         dy = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
         if dx > margin and dy > margin:
@@ -122,15 +128,50 @@ def test_the_unit_check_sees_a_missing_unit():
         assert not unit_problem(label), label
 
 
+#: ``10⁰`` or ``c×10⁰`` in a label (a decade of 1 written in powers of ten).
+UNIT_DECADE = re.compile("(^|[^0-9])10\u2070")
+
+
+def fraction_above_one(ax) -> list:
+    """The ticks above 1 shown on an axis whose label says it holds a fraction."""
+    found = []
+    for label, ticks, lim in ((ax.get_xlabel(), ax.get_xticks(), ax.get_xlim()),
+                              (ax.get_ylabel(), ax.get_yticks(), ax.get_ylim())):
+        if re.search(r"\bfraction\b", label):
+            tol = 1e-9 * abs(lim[1] - lim[0])  # a tick at the limit is shown (locators round it)
+            found += [round(float(t), 12) for t in ticks if min(lim) - tol <= t <= max(lim) + tol and t > 1 + 1e-12]
+    return found
+
+
+def test_the_tick_checks_see_a_decade_of_one_and_a_fraction_above_one():
+    import matplotlib.pyplot as plt
+
+    assert [bool(UNIT_DECADE.search(t)) for t in ("10\u2070", "2\u00d710\u2070", "10\u207b\u00b9", "1", "2", "10")] \
+        == [True, True, False, False, False, False]
+    fig, ax = plt.subplots()
+    ax.bar([1, 2], [0.2, 0.8])
+    ax.set_ylabel("fraction of runs")
+    ax.set_yticks([0.0, 0.6, 1.2, 1.8])
+    ax.set_ylim(0, 1.2)  # 1.8 out of view
+    assert fraction_above_one(ax) == [1.2]
+    ax.set_ylim(0, 1.02)
+    assert fraction_above_one(ax) == []
+    plt.close(fig)
+
+
 @pytest.mark.parametrize("name", [n for n in CHECKED if n not in ELSEWHERE])
 def test_no_text_overlaps_and_every_axis_is_labelled_with_its_unit(name):
     import matplotlib.pyplot as plt
 
     fig = _drawn(name)
     try:
-        found = overlaps(fig)
+        texts = drawn_texts(fig)
+        found = overlaps(fig, texts=texts)
         assert not found, f"{name}: text over text: {found}"
+        decade_of_one = [text for text, _ in texts if UNIT_DECADE.search(text)]
+        assert not decade_of_one, f"{name}: ticks {decade_of_one} should read 1, 2, ..."
         for ax in fig.axes:
+            assert not fraction_above_one(ax), f"{name}: {ax.get_ylabel()!r} ticks {fraction_above_one(ax)} above 1"
             if ax.get_label() == "<colorbar>" or not ax.axison or not ax.get_visible():
                 continue
             assert ax.get_xlabel() or not ax.get_xticklabels(), f"{name}: an x axis without a label"
