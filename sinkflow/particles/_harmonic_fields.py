@@ -61,7 +61,7 @@ from sinkflow._backend import check_finite, check_float, check_number, from_torc
 from sinkflow._checks import check_choice
 from sinkflow.particles._dense_fields import FieldEvaluation, check_weights
 from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, harmonic_kernel
-from sinkflow.particles._harmonic_solvers import _Passes, alternating_sinkhorn, symmetric_sinkhorn
+from sinkflow.particles._harmonic_solvers import alternating_sinkhorn, passes, symmetric_sinkhorn
 from sinkflow.particles._integrators import ParticleField
 
 __all__ = ["HarmonicField", "harmonic_attention_field", "HarmonicParticleField", "harmonic_choice", "HARMONIC_MIN_N"]
@@ -180,7 +180,8 @@ def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_error
         start = torch.ones_like(a) if g0 is None or normalization == "row" else torch.exp(g0)
         return FieldEvaluation(_basis_field(_Factored(kernel, X, keep=False), a * start), None, None, 1, True,
                                math.nan, math.nan)
-    P = _Passes(_Factored(kernel, X, keep=False), a, keep=not single or need_errors or kernel.d == 2)
+    keep = not single or need_errors or kernel.d == 2
+    P = passes(_Factored(kernel, X, keep=keep and kernel.d == 3), a, keep)
     xp = P.xp
     s = xp.ones_like(P.a) if g0 is None or normalization == "row" else xp.exp(P.array(g0))
     row = col = math.nan

@@ -44,6 +44,9 @@ class _Passes:
         self.a, self.lam = self.array(a), self.array(F.lam[:, 0])
         X = self.array(F.X)
         self.X1 = self.xp.concatenate([self.xp.ones_like(X[:, 0])[None], X.T])
+        self._keep(F, keep)
+
+    def _keep(self, F: _Factored, keep: bool) -> None:
         rank, rows = F.kernel.rank, max(i1 - i0 for i0, i1 in F.blocks)
         if keep and 8 * F.X.shape[0] * rank <= _STORE_BYTES:  # the harmonics, formed once for all the passes
             self.stored = [self.array(F.harmonics(b, i0, i1, F.X.new_empty((rank, i1 - i0))))
@@ -118,6 +121,47 @@ class _Passes:
         """:math:`\\sum_j |\\sum_i a_i K_{ij} - a_j|` for rows normalized,
         :math:`K_{ij} = \\tilde K_{ij} a_j s_j / r_i`."""
         return float(abs(self.a * s * self.apply(1 / row_sums) - self.a).sum())
+
+
+class _BasisPasses(_Passes):
+    """The products of :class:`_Passes` through the product basis of a ``_Factored`` on :math:`S^2`, without
+    forming the harmonics (about 6x the basis's values per particle); the ``_Factored`` keeps its basis."""
+
+    def _keep(self, F: _Factored, keep: bool) -> None:
+        pass
+
+    def tensor(self, A) -> torch.Tensor:
+        """An array of this object as a torch tensor (shared memory)."""
+        return torch.from_numpy(A) if self.numpy else A
+
+    def moments(self, W):
+        return self.array(self.factored.moments(self.tensor(W).T)).T
+
+    def sums(self, M):
+        out = self.xp.empty((M.shape[0], self.a.shape[0]), dtype=self.a.dtype)
+
+        def step(i0, i1, R):
+            out[:, i0:i1] = self.array(R).T
+
+        self.factored.sweep(self.tensor(M).T, step)
+        return out
+
+    def gram(self, rows: np.ndarray, s) -> np.ndarray:
+        return self.factored.gram(torch.from_numpy(rows).to(self.factored.X.device), self.tensor(s)).cpu().numpy()
+
+    def sweep(self, M, step):
+        def rows(i0, i1, R):
+            W = step(i0, i1, self.array(R).T)
+            return None if W is None else self.tensor(W).T
+
+        out = self.factored.sweep(self.tensor(M).T, rows)
+        return None if out is None else self.array(out).T
+
+
+def passes(F: _Factored, a: torch.Tensor, keep: bool = True) -> _Passes:
+    """The passes of the solvers over ``F``: on :math:`S^2` through its product basis, on the circle through
+    the harmonics themselves (which its basis is)."""
+    return _BasisPasses(F, a, keep) if F.kernel.d == 3 else _Passes(F, a, keep)
 
 
 @functools.lru_cache(maxsize=16)

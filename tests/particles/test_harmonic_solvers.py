@@ -11,7 +11,7 @@ from sinkflow.particles import attention_field, harmonic_attention_field, harmon
 from sinkflow.particles import _harmonic_solvers
 from sinkflow.particles._harmonic_fields import HarmonicParticleField
 from sinkflow.particles._harmonic_kernels import _Factored
-from sinkflow.particles._harmonic_solvers import _newton_plan, _Passes
+from sinkflow.particles._harmonic_solvers import _newton_plan, passes
 
 
 def _flow_field(kernel, attention="sinkhorn"):
@@ -57,7 +57,7 @@ def test_blockwise_gram_is_the_plain_product(d, monkeypatch):
     direct = (Phi * s.numpy()) @ Phi.T
     for numpy in (True, False):
         monkeypatch.setattr(_harmonic_solvers, "_NUMPY_ON_CPU", numpy)
-        P = _Passes(F, torch.full((500,), 1 / 500, dtype=torch.float64))
+        P = passes(F, torch.full((500,), 1 / 500, dtype=torch.float64))
         np.testing.assert_allclose(P.gram(rows, P.array(s)), direct, atol=1e-12 * np.abs(direct).max())
 
 
