@@ -76,8 +76,7 @@ class ParticleField:
         if ev.g is not None and self.warm_start:
             self.g = ev.g.detach()
             if half is not None:
-                w = self.g.numpy() + half if isinstance(half, np.ndarray) else self.g + half
-                self.history[stage] = (self.history.get(stage, ()) + (w,))[-EXTRAPOLATED:]
+                self.history[stage] = _appended(self.history.get(stage), self.g, half)
         v = ev.velocity
         if self.sphere:
             v = v - (v * Y).sum(-1, keepdim=True) * Y
@@ -103,8 +102,8 @@ class ParticleField:
         left 1e-9 and needed a second step)."""
         if not self.warm_start:
             return None
-        past = self.history.get(stage, ())
-        if half is None or not past:
+        past = self.history.get(stage)
+        if half is None or past is None:
             return self.g
         w = _extrapolated(past)
         return torch.from_numpy(w - half) if isinstance(half, np.ndarray) else w - half
@@ -117,16 +116,27 @@ EXTRAPOLATED = 6
 
 #: Coefficients of the polynomial extrapolation through the last ``k`` equally spaced values, oldest
 #: first: :math:`p(t_{k}) = \sum_j (-1)^{k-1-j} \binom{k}{j} v_j` (the ``k``-th difference vanishes).
-_EXTRAPOLATION = {k: tuple((-1) ** (k - 1 - j) * math.comb(k, j) for j in range(k)) for k in range(1, EXTRAPOLATED + 1)}
+_EXTRAPOLATION = {k: np.array([(-1) ** (k - 1 - j) * math.comb(k, j) for j in range(k)], dtype=float)
+                  for k in range(1, EXTRAPOLATED + 1)}
+
+
+def _appended(past, g, half):
+    """The potentials ``past`` (stacked along a first dimension, oldest first, at most ``EXTRAPOLATED``)
+    with ``w = g + half`` appended (numpy when ``half`` is)."""
+    w = (g.numpy() + half)[None] if isinstance(half, np.ndarray) else (g + half)[None]
+    if past is None:
+        return w
+    past = past[1:] if len(past) == EXTRAPOLATED else past
+    return np.concatenate((past, w)) if isinstance(w, np.ndarray) else torch.cat((past, w))
 
 
 def _extrapolated(past):
-    """The polynomial extrapolation one step ahead of the equally spaced ``past`` values (oldest first)."""
+    """The polynomial extrapolation one step ahead of the equally spaced values ``past[0], past[1], ...``."""
     coefficients = _EXTRAPOLATION[len(past)]
-    out = coefficients[-1] * past[-1]
-    for c, v in zip(coefficients[:-1], past[:-1]):
-        out = out + c * v
-    return out
+    if isinstance(past, np.ndarray):
+        return (coefficients.astype(past.dtype) @ past.reshape(len(past), -1)).reshape(past.shape[1:])
+    coefficients = torch.as_tensor(coefficients, dtype=past.dtype, device=past.device)
+    return torch.tensordot(coefficients, past, 1)
 
 
 def euler_step(field: ParticleField, X: torch.Tensor, h: float):

@@ -16,10 +16,9 @@ def test_the_extrapolation_is_the_interpolating_polynomials_next_value(count):
     t = np.arange(count + 1.0)
     coefficients = rng.standard_normal((3, count))  # three polynomials of degree count - 1
     values = np.stack([np.polyval(c, t) for c in coefficients], axis=1)  # (count + 1, 3)
-    past = tuple(values[:-1])
+    past = values[:-1]
     np.testing.assert_allclose(_extrapolated(past), values[-1], rtol=1e-12, atol=1e-9)
-    torch_past = tuple(torch.as_tensor(v) for v in past)
-    np.testing.assert_allclose(_extrapolated(torch_past).numpy(), values[-1], rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(_extrapolated(torch.as_tensor(past)).numpy(), values[-1], rtol=1e-12, atol=1e-9)
 
 
 def test_the_cholesky_newton_step_is_the_plain_solve():
