@@ -231,22 +231,28 @@ def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact:
 
 
 def cpu_description() -> str:
-    """The CPU this run is on: model name (``/proc/cpuinfo``, else ``platform``), the ISA level torch
-    dispatches to and the L2 cache the block sizes follow."""
+    """The CPU this run is on: model name and vendor (``/proc/cpuinfo``, else ``platform``), its AVX2 /
+    AVX-512 flags, the ISA level torch dispatches to and the L2 cache the block sizes follow."""
     import platform
 
     import torch
 
     from sinkflow.particles._blockwise_fields import _l2_bytes
 
-    name = platform.processor() or platform.machine()
+    info = {}
     try:
         with open("/proc/cpuinfo") as fh:
-            name = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), name)
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "vendor_id", "flags"):
+                    info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    name = info.get("model name") or platform.processor() or platform.machine()
+    flags = [f for f in ("avx2", "avx512f") if f in info.get("flags", "").split()]
     l2 = _l2_bytes()
-    return (f"{name}; torch {torch.__version__}, ISA {torch.backends.cpu.get_cpu_capability()}; L2 "
+    return (f"{name} ({info.get('vendor_id', 'vendor unknown')}, flags {' '.join(flags) or 'no avx2/avx512f'}); "
+            f"torch {torch.__version__}, ISA {torch.backends.cpu.get_cpu_capability()}; L2 "
             f"{'unknown' if l2 is None else f'{l2 / 2**10:.0f} KiB'} per core")
 
 
