@@ -134,7 +134,7 @@ def _extrapolated(past):
     """The polynomial extrapolation one step ahead of the equally spaced values ``past[0], past[1], ...``."""
     coefficients = _EXTRAPOLATION[len(past)]
     if isinstance(past, np.ndarray):
-        return (coefficients.astype(past.dtype) @ past.reshape(len(past), -1)).reshape(past.shape[1:])
+        return (coefficients.astype(past.dtype, copy=False) @ past.reshape(len(past), -1)).reshape(past.shape[1:])
     coefficients = torch.as_tensor(coefficients, dtype=past.dtype, device=past.device)
     return torch.tensordot(coefficients, past, 1)
 
