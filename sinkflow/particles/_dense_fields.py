@@ -152,9 +152,16 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     if variant.normalize is None:
         raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
                          "normalize(scores, n_iter, mask) to use it on particles")
+    symmetric_solve = (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1  # n_iter=1 is SoftMax
+                       and x.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and (
+                           x.requires_grad or (W is not None and W.requires_grad))))
+    if symmetric_solve and x.ndim == 2 and x.device.type == "cpu" and x.shape[0] ** 2 <= symmetric_sinkhorn.NUMPY_ENTRIES:
+        small = _small_symmetric_field(_numpy_scores(x, W, temperature, variant.scores), V, n_iter, weights, init_g,
+                                       tol, max_iter, need_errors)
+        if small is not None:
+            return small
     C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
-    if (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1  # one half-iteration is SoftMax, bit for bit
-            and C.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and C.requires_grad)):
+    if symmetric_solve:
         return _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
     if weights is not None or not variant.normalized:
         a = weights if weights is not None else torch.full(x.shape[-2:-1], 1.0 / x.shape[-2], dtype=x.dtype, device=x.device)
@@ -183,10 +190,6 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
     iterations) are solved again, each alone, by :func:`sinkflow.solve_sinkhorn`.
     """
     n = C.shape[-1]
-    if C.ndim == 2 and C.device.type == "cpu" and C.numel() <= symmetric_sinkhorn.NUMPY_ENTRIES:
-        small = _small_symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
-        if small is not None:
-            return small
     a = weights if weights is not None else torch.full((n,), 1.0 / n, dtype=C.dtype, device=C.device)
     if n_iter is None:
         res = solve_symmetric(C, a, init_g, tol, min(max_iter, SYMMETRIC_BUDGET))
@@ -200,12 +203,22 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
     return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
 
 
-def _small_symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation | None:
-    """:func:`_symmetric_field` of one small CPU system, from scores to velocity in numpy (torch's
-    per-call overhead is several times numpy's at this size, and a particle step is a few dozen
-    calls); None where the general solver has to finish (left to :func:`_symmetric_field`)."""
-    n = C.shape[-1]
-    Cn = C.detach().numpy()
+def _numpy_scores(x, W, temperature, scores):
+    """The scores of one CPU system as a numpy array: dot scores computed in numpy (the flow validated
+    ``x``; torch's product and :func:`dot_scores`' checks cost ~20 us at n = 16), Gaussian ones by
+    :func:`gaussian_scores`."""
+    if scores == "gaussian":
+        return gaussian_scores(x, x, W, temperature).detach().numpy()
+    X = x.detach().numpy()
+    C = (X if W is None else X @ W.detach().numpy()) @ X.T
+    return C if temperature == 1.0 else C / temperature
+
+
+def _small_symmetric_field(Cn, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation | None:
+    """:func:`_symmetric_field` of one small CPU system, from numpy scores ``Cn`` to velocity in numpy
+    (torch's per-call overhead is several times numpy's at this size, and a particle step is a few
+    dozen calls); None where the general solver has to finish (left to :func:`_symmetric_field`)."""
+    n = Cn.shape[-1]
     a = np.full(n, 1.0 / n, dtype=Cn.dtype) if weights is None else weights.detach().numpy()
     g0 = None if init_g is None else init_g.detach().numpy()
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system: not converged
