@@ -27,7 +27,6 @@ import torch
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.particles._causal import key_targets
-import sinkflow.attention._symmetric_sinkhorn as symmetric_sinkhorn
 from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._variants import _sinkhorn, get_attention
@@ -48,6 +47,13 @@ DENSE_BYTES_LIMIT = 512 * 2**20
 #: Iterations of the symmetric Sinkhorn solver before a system falls back to the general one
 #: (it needs 9-13 from any start; see :mod:`sinkflow.attention._symmetric_sinkhorn`).
 SYMMETRIC_BUDGET = 200
+
+
+#: One CPU system of at most this many particles goes from positions to velocity in numpy
+#: (:func:`_small_symmetric_field`): below n ~ 300 torch's per-call overhead is several times numpy's,
+#: and up to n = 1,024 numpy's float64 ``exp`` takes half the time of torch's (R^2, n = 1,024, one
+#: thread: a step to tolerance 0.19 s against 0.28 s through the torch solver, 12 steps).
+NUMPY_N = 1024
 
 
 #: Problems with at most this many particles run on one CPU thread (see below).
@@ -155,7 +161,7 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     symmetric_solve = (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1  # n_iter=1 is SoftMax
                        and x.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and (
                            x.requires_grad or (W is not None and W.requires_grad))))
-    if symmetric_solve and x.ndim == 2 and x.device.type == "cpu" and x.shape[0] ** 2 <= symmetric_sinkhorn.NUMPY_ENTRIES:
+    if symmetric_solve and x.ndim == 2 and x.device.type == "cpu" and x.shape[0] <= NUMPY_N:
         small = _small_symmetric_field(_numpy_scores(x, W, temperature, variant.scores), V, n_iter, weights, init_g,
                                        tol, max_iter, need_errors)
         if small is not None:

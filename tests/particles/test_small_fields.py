@@ -61,6 +61,7 @@ def test_numpy_and_torch_small_flows_agree(monkeypatch, manifold, integrator, n_
     kw = dict(h=0.05, steps=12, manifold=manifold, temperature=0.2, integrator=integrator, n_iter=n_iter)
     small = sinkflow.simulate(x0, "sinkhorn", **kw)
     monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", 0)  # the batched torch solver
+    monkeypatch.setattr(dense_fields, "NUMPY_N", 0)
     big = sinkflow.simulate(x0, "sinkhorn", **kw)
     np.testing.assert_allclose(small.positions, big.positions, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(small.sinkhorn_iterations, big.sinkhorn_iterations)
