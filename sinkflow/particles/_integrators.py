@@ -68,14 +68,16 @@ class ParticleField:
     def velocity(self, Y: torch.Tensor):
         stage = self.calls % self.stages
         self.calls += 1
-        half = self._half_norms(Y) if self.symmetric and self.n_iter is None and self.warm_start else None
+        extrapolate = self.symmetric and self.n_iter is None and self.warm_start
+        half = self._half_norms(Y) if extrapolate and stage in self.history else None  # none for SoftMax
         ev = attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
                              temperature=self.temperature, init_g=self._start(stage, half), tol=self.tol,
                              max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
                              landmarks=self.landmarks, mask=self.mask, symmetric=self.symmetric)
         if ev.g is not None and self.warm_start:
             self.g = ev.g.detach()
-            if half is not None:
+            if extrapolate:
+                half = self._half_norms(Y) if half is None else half
                 self.history[stage] = _appended(self.history.get(stage), self.g, half)
         v = ev.velocity
         if self.sphere:
