@@ -15,10 +15,11 @@ the same run:
    evaluates the field once, and both SoftMax and Sinkhorn need the exponentials of all the
    scores at least once).
 
-Measured (``--small-only --repeats 5``, load 10.2 -> 7.8, CPU time; docs/performance.md): Sinkhorn(3)
-1.00-1.45x SoftMax everywhere; to tolerance 1.28-1.81x on the circle for n <= 256 (2.00x at 64),
-1.40-1.60x in R^2 for n >= 256, 2.02x / 2.36x in R^2 at n = 16 / 64 (two Newton steps) and 4.9x on
-the circle at n = 1,024 (the harmonic field's scaling).
+Measured (``--small-only --repeats 5``, load 9.1 -> 6.0, CPU time; docs/performance.md, *Third pass*):
+to tolerance 1.30x / 1.41x / 1.11x on the circle at n = 16 / 64 / 256 and 1.76x / 1.33x / 1.46x / 1.85x
+in R^2 at n = 16 / 64 / 256 / 1,024 (before, load 0.2 -> 4: 1.92x / 1.76x / 1.08x and 2.29x / 3.01x /
+1.66x / 2.09x); Sinkhorn(3) 0.83-1.45x everywhere (before up to 1.82x). The circle at n = 1,024 takes
+the harmonic field (~4x to tolerance). Run-to-run spread at load 8-12: about 0.3.
 
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
