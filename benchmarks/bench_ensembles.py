@@ -28,6 +28,11 @@ run alternately): float64 SoftMax 10.2 / 7.9 ms a step on the circle / in R^2 (b
 torch's); Sinkhorn 1/14 / 1/12 (1/9, 1/6), 27x / 33x the floor (one or two Newton steps of a dense
 32 x 32 solve per system cost 5-6x the floor each). float32: SoftMax 1/80 / 1/56, 4.5x / 5.7x;
 Sinkhorn 1/21 / 1/18 (docs/performance.md).
+Measured (``--small-only --repeats 5``, load 9.1 -> 6.0, CPU time; docs/performance.md, *Third pass*):
+to tolerance 1.30x / 1.41x / 1.11x on the circle at n = 16 / 64 / 256 and 1.76x / 1.33x / 1.46x / 1.85x
+in R^2 at n = 16 / 64 / 256 / 1,024 (before, load 0.2 -> 4: 1.92x / 1.76x / 1.08x and 2.29x / 3.01x /
+1.66x / 2.09x); Sinkhorn(3) 0.83-1.45x everywhere (before up to 1.82x). The circle at n = 1,024 takes
+the harmonic field (~4x to tolerance). Run-to-run spread at load 8-12: about 0.3.
 
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.

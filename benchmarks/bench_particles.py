@@ -43,14 +43,16 @@ At n = 10^5 the exact block-wise step took 1680 s against 8.0 s for the Nyström
 field error 5.2e-4 (an earlier run).
 
 One torch / BLAS thread (reported). Medians over ``--repeats`` runs after one warm-up step.
-``--floor`` prints the CPU it runs on and times, interleaved, the exact block-wise step (n = 20,000) at
-four block budgets and a plain hand-written loop of the same algorithm (:func:`plain_exact_step`), and
-the landmark step (n = 10^5, 10^6) with its farthest-point choice included, the choice alone and uniform
-landmarks, each against the floor of its exponentials (wall and CPU-time ratios), with issue 28's targets
-(exact step at the default blocks <= 2x, landmark step with its choice <= 4x). Measured on an AMD EPYC
-(Zen 4, torch AVX512, L2 1 MiB; ``--floor --repeats 3``, load 10-12), wall / CPU time: exact step 1.98x /
-1.61x (plain loop 2.00x / 2.01x), landmark step at 10^6 with its choice 3.92x / 4.23x; see
-docs/performance.md (*Large n on another CPU*).
+``--floor`` prints the CPU it runs on (model name, vendor, its AVX2 / AVX-512 flags from ``/proc/cpuinfo``,
+the ISA level torch dispatches to, the L2 the blocks follow) and times, interleaved, the exact block-wise
+step (n = 20,000) at four block budgets and a plain hand-written loop of the same algorithm
+(:func:`plain_exact_step`), and the landmark step (n = 10^5, 10^6) with its farthest-point choice
+included, the choice alone and uniform landmarks, each against the floor of its exponentials (wall and
+CPU-time ratios), with issue 28's targets (exact step at the default blocks <= 2x, landmark step with
+its choice <= 4x). Last measured on an AMD EPYC (AuthenticAMD, avx2 avx512f, torch AVX512, L2 1 MiB;
+``--floor --repeats 3``, load 10.6 -> 12.9), wall / CPU time: exact step 1.99x / 1.79x, landmark step at
+10^6 with its choice 4.05x / 4.09x (the choice alone 0.55x / 0.55x); where its time goes in
+docs/performance.md (*Large n on another CPU*). No Intel CPU was at hand.
 Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks] [--baseline REV] [--skip-exact] [--floor]``.
 """
 
@@ -231,22 +233,28 @@ def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact:
 
 
 def cpu_description() -> str:
-    """The CPU this run is on: model name (``/proc/cpuinfo``, else ``platform``), the ISA level torch
-    dispatches to and the L2 cache the block sizes follow."""
+    """The CPU this run is on: model name and vendor (``/proc/cpuinfo``, else ``platform``), its AVX2 /
+    AVX-512 flags, the ISA level torch dispatches to and the L2 cache the block sizes follow."""
     import platform
 
     import torch
 
     from sinkflow.particles._blockwise_fields import _l2_bytes
 
-    name = platform.processor() or platform.machine()
+    info = {}
     try:
         with open("/proc/cpuinfo") as fh:
-            name = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), name)
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "vendor_id", "flags"):
+                    info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    name = info.get("model name") or platform.processor() or platform.machine()
+    flags = [f for f in ("avx2", "avx512f") if f in info.get("flags", "").split()]
     l2 = _l2_bytes()
-    return (f"{name}; torch {torch.__version__}, ISA {torch.backends.cpu.get_cpu_capability()}; L2 "
+    return (f"{name} ({info.get('vendor_id', 'vendor unknown')}, flags {' '.join(flags) or 'no avx2/avx512f'}); "
+            f"torch {torch.__version__}, ISA {torch.backends.cpu.get_cpu_capability()}; L2 "
             f"{'unknown' if l2 is None else f'{l2 / 2**10:.0f} KiB'} per core")
 
 

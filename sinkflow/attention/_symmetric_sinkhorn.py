@@ -101,13 +101,21 @@ def _newton_or_ball(xp, newton, ball):
     return xp.where(near[..., None], newton, ball)
 
 
-def _solve(J, F):
-    """``J^{-1} F`` over the last dimensions (LAPACK's ``gesv`` directly for one numpy system)."""
-    if isinstance(J, np.ndarray) and J.ndim == 2:
-        gesv = scipy.linalg.lapack.dgesv if J.dtype == np.float64 else scipy.linalg.lapack.sgesv
-        return gesv(J, F, overwrite_a=True)[2]
-    xp = _xp(J)
-    return xp.linalg.solve(J, F[..., None])[..., 0]
+_POTRF = {np.dtype(np.float64): (scipy.linalg.lapack.dpotrf, scipy.linalg.lapack.dpotrs),
+          np.dtype(np.float32): (scipy.linalg.lapack.spotrf, scipy.linalg.lapack.spotrs)}
+
+
+def _cholesky_newton(E, u, s, F):
+    r"""Newton's step :math:`(I + K)^{-1} F` of one numpy system by the symmetric positive definite form of
+    :func:`_newton_solve` (LAPACK's ``potrf`` and ``potrs`` directly: 0.6x the time of ``gesv`` on ``I + K``
+    at n = 64); NaN where the factorization fails (a system whose iterates left the float range)."""
+    potrf, potrs = _POTRF[E.dtype]
+    J = E.copy()
+    J.flat[:: E.shape[0] + 1] += s / u
+    L, info = potrf(J, lower=1, clean=0, overwrite_a=1)  # symmetric: its C order is its Fortran order
+    if info:
+        return np.full_like(F, math.nan)
+    return potrs(L, s * F, lower=1, overwrite_b=1)[0] / u
 
 
 def _row_normalized(E, u, s=None):
@@ -178,12 +186,15 @@ def _newton_solve(E, u, s, F):
     r"""``(I + K)^{-1} F``. Torch tensors take the symmetric positive definite form
     :math:`(I + K)^{-1} F = \mathrm{diag}(1/u) (E + \mathrm{diag}(s/u))^{-1} (s F)` (``E`` PSD,
     ``s / u >= 1``): a Cholesky factorization, no pivoting, no ``K``, about half the cost of
-    a batched ``gesv`` of 32 x 32 systems; numpy arrays (one small CPU system) LAPACK's ``gesv``."""
-    if isinstance(E, np.ndarray):  # I + K in one buffer (the bits of _row_normalized(E, u, s)[0] + I)
-        J = np.divide(u[..., None, :], s[..., :, None])
+    a batched ``gesv`` of 32 x 32 systems; numpy arrays: one system (:func:`solve_one`'s step) the same
+    form (:func:`_cholesky_newton`), a block of systems LAPACK's batched ``gesv`` on :math:`I + K`."""
+    if isinstance(E, np.ndarray):
+        if E.ndim == 2:
+            return _cholesky_newton(E, u, s, F)
+        J = np.divide(u[..., None, :], s[..., :, None])  # I + K in one buffer (the bits of _row_normalized + I)
         J *= E
         J.reshape(J.shape[:-2] + (-1,))[..., :: J.shape[-1] + 1] += 1.0
-        return _solve(J, F)
+        return np.linalg.solve(J, F[..., None])[..., 0]
     J = E.clone()
     J.diagonal(0, -2, -1).add_(s / u)
     L = torch.linalg.cholesky_ex(J)[0]
@@ -248,7 +259,6 @@ def solve_one(C: np.ndarray, a: np.ndarray, init_g: np.ndarray | None, tol: floa
     w = init_g + half if warm else 0.5 * (log_a - np.log(E.sum(-1)))
     every = 1 if newton else _CHECK_EVERY
     err, iterations, previous = (0.0 if warm and newton else math.inf), 0, w
-    gesv = scipy.linalg.lapack.dgesv if C.dtype == np.float64 else scipy.linalg.lapack.sgesv
     for k in range(max_iter + 1):
         u = np.exp(w)
         s = E @ u
@@ -259,9 +269,7 @@ def solve_one(C: np.ndarray, a: np.ndarray, init_g: np.ndarray | None, tol: floa
         F = w + np.log(s) - log_a
         step = None
         if newton and err < _NEWTON_FROM:
-            J = E * (u / s[:, None])
-            J.flat[:: n + 1] += 1.0
-            step = gesv(J, F, overwrite_a=True)[2]
+            step = _cholesky_newton(E, u, s, F)
             step = step if float(np.abs(step).max()) <= _NEWTON_MAX else None
         if step is None:
             step = _GAMMA * F - _MOMENTUM * (w - previous)

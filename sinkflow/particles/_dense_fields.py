@@ -27,7 +27,6 @@ import torch
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.particles._causal import key_targets
-import sinkflow.attention._symmetric_sinkhorn as symmetric_sinkhorn
 from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._variants import _sinkhorn, get_attention
@@ -48,6 +47,13 @@ DENSE_BYTES_LIMIT = 512 * 2**20
 #: Iterations of the symmetric Sinkhorn solver before a system falls back to the general one
 #: (it needs 9-13 from any start; see :mod:`sinkflow.attention._symmetric_sinkhorn`).
 SYMMETRIC_BUDGET = 200
+
+
+#: One CPU system of at most this many particles goes from positions to velocity in numpy
+#: (:func:`_small_symmetric_field`): below n ~ 300 torch's per-call overhead is several times numpy's,
+#: and up to n = 1,024 numpy's float64 ``exp`` takes half the time of torch's (R^2, n = 1,024, one
+#: thread: a step to tolerance 0.19 s against 0.28 s through the torch solver, 12 steps).
+NUMPY_N = 1024
 
 
 #: Problems with at most this many particles run on one CPU thread (see below).
@@ -152,9 +158,16 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     if variant.normalize is None:
         raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
                          "normalize(scores, n_iter, mask) to use it on particles")
+    symmetric_solve = (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1  # n_iter=1 is SoftMax
+                       and x.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and (
+                           x.requires_grad or (W is not None and W.requires_grad))))
+    if symmetric_solve and x.ndim == 2 and x.device.type == "cpu" and x.shape[0] <= NUMPY_N:
+        small = _small_symmetric_field(_numpy_scores(x, W, temperature, variant.scores), V, n_iter, weights, init_g,
+                                       tol, max_iter, need_errors)
+        if small is not None:
+            return small
     C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
-    if (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1  # one half-iteration is SoftMax, bit for bit
-            and C.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and C.requires_grad)):
+    if symmetric_solve:
         return _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
     if weights is not None or not variant.normalized:
         a = weights if weights is not None else torch.full(x.shape[-2:-1], 1.0 / x.shape[-2], dtype=x.dtype, device=x.device)
@@ -183,10 +196,6 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
     iterations) are solved again, each alone, by :func:`sinkflow.solve_sinkhorn`.
     """
     n = C.shape[-1]
-    if C.ndim == 2 and C.device.type == "cpu" and C.numel() <= symmetric_sinkhorn.NUMPY_ENTRIES:
-        small = _small_symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
-        if small is not None:
-            return small
     a = weights if weights is not None else torch.full((n,), 1.0 / n, dtype=C.dtype, device=C.device)
     if n_iter is None:
         res = solve_symmetric(C, a, init_g, tol, min(max_iter, SYMMETRIC_BUDGET))
@@ -200,12 +209,22 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
     return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
 
 
-def _small_symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation | None:
-    """:func:`_symmetric_field` of one small CPU system, from scores to velocity in numpy (torch's
-    per-call overhead is several times numpy's at this size, and a particle step is a few dozen
-    calls); None where the general solver has to finish (left to :func:`_symmetric_field`)."""
-    n = C.shape[-1]
-    Cn = C.detach().numpy()
+def _numpy_scores(x, W, temperature, scores):
+    """The scores of one CPU system as a numpy array: dot scores computed in numpy (the flow validated
+    ``x``; torch's product and :func:`dot_scores`' checks cost ~20 us at n = 16), Gaussian ones by
+    :func:`gaussian_scores`."""
+    if scores == "gaussian":
+        return gaussian_scores(x, x, W, temperature).detach().numpy()
+    X = x.detach().numpy()
+    C = (X if W is None else X @ W.detach().numpy()) @ X.T
+    return C if temperature == 1.0 else C / temperature
+
+
+def _small_symmetric_field(Cn, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation | None:
+    """:func:`_symmetric_field` of one small CPU system, from numpy scores ``Cn`` to velocity in numpy
+    (torch's per-call overhead is several times numpy's at this size, and a particle step is a few
+    dozen calls); None where the general solver has to finish (left to :func:`_symmetric_field`)."""
+    n = Cn.shape[-1]
     a = np.full(n, 1.0 / n, dtype=Cn.dtype) if weights is None else weights.detach().numpy()
     g0 = None if init_g is None else init_g.detach().numpy()
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system: not converged

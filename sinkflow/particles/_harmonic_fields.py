@@ -62,7 +62,7 @@ from sinkflow._checks import check_choice
 from sinkflow.particles._dense_fields import FieldEvaluation, check_weights
 from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, harmonic_kernel
 from sinkflow.particles._harmonic_solvers import alternating_sinkhorn, passes, symmetric_sinkhorn
-from sinkflow.particles._integrators import ParticleField
+from sinkflow.particles._integrators import ParticleField, _appended
 
 __all__ = ["HarmonicField", "harmonic_attention_field", "HarmonicParticleField", "harmonic_choice", "HARMONIC_MIN_N"]
 
@@ -226,12 +226,15 @@ class HarmonicParticleField(ParticleField):
         self.calls += 1
         a = self.weights
         a = torch.full((Y.shape[0],), 1.0 / Y.shape[0], dtype=torch.float64, device=Y.device) if a is None else a.to(torch.float64)
+        extrapolate = self.symmetric and self.n_iter is None and self.warm_start
+        zero = torch.zeros((), dtype=torch.float64, device=Y.device)  # the scaling's w is its g (no score diagonal)
         ev = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant], self.n_iter,
-                       self.tol, self.max_iter, self._start(stage), self.need_errors,
-                       self.memory.setdefault(stage, {}) if self.warm_start else None)
+                       self.tol, self.max_iter, self._start(stage, zero if extrapolate else None),
+                       self.need_errors, self.memory.setdefault(stage, {}) if self.warm_start else None)
         if ev.g is not None and self.warm_start:
             self.g = ev.g
-            self.history[stage] = (self.history.get(stage, ()) + (self.g,))[-3:]
+            if extrapolate:
+                self.history[stage] = _appended(self.history.get(stage), self.g, zero)
         v = ev.velocity.to(Y.dtype)
         v = v - (v * Y).sum(1, keepdim=True) * Y
         return v, FieldEvaluation(v, None, ev.g, ev.n_iter, ev.converged, ev.row_error, ev.column_error)

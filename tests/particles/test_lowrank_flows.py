@@ -200,13 +200,15 @@ def test_farthest_points_cover_the_cloud_and_certify_the_radius():
     assert sinkflow.particles.farthest_point_indices(z, 400).tolist() == list(range(len(x)))
 
 
-@pytest.mark.parametrize("d", [1, 2, 3])
-def test_blocked_farthest_point_search_makes_the_plain_greedy_picks(monkeypatch, d):
+@pytest.mark.parametrize("d, dtype", [(1, torch.float64), (2, torch.float64), (3, torch.float64),
+                                      (2, torch.float32)])  # float32 in d = 2: rows gathered as int64
+def test_blocked_farthest_point_search_makes_the_plain_greedy_picks(monkeypatch, d, dtype):
     # small blocks: most of them are skipped, by the bounding-box test, once the radius shrinks
     monkeypatch.setattr(landmarks_module, "FPS_BLOCK", 32)
     rng = np.random.default_rng(d)
     z = np.concatenate([rng.normal(size=(3000, d)), 8 + rng.normal(size=(5, d))])
-    idx = sinkflow.particles.farthest_point_indices(torch.tensor(z), 80, generator=3).tolist()
+    z = torch.tensor(z, dtype=dtype).double().numpy()  # the oracle sees the points the search sees
+    idx = sinkflow.particles.farthest_point_indices(torch.tensor(z, dtype=dtype), 80, generator=3).tolist()
     picks, nearest = [idx[0]], ((z - z[idx[0]]) ** 2).sum(1)
     for _ in range(79):
         picks.append(int(nearest.argmax()))

@@ -61,6 +61,7 @@ def test_numpy_and_torch_small_flows_agree(monkeypatch, manifold, integrator, n_
     kw = dict(h=0.05, steps=12, manifold=manifold, temperature=0.2, integrator=integrator, n_iter=n_iter)
     small = sinkflow.simulate(x0, "sinkhorn", **kw)
     monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", 0)  # the batched torch solver
+    monkeypatch.setattr(dense_fields, "NUMPY_N", 0)
     big = sinkflow.simulate(x0, "sinkhorn", **kw)
     np.testing.assert_allclose(small.positions, big.positions, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(small.sinkhorn_iterations, big.sinkhorn_iterations)
@@ -90,3 +91,16 @@ def test_sinkhorn_iterations_count_the_solver_that_ran(monkeypatch):
     monkeypatch.setattr(dense_fields, "SYMMETRIC_BUDGET", 1)  # then the general solver finishes
     general = sinkflow.solve_sinkhorn(C + torch.log(a), tol=1e-10, a=a, b=a, warn=False)
     assert sinkflow.simulate(x0, "sinkhorn", **kw).sinkhorn_iterations[0] == 1 + general.n_iter
+
+
+@pytest.mark.parametrize("n_iter", [None, 4])
+def test_the_small_field_takes_W_and_the_temperature_into_its_numpy_scores(n_iter):
+    # the small path forms x W x^T / tau in numpy; the oracle forms the scores itself and runs the plain loop
+    rng = np.random.default_rng(7)
+    x, A = rng.standard_normal((18, 2)), rng.standard_normal((2, 2))
+    W, tau = A @ A.T + 0.5 * np.eye(2), 0.7
+    a = np.full(18, 1 / 18)
+    ev = dense_fields.attention_field(torch.as_tensor(x), "sinkhorn", torch.as_tensor(W), None, n_iter=n_iter,
+                                      temperature=tau, tol=1e-12, symmetric=True)
+    oracle = plain_sinkhorn(x @ W @ x.T / tau, a, 6001 if n_iter is None else n_iter)
+    np.testing.assert_allclose(ev.velocity.numpy(), oracle @ x, rtol=0, atol=1e-10)
