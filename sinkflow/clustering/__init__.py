@@ -30,7 +30,7 @@ from sinkflow.clustering._predictions import (
     sphere_mode_maxima, sphere_plateau_clusters,
 )
 from sinkflow.clustering._metastability import (
-    count_history, dwell_times, fit_exponent, plateau_run, staircase_level, two_cluster_dwell,
+    count_history, dwell_times, fit_exponent, plateau_run, point_cluster_dwell, staircase_level, two_cluster_dwell,
 )
 from sinkflow.clustering._saddles import energy_hessian, tangent_basis, unstable_directions
 
@@ -38,5 +38,5 @@ __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formatio
            "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram",
            "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
            "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history", "count_history", "dwell_times", "energy_hessian",
-           "unstable_directions", "tangent_basis", "two_cluster_dwell", "staircase_level", "fit_exponent",
-           "plateau_run"]
+           "unstable_directions", "tangent_basis", "two_cluster_dwell", "point_cluster_dwell", "staircase_level",
+           "fit_exponent", "plateau_run"]
