@@ -18,7 +18,7 @@ import numpy as np
 
 from sinkflow.clustering._metastability import fit_exponent, plateau_run
 
-__all__ = ["DWELL_BETAS", "run", "summarize", "markdown"]
+__all__ = ["DWELL_BETAS", "run", "summarize", "markdown", "handoff_agreement"]
 
 #: Inverse temperatures of the dwell study: the last plateau (2 clusters) lasts ~e^{2 beta}.
 DWELL_BETAS = (2.0, 2.5, 3.0, 3.5, 4.0)
@@ -82,6 +82,14 @@ def summarize(runs, settled: float = 0.01) -> dict:
     return dict(rows=rows, fits=fits, saddles=saddles)
 
 
+def handoff_agreement(particles, handed) -> list:
+    """``(beta, seed, ratio)``: dwell with the hand-off over the dwell of the particles run to the end, for the
+    runs (same beta, seed and n: the same start) that both studies completed."""
+    full = {(r["beta"], r["seed"], r["n"]): r["dwell"] for r in particles if r["dwell"]}
+    return [(r["beta"], r["seed"], r["dwell"] / full[key]) for r in handed
+            if r["dwell"] and (key := (r["beta"], r["seed"], r["n"])) in full]
+
+
 def _interval(fit) -> str:
     return f"{fit[0]:.2f} [{fit[1]:.2f}, {fit[2]:.2f}]"
 
@@ -123,9 +131,16 @@ def main(argv=None) -> None:
     parser.add_argument("--betas", type=float, nargs="*", default=list(DWELL_BETAS))
     parser.add_argument("--summary", action="store_true", help="print the summary of --out and run nothing")
     parser.add_argument("--markdown", nargs="+", help="print the theory page's table of these study files")
+    parser.add_argument("--agreement", nargs=2, metavar=("PARTICLES", "HANDED"),
+                        help="print handoff_agreement of two study files and run nothing")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(args.markdown))
+        return
+    if args.agreement:
+        runs = [json.loads(Path(p).read_text())["runs"] for p in args.agreement]
+        ratios = handoff_agreement(*runs)
+        print(f"{len(ratios)} runs; hand-off / particles: " + ", ".join(f"{r:.4f}" for _, _, r in ratios))
         return
     if not args.out:
         parser.error("--out is required")

@@ -171,3 +171,13 @@ def test_a_handed_off_plateau_lasts_as_long_as_the_particles_hold_it():
     fast = plateau_run(3.0, 1, n=64, d=2, samples=20, handoff=1e-4)
     assert fast["reduced"] > 0.5 * fast["dwell"] and fast["handoff"] < full["start"] + full["dwell"]
     assert abs(fast["dwell"] / full["dwell"] - 1) < 0.05, (fast["dwell"], full["dwell"])
+
+
+def test_handoff_agreement_pairs_runs_with_the_same_start():
+    from sinkflow.clustering.metastability_study import handoff_agreement
+
+    particles = [dict(beta=3.0, seed=0, n=64, dwell=100.0), dict(beta=3.0, seed=1, n=64, dwell=200.0),
+                 dict(beta=4.0, seed=0, n=64, dwell=None), dict(beta=4.0, seed=1, n=128, dwell=50.0)]
+    handed = [dict(beta=3.0, seed=1, n=64, dwell=210.0), dict(beta=3.0, seed=0, n=64, dwell=99.0),
+              dict(beta=4.0, seed=0, n=64, dwell=7.0), dict(beta=4.0, seed=1, n=64, dwell=50.0)]
+    assert handoff_agreement(particles, handed) == [(3.0, 1, 1.05), (3.0, 0, 0.99)]
