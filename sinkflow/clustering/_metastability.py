@@ -244,8 +244,8 @@ def plateau_run(beta: float, seed: int, n: int = 256, d: int = 2, normalization:
 
     With :math:`c = 1 - \cos(2\pi/\text{clusters})` (2 for the last plateau), ``simulate`` (Euler, 0.9
     times the safe step) runs in chunks of :math:`\max(20, e^{c\beta}/5)` time units, ``samples`` counts
-    (:func:`~sinkflow.clustering.cluster_centers`) per chunk, until a whole chunk has fewer than
-    ``clusters`` clusters after ``clusters`` were seen (or one cluster only), or ``t_max`` (default
+    (:func:`~sinkflow.clustering.cluster_centers`) per chunk, until a whole chunk has between 1 and
+    ``clusters - 1`` clusters (that plateau ended or was skipped), or ``t_max`` (default
     :math:`12 e^{c\beta}`). A plateau is a count held for at least 3 samples; the dwell is the longest
     ``clusters``-cluster plateau, from its first sample to the first sample with another count (censored if
     still running at the end); beside it :func:`two_cluster_dwell` of its closest pair (masses and
@@ -298,8 +298,9 @@ def plateau_run(beta: float, seed: int, n: int = 256, d: int = 2, normalization:
 
 
 def _sampled_run(beta, seed, n, d, normalization, k, t_max, chunk, samples, tol, handoff):
-    """Particles from a uniform start, ``samples`` counts per ``chunk`` time units, until the ``k``-cluster
-    plateau ended (or settled, with ``handoff``), a single cluster held a chunk, or ``t_max``."""
+    """Particles from a uniform start, ``samples`` counts per ``chunk`` time units, until a whole chunk has
+    between 1 and ``k - 1`` clusters (the ``k``-cluster plateau ended, or was skipped), the plateau settled
+    (with ``handoff``), or ``t_max``."""
     from sinkflow.particles import largest_safe_step, random_particles, simulate
 
     x = random_particles(int(n), int(d), seed=seed, manifold="sphere")
@@ -311,7 +312,7 @@ def _sampled_run(beta, seed, n, d, normalization, k, t_max, chunk, samples, tol,
         last = counts[-samples:]
         if len(counts) <= samples:
             return False
-        return set(last) == {1} or (k in counts and max(last) < k) or (
+        return 1 <= min(last) <= max(last) < k or (
             handoff is not None and _settled(counts, configs, k, samples, handoff))
 
     while times[-1] < t_max and not done():
