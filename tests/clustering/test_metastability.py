@@ -181,3 +181,14 @@ def test_handoff_agreement_pairs_runs_with_the_same_start():
     handed = [dict(beta=3.0, seed=1, n=64, dwell=210.0), dict(beta=3.0, seed=0, n=64, dwell=99.0),
               dict(beta=4.0, seed=0, n=64, dwell=7.0), dict(beta=4.0, seed=1, n=64, dwell=50.0)]
     assert handoff_agreement(particles, handed) == [(3.0, 1, 1.05), (3.0, 0, 0.99)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalization", ["softmax", "sinkhorn"])
+def test_the_hand_off_at_the_study_scale(normalization):
+    """N = 256, beta = 4 (a dwell of ~1500 time units): the hand-off against the particles run to the end."""
+    from sinkflow.clustering import plateau_run
+
+    full = plateau_run(4.0, 0, n=256, d=2, normalization=normalization)
+    fast = plateau_run(4.0, 0, n=256, d=2, normalization=normalization, handoff=1e-4)
+    assert abs(fast["dwell"] / full["dwell"] - 1) < 0.01, (fast["dwell"], full["dwell"])
