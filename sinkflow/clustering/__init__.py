@@ -10,7 +10,8 @@ the predicted count :func:`fastest_mode`, the formation time, and the cluster co
 ``_predictions.py`` predicts the count and the positions from an initial configuration
 (:func:`predict_clusters`) and runs Bruno et al.'s experiment (:func:`plateau_clusters`);
 ``_metastability.py`` measures how long each count lasts (the two-cluster law :func:`two_cluster_dwell`,
-:func:`plateau_run`, :func:`fit_exponent`, the staircase levels) and ``_saddles.py`` checks plateaus as
+the flow of point clusters :func:`point_cluster_dwell`, :func:`plateau_run`, :func:`fit_exponent`, the
+staircase levels) and ``_saddles.py`` checks plateaus as
 saddles of the climbed energy (:math:`E_\beta` for SoftMax, :math:`-F^\infty` for Sinkhorn; :func:`energy_hessian`,
 :func:`unstable_directions`); ``prediction_study`` and ``metastability_study`` run the studies whose data
 the theory page reads (``python -m sinkflow.clustering.<study> --help``);

@@ -26,8 +26,8 @@ from sinkflow._checks import check_choice, check_number
 from sinkflow.clustering._predictions import cluster_centers, cluster_positions
 from sinkflow.clustering._saddles import _points, _symmetric_scaling, unstable_directions
 
-__all__ = ["count_history", "dwell_times", "two_cluster_dwell", "point_cluster_dwell", "staircase_level", "fit_exponent",
-           "plateau_run"]
+__all__ = ["count_history", "dwell_times", "two_cluster_dwell", "point_cluster_dwell", "staircase_level",
+           "fit_exponent", "plateau_run"]
 
 
 def count_history(beta: float, seed: int, n: int = 1000, t_max: float = 200.0, *, h: float = 0.1,
