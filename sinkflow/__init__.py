@@ -51,7 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     # clustering on the circle and the sphere: linear theory and cluster counts
     "sinkflow.clustering": ("circle_growth_rate", "predict_clusters", "fastest_mode", "sphere_growth_rate", "count_clusters",
                             "angular_density", "phase_diagram", "energy_hessian", "unstable_directions",
-                            "two_cluster_dwell"),
+                            "two_cluster_dwell", "point_cluster_dwell"),
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables
     "sinkflow.sweeps": ("sweep", "SweepError"),
     "sinkflow.plots": ("plot_sweep", "animate", "circle_demo", "ParticleAnimation"),

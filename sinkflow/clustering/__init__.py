@@ -10,7 +10,8 @@ the predicted count :func:`fastest_mode`, the formation time, and the cluster co
 ``_predictions.py`` predicts the count and the positions from an initial configuration
 (:func:`predict_clusters`) and runs Bruno et al.'s experiment (:func:`plateau_clusters`);
 ``_metastability.py`` measures how long each count lasts (the two-cluster law :func:`two_cluster_dwell`,
-:func:`plateau_run`, :func:`fit_exponent`, the staircase levels) and ``_saddles.py`` checks plateaus as
+the flow of point clusters :func:`point_cluster_dwell`, :func:`plateau_run`, :func:`fit_exponent`, the
+staircase levels) and ``_saddles.py`` checks plateaus as
 saddles of the climbed energy (:math:`E_\beta` for SoftMax, :math:`-F^\infty` for Sinkhorn; :func:`energy_hessian`,
 :func:`unstable_directions`); ``prediction_study`` and ``metastability_study`` run the studies whose data
 the theory page reads (``python -m sinkflow.clustering.<study> --help``);
@@ -30,7 +31,7 @@ from sinkflow.clustering._predictions import (
     sphere_mode_maxima, sphere_plateau_clusters,
 )
 from sinkflow.clustering._metastability import (
-    count_history, dwell_times, fit_exponent, plateau_run, staircase_level, two_cluster_dwell,
+    count_history, dwell_times, fit_exponent, plateau_run, point_cluster_dwell, staircase_level, two_cluster_dwell,
 )
 from sinkflow.clustering._saddles import energy_hessian, tangent_basis, unstable_directions
 
@@ -38,5 +39,5 @@ __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formatio
            "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram",
            "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
            "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history", "count_history", "dwell_times", "energy_hessian",
-           "unstable_directions", "tangent_basis", "two_cluster_dwell", "staircase_level", "fit_exponent",
-           "plateau_run"]
+           "unstable_directions", "tangent_basis", "two_cluster_dwell", "point_cluster_dwell", "staircase_level",
+           "fit_exponent", "plateau_run"]

@@ -24,9 +24,10 @@ import numpy as np
 
 from sinkflow._checks import check_choice, check_number
 from sinkflow.clustering._predictions import cluster_centers, cluster_positions
-from sinkflow.clustering._saddles import _symmetric_scaling, unstable_directions
+from sinkflow.clustering._saddles import _points, _symmetric_scaling, unstable_directions
 
-__all__ = ["count_history", "dwell_times", "two_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run"]
+__all__ = ["count_history", "dwell_times", "two_cluster_dwell", "point_cluster_dwell", "staircase_level",
+           "fit_exponent", "plateau_run"]
 
 
 def count_history(beta: float, seed: int, n: int = 1000, t_max: float = 200.0, *, h: float = 0.1,
@@ -107,6 +108,76 @@ def two_cluster_dwell(beta: float, masses, separation: float, normalization: str
     return float(quad(integrand, lo, hi, limit=200, points=[0.5 * math.log(1 / beta)] if lo < -0.5 * math.log(beta) < hi else None)[0])
 
 
+def _point_velocity(x, masses, beta, normalization):
+    """Velocities of point clusters ``x`` (k, d) of ``masses`` under the attention flow on the sphere (``x``
+    normalized first: no radial dynamics, whose fast decay would otherwise limit the steps)."""
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    S = beta * (x @ x.T)
+    if normalization == "softmax":
+        L = S + np.log(masses)[None, :]
+        P = np.exp(L - L.max(1, keepdims=True))
+        P /= P.sum(1, keepdims=True)
+    else:  # the symmetric plan pi_ij = m_i m_j e^{s_i + s_j + S_ij}, rows P_ij = pi_ij / m_i
+        s = _symmetric_scaling(S, masses, tol=1e-13)
+        P = masses[None, :] * np.exp(S + s[:, None] + s[None, :])
+    y = P @ x
+    return y - (y * x).sum(1, keepdims=True) * x
+
+
+def point_cluster_dwell(points, masses, beta: float, normalization: str = "softmax", *, end: float = 0.1,
+                        t_max: float = math.inf) -> float:
+    r"""Time ``k`` point clusters take until the closest two come within ``end`` rad (``inf`` past ``t_max``).
+
+    The flow of particles that sit exactly on ``k`` points is the flow of ``k`` weighted particles
+    (coincident particles stay coincident), here integrated adaptively (``scipy.integrate.solve_ivp``,
+    DOP853, relative tolerance :math:`10^{-10}`): its steps follow the slow drift near a saddle, which an
+    explicit step of the particles cannot (their stability limit is set by the fast contraction inside a
+    cluster). For two clusters on the circle this is :func:`two_cluster_dwell`; for more, the pull of all
+    the others is in, which the closest-pair law neglects.
+
+    Parameters
+    ----------
+    points : array (k,) of angles or (k, d) of unit vectors
+    masses : array (k,)
+        Positive masses (normalized to sum 1).
+    beta : float
+    normalization : {"softmax", "sinkhorn"}
+    end : float
+        Separation (rad) that ends the plateau.
+    t_max : float
+        Give up (return ``inf``) after this time.
+
+    Examples
+    --------
+    >>> import math
+    >>> from sinkflow.clustering import point_cluster_dwell, two_cluster_dwell
+    >>> T = point_cluster_dwell([0.0, math.pi - 0.01], [0.6, 0.4], 3.0)
+    >>> bool(abs(T / two_cluster_dwell(3.0, [0.6, 0.4], math.pi - 0.01) - 1) < 1e-6)
+    True
+    """
+    from scipy.integrate import solve_ivp
+
+    x = _points(points)
+    m = np.asarray(masses, dtype=float)
+    beta = float(check_number(beta, "beta", positive=True))
+    check_choice(normalization, "normalization", ("softmax", "sinkhorn"))
+    if m.shape != (len(x),) or len(x) < 2 or np.any(m <= 0):
+        raise ValueError(f"masses must be {len(x)} positive numbers, one per point (at least two points)")
+    m = m / m.sum()
+    k, d, cos_end = len(x), x.shape[1], math.cos(float(check_number(end, "end", positive=True)))
+
+    def closest(t, z):  # > 0 while every pair is further than end
+        y = z.reshape(k, d) / np.linalg.norm(z.reshape(k, d), axis=1, keepdims=True)
+        return cos_end - (y @ y.T - 3 * np.eye(k)).max()
+
+    closest.terminal, closest.direction = True, -1
+    if closest(0.0, x.ravel()) <= 0:
+        return 0.0
+    sol = solve_ivp(lambda t, z: _point_velocity(z.reshape(k, d), m, beta, normalization).ravel(), (0.0, float(t_max)),
+                    x.ravel(), method="DOP853", rtol=1e-10, atol=1e-12, events=closest)
+    return float(sol.t_events[0][0]) if sol.t_events[0].size else math.inf
+
+
 def staircase_level(masses, beta: float, normalization: str = "softmax") -> float:
     r"""Energy of point clusters of ``masses`` far apart: :math:`\frac{1}{2\beta}\sum_c m_c^2` for
     SoftMax (:math:`e^{-\beta}E_\beta`), :math:`-\frac\beta2 + \frac12\sum_c m_c\log\frac1{m_c}` for
@@ -167,42 +238,84 @@ def _energy(x, beta, normalization):
 
 
 def plateau_run(beta: float, seed: int, n: int = 256, d: int = 2, normalization: str = "softmax", *,
-                clusters: int = 2, t_max: float | None = None, samples: int = 40, tol: float = 1e-10) -> dict:
+                clusters: int = 2, t_max: float | None = None, samples: int = 40, tol: float = 1e-10,
+                handoff: float | None = None) -> dict:
     r"""One run from ``n`` i.i.d. uniform points on :math:`S^{d-1}` until its ``clusters``-cluster plateau ends.
 
     With :math:`c = 1 - \cos(2\pi/\text{clusters})` (2 for the last plateau), ``simulate`` (Euler, 0.9
     times the safe step) runs in chunks of :math:`\max(20, e^{c\beta}/5)` time units, ``samples`` counts
-    (:func:`~sinkflow.clustering.cluster_centers`) per chunk, until a whole chunk has fewer than
-    ``clusters`` clusters after ``clusters`` were seen, or ``t_max`` (default :math:`12 e^{c\beta}`). A
-    plateau is a count held for at least 3 samples; the dwell is the longest ``clusters``-cluster plateau,
-    from its first sample to the first sample with another count (censored if still running at the end);
-    beside it :func:`two_cluster_dwell` of its closest pair (masses and separation at its first sample;
-    exact for 2 clusters, the pull of the others neglected beyond). At the middle of every plateau:
-    :func:`~sinkflow.clustering.unstable_directions` of the climbed energy, and the energy against
-    :func:`staircase_level`.
+    (:func:`~sinkflow.clustering.cluster_centers`) per chunk, until a whole chunk has between 1 and
+    ``clusters - 1`` clusters (that plateau ended or was skipped), or ``t_max`` (default
+    :math:`12 e^{c\beta}`). A plateau is a count held for at least 3 samples; the dwell is the longest
+    ``clusters``-cluster plateau, from its first sample to the first sample with another count (censored if
+    still running at the end); beside it :func:`two_cluster_dwell` of its closest pair (masses and
+    separation at its first sample; exact for 2 clusters, the pull of the others neglected beyond). At the
+    middle of every plateau: :func:`~sinkflow.clustering.unstable_directions` of the climbed energy, and the
+    energy against :func:`staircase_level`.
+
+    ``handoff`` (a width in rad, e.g. ``1e-4``) hands the plateau to :func:`point_cluster_dwell` once it has
+    held a whole chunk (of 20 time units) with every particle within ``handoff`` of its cluster's center:
+    the particles are then ``clusters`` points to that accuracy, and the dwell is the time held so far plus
+    the exact flow of those points (``reduced``) until two come within 0.1 rad.
 
     Returns
     -------
     dict
         ``beta, seed, n, d, normalization, clusters, h, dwell`` (None if censored or none), ``censored``,
-        ``start``, ``masses`` and ``separation`` (of the closest pair), ``predicted`` (its law), ``times``,
+        ``start``, ``masses`` and ``separation`` (of the closest pair), ``predicted`` (its law), ``handoff``
+        and ``reduced`` (the time handed off and the reduced flow's share, None without), ``times``,
         ``counts``, ``energies``, ``plateaus`` (``count, start, end, positive, zero, negative, energy,
         level``).
     """
-    from sinkflow.particles import largest_safe_step, random_particles, simulate
-
     beta = float(check_number(beta, "beta", positive=True))
     check_choice(normalization, "normalization", ("softmax", "sinkhorn"))
     k = int(check_number(clusters, "clusters", integer=True, positive=True))
     if k < 2:
         raise ValueError(f"clusters must be at least 2 (a plateau that ends), got {clusters}")
-    x = random_particles(int(n), int(d), seed=seed, manifold="sphere")
-    h = 0.9 * largest_safe_step(x, normalization, temperature=1 / beta)
+    if handoff is not None:
+        handoff = float(check_number(handoff, "handoff", positive=True))
     scale = math.exp(beta * (1 - math.cos(2 * math.pi / k)))
     t_max = 12 * scale if t_max is None else float(t_max)
-    stride = max(1, int(round(max(20.0, scale / 5) / samples / h)))
+    times, counts, energies, configs, h = _sampled_run(beta, seed, n, d, normalization, k, t_max,
+                                                       20.0 if handoff else max(20.0, scale / 5), samples, tol, handoff)
+    plateaus = _plateaus(np.asarray(counts), configs, beta, normalization)
+    out = dict(beta=beta, seed=int(seed), n=int(n), d=int(d), normalization=normalization, clusters=k, h=h,
+               dwell=None, start=None, masses=None, separation=None, predicted=None, censored=False, handoff=None,
+               reduced=None)
+    held = [p for p in plateaus if p["count"] == k]
+    if held:
+        handed = handoff is not None and _settled(counts, configs, k, samples, handoff)
+        p = held[-1] if handed else max(held, key=lambda p: p["end"] - p["start"])
+        out.update(_closest_pair(configs[p["start"]], k, beta, normalization), start=times[p["start"]],
+                   censored=p["end"] == len(times))
+        if handed:
+            centers, masses = cluster_centers(configs[-1])
+            reduced = point_cluster_dwell(centers, masses, beta, normalization, t_max=t_max - times[-1])
+            out.update(handoff=times[-1], reduced=reduced, censored=math.isinf(reduced))
+        end = times[-1] + (out["reduced"] or 0.0) if handed else times[min(p["end"], len(times) - 1)]
+        out["dwell"] = None if out["censored"] else end - times[p["start"]]
+    return dict(out, times=times, counts=counts, energies=energies, plateaus=plateaus)
+
+
+def _sampled_run(beta, seed, n, d, normalization, k, t_max, chunk, samples, tol, handoff):
+    """Particles from a uniform start, ``samples`` counts per ``chunk`` time units, until a whole chunk has
+    between 1 and ``k - 1`` clusters (the ``k``-cluster plateau ended, or was skipped), the plateau settled
+    (with ``handoff``), or ``t_max``."""
+    from sinkflow.particles import largest_safe_step, random_particles, simulate
+
+    x = random_particles(int(n), int(d), seed=seed, manifold="sphere")
+    h = 0.9 * largest_safe_step(x, normalization, temperature=1 / beta)
+    stride = max(1, int(round(chunk / samples / h)))
     times, counts, energies, configs = [0.0], [0], [_energy(x, beta, normalization)], [x]
-    while times[-1] < t_max and not (k in counts and max(counts[-samples:]) < k):
+
+    def done():
+        last = counts[-samples:]
+        if len(counts) <= samples:
+            return False
+        return 1 <= min(last) <= max(last) < k or (
+            handoff is not None and _settled(counts, configs, k, samples, handoff))
+
+    while times[-1] < t_max and not done():
         traj = simulate(x, normalization, h=h, steps=stride * samples, manifold="sphere", temperature=1 / beta,
                         tol=tol, save_every=stride)
         for y in traj.positions[1:]:
@@ -211,21 +324,26 @@ def plateau_run(beta: float, seed: int, n: int = 256, d: int = 2, normalization:
             energies.append(_energy(y, beta, normalization))
             configs.append(y)
         x = traj.final
-    plateaus = _plateaus(np.asarray(counts), configs, beta, normalization)
-    out = dict(beta=beta, seed=int(seed), n=int(n), d=int(d), normalization=normalization, clusters=k, h=h,
-               dwell=None, start=None, masses=None, separation=None, predicted=None, censored=False)
-    held = [p for p in plateaus if p["count"] == k]
-    if held:
-        p = max(held, key=lambda p: p["end"] - p["start"])
-        centers, masses = cluster_centers(configs[p["start"]])
-        dots = centers @ centers.T - 3 * np.eye(masses.size)
-        i, j = np.unravel_index(np.argmax(dots), dots.shape)
-        sep = float(np.arccos(np.clip(dots[i, j], -1, 1))) if masses.size == k else math.nan
-        out.update(start=times[p["start"]], masses=[float(masses[i]), float(masses[j])], separation=sep,
-                   censored=p["end"] == len(times),
-                   predicted=two_cluster_dwell(beta, masses[[i, j]], sep, normalization) if 0.1 < sep < math.pi else None)
-        out["dwell"] = None if out["censored"] else times[p["end"]] - times[p["start"]]
-    return dict(out, times=times, counts=counts, energies=energies, plateaus=plateaus)
+    return times, counts, energies, configs, h
+
+
+def _settled(counts, configs, k, samples, width) -> bool:
+    """The last ``samples`` counts are all ``k`` and every particle is within ``width`` rad of its cluster's center."""
+    if len(counts) <= samples or set(counts[-samples:]) != {k}:
+        return False
+    x = configs[-1]
+    centers = cluster_centers(x)[0]
+    return bool(np.arccos(np.clip((x @ centers.T).max(1), -1, 1)).max() <= width)
+
+
+def _closest_pair(x, k, beta, normalization) -> dict:
+    """Masses and separation of the closest two clusters of ``x``, and :func:`two_cluster_dwell` of them."""
+    centers, masses = cluster_centers(x)
+    dots = centers @ centers.T - 3 * np.eye(masses.size)
+    i, j = np.unravel_index(np.argmax(dots), dots.shape)
+    sep = float(np.arccos(np.clip(dots[i, j], -1, 1))) if masses.size == k else math.nan
+    law = two_cluster_dwell(beta, masses[[i, j]], sep, normalization) if 0.1 < sep < math.pi else None
+    return dict(masses=[float(masses[i]), float(masses[j])], separation=sep, predicted=law)
 
 
 def _plateaus(counts, configs, beta, normalization, min_samples: int = 3) -> list:

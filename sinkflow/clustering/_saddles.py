@@ -102,13 +102,18 @@ def _softmax_blocks(X, a, B, C, beta):
 
 
 def _symmetric_scaling(S, a, tol=1e-14, max_iter=100_000):
-    """``s`` with ``s_i + log sum_j a_j e^{s_j + S_ij} = 0`` (damped symmetric fixed point in the log domain)."""
+    """``s`` with ``s_i + log sum_j a_j e^{s_j + S_ij} = 0`` (damped symmetric fixed point in the log domain,
+    then Newton steps on ``(I + P) ds = -r`` once the residual is below ``1e-3``)."""
     la, s = np.log(a), -0.5 * np.diag(S).max() * np.ones(a.size)
     for _ in range(max_iter):
-        r = s + logsumexp(S + (la + s)[None, :], axis=1)
-        s -= 0.5 * r
+        L = S + (la + s)[None, :]
+        r = s + logsumexp(L, axis=1)
         if np.abs(r).max() < tol:
             return s
+        if np.abs(r).max() < 1e-3:  # P_ij = a_j e^{s_i + s_j + S_ij} = e^{L_ij + s_i}, row-stochastic at the solution
+            s -= np.linalg.solve(np.eye(a.size) + np.exp(L + s[:, None]), r)
+        else:
+            s -= 0.5 * r
     raise RuntimeError(f"the symmetric Sinkhorn scaling did not reach {tol:g} in {max_iter} iterations")
 
 

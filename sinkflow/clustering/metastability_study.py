@@ -18,7 +18,7 @@ import numpy as np
 
 from sinkflow.clustering._metastability import fit_exponent, plateau_run
 
-__all__ = ["DWELL_BETAS", "run", "summarize", "markdown"]
+__all__ = ["DWELL_BETAS", "run", "summarize", "markdown", "handoff_agreement"]
 
 #: Inverse temperatures of the dwell study: the last plateau (2 clusters) lasts ~e^{2 beta}.
 DWELL_BETAS = (2.0, 2.5, 3.0, 3.5, 4.0)
@@ -26,7 +26,7 @@ _DIMENSION = {"circle": 2, "sphere": 3}
 
 
 def run(out: Path, manifold: str = "circle", normalization: str = "softmax", betas=DWELL_BETAS, seeds=range(10),
-        n: int = 256, clusters: int = 2, samples: int = 40) -> list:
+        n: int = 256, clusters: int = 2, samples: int = 40, handoff: float | None = None) -> list:
     """All runs of the grid, appended to those already in ``out`` (JSON ``{"config": ..., "runs": [...]}``)."""
     out = Path(out)
     runs = json.loads(out.read_text())["runs"] if out.exists() else []
@@ -34,12 +34,14 @@ def run(out: Path, manifold: str = "circle", normalization: str = "softmax", bet
     config = dict(manifold=manifold, d=_DIMENSION[manifold], normalization=normalization, n=n,
                   h="0.9 x largest_safe_step", samples_per_chunk=samples,
                   chunk="max(20, e^(c beta)/5), c = 1 - cos(2 pi/clusters)", t_max="12 e^(c beta)", tol=1e-10,
-                  clusters=clusters)
+                  clusters=clusters, handoff=handoff)
+    if handoff is not None:
+        config.update(chunk=20, handoff_rule=f"point_cluster_dwell once the plateau held a chunk within {handoff} rad")
     for seed in seeds:
         for beta in betas:
             if (float(beta), int(seed), int(n)) not in done:
                 runs.append(plateau_run(beta, seed, n, _DIMENSION[manifold], normalization, clusters=clusters,
-                                        samples=samples))
+                                        samples=samples, handoff=handoff))
                 out.write_text(json.dumps(dict(config=config, runs=runs)))
     return runs
 
@@ -80,6 +82,14 @@ def summarize(runs, settled: float = 0.01) -> dict:
     return dict(rows=rows, fits=fits, saddles=saddles)
 
 
+def handoff_agreement(particles, handed) -> list:
+    """``(beta, seed, ratio)``: dwell with the hand-off over the dwell of the particles run to the end, for the
+    runs (same beta, seed and n: the same start) that both studies completed."""
+    full = {(r["beta"], r["seed"], r["n"]): r["dwell"] for r in particles if r["dwell"]}
+    return [(r["beta"], r["seed"], r["dwell"] / full[key]) for r in handed
+            if r["dwell"] and (key := (r["beta"], r["seed"], r["n"])) in full]
+
+
 def _interval(fit) -> str:
     return f"{fit[0]:.2f} [{fit[1]:.2f}, {fit[2]:.2f}]"
 
@@ -101,7 +111,8 @@ def markdown(paths) -> str:
                      if r["ratio_range"] else "-")
             dwell = f"{r['median_dwell']:.0f}" if r["median_dwell"] else "-"
             law = f"{r['median_predicted']:.0f}" if r["median_predicted"] else "-"
-            head = f"{cfg['manifold']}, {cfg['normalization']} ({cfg.get('clusters', 2)} clusters)" if i == 0 else ""
+            mode = ", hand-off" if cfg.get("handoff") else ""
+            head = f"{cfg['manifold']}, {cfg['normalization']} ({cfg.get('clusters', 2)} clusters{mode})" if i == 0 else ""
             lines.append(f"| {head} | {r['beta']:g} | {r['runs']} ({r['no_two_plateau']}) | {dwell} | {law} | {ratio} | "
                          f"{fit if i == 0 else ''} | {saddles if i == 0 else ''} |")
     return "\n".join(lines)
@@ -116,19 +127,28 @@ def main(argv=None) -> None:
     parser.add_argument("--clusters", type=int, default=2, help="the plateau whose dwell is measured")
     parser.add_argument("--samples", type=int, default=40, help="counts per chunk")
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--handoff", type=float, help="hand settled plateaus (this width, rad) to point_cluster_dwell")
     parser.add_argument("--betas", type=float, nargs="*", default=list(DWELL_BETAS))
     parser.add_argument("--summary", action="store_true", help="print the summary of --out and run nothing")
     parser.add_argument("--markdown", nargs="+", help="print the theory page's table of these study files")
+    parser.add_argument("--agreement", nargs=2, metavar=("PARTICLES", "HANDED"),
+                        help="print handoff_agreement of two study files and run nothing")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(args.markdown))
+        return
+    if args.agreement:
+        runs = [json.loads(Path(p).read_text())["runs"] for p in args.agreement]
+        ratios = handoff_agreement(*runs)
+        print(f"{len(ratios)} runs; hand-off / particles: " + ", ".join(f"{r:.4f}" for _, _, r in ratios))
         return
     if not args.out:
         parser.error("--out is required")
     if args.summary:
         print(json.dumps(summarize(json.loads(Path(args.out).read_text())["runs"]), indent=1))
         return
-    run(Path(args.out), args.manifold, args.normalization, args.betas, range(args.seeds), args.n, args.clusters, args.samples)
+    run(Path(args.out), args.manifold, args.normalization, args.betas, range(args.seeds), args.n, args.clusters, args.samples,
+        args.handoff)
 
 
 if __name__ == "__main__":

@@ -136,3 +136,59 @@ def test_plateau_run_names_a_bad_plateau():
         plateau_run(2.0, 0, n=16, clusters=1)
     with pytest.raises(ValueError, match="normalization"):
         plateau_run(2.0, 0, n=16, normalization="gaussian")
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "sinkhorn"])
+def test_point_cluster_dwell_is_the_flow_of_weighted_particles(normalization):
+    """Two points on the circle: the quadrature of the reduced law. Three on S^2: sinkflow.simulate of three
+    weighted particles (RK4, its own dense field and Sinkhorn loop), the time the closest pair crosses 0.1 rad."""
+    import math
+
+    from sinkflow.clustering import point_cluster_dwell, two_cluster_dwell
+    from sinkflow.particles import simulate
+
+    law = two_cluster_dwell(4.0, [0.6, 0.4], math.pi - 1e-3, normalization)
+    assert abs(point_cluster_dwell([0.0, math.pi - 1e-3], [0.6, 0.4], 4.0, normalization) / law - 1) < 1e-7
+    beta, end, h, masses = 1.5, 0.1, 0.02, np.array([0.5, 0.3, 0.2])
+    x0 = np.array([[1.0, 0.0, 0.0], [math.cos(1.2), math.sin(1.2), 0.0], [-0.6, -0.3, 0.742]])
+    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    T = point_cluster_dwell(x0, masses, beta, normalization, end=end)
+    traj = simulate(x0, normalization, h=h, steps=int(1.2 * T / h), weights=masses, integrator="rk4",
+                    manifold="sphere", temperature=1 / beta, tol=1e-13)
+    dots = np.einsum("tid,tjd->tij", traj.positions, traj.positions) - 3 * np.eye(3)
+    gap = np.arccos(np.clip(dots.max((1, 2)), -1, 1))
+    assert abs(np.interp(-end, -gap, traj.times) / T - 1) < 1e-4
+    assert point_cluster_dwell(x0, masses, beta, normalization, t_max=0.5 * T) == math.inf
+    with pytest.raises(ValueError, match="masses"):
+        point_cluster_dwell(x0, [0.5, 0.5], beta, normalization)
+
+
+def test_a_handed_off_plateau_lasts_as_long_as_the_particles_hold_it():
+    """plateau_run with the hand-off to point_cluster_dwell against the same run of particles to the end."""
+    from sinkflow.clustering import plateau_run
+
+    full = plateau_run(3.0, 1, n=64, d=2, samples=20)
+    fast = plateau_run(3.0, 1, n=64, d=2, samples=20, handoff=1e-4)
+    assert fast["reduced"] > 0.5 * fast["dwell"] and fast["handoff"] < full["start"] + full["dwell"]
+    assert abs(fast["dwell"] / full["dwell"] - 1) < 0.05, (fast["dwell"], full["dwell"])
+
+
+def test_handoff_agreement_pairs_runs_with_the_same_start():
+    from sinkflow.clustering.metastability_study import handoff_agreement
+
+    particles = [dict(beta=3.0, seed=0, n=64, dwell=100.0), dict(beta=3.0, seed=1, n=64, dwell=200.0),
+                 dict(beta=4.0, seed=0, n=64, dwell=None), dict(beta=4.0, seed=1, n=128, dwell=50.0)]
+    handed = [dict(beta=3.0, seed=1, n=64, dwell=210.0), dict(beta=3.0, seed=0, n=64, dwell=99.0),
+              dict(beta=4.0, seed=0, n=64, dwell=7.0), dict(beta=4.0, seed=1, n=64, dwell=50.0)]
+    assert handoff_agreement(particles, handed) == [(3.0, 1, 1.05), (3.0, 0, 0.99)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalization", ["softmax", "sinkhorn"])
+def test_the_hand_off_at_the_study_scale(normalization):
+    """N = 256, beta = 4 (a dwell of ~1500 time units): the hand-off against the particles run to the end."""
+    from sinkflow.clustering import plateau_run
+
+    full = plateau_run(4.0, 0, n=256, d=2, normalization=normalization)
+    fast = plateau_run(4.0, 0, n=256, d=2, normalization=normalization, handoff=1e-4)
+    assert abs(fast["dwell"] / full["dwell"] - 1) < 0.01, (fast["dwell"], full["dwell"])
