@@ -35,7 +35,8 @@ rows normalized at the end). As :math:`\tilde K = \Phi\Lambda\Phi^T`, :math:`u =
 On the circle :math:`G_{RR}` is gathered from the moments of :math:`a u^2` (products of
 :math:`\cos, \sin` are sums of them) and formed at every iteration; on :math:`S^2` it costs
 :math:`n |R|^2`, formed on the first iteration and again while the marginal error is above
-``_NEWTON_FAR`` or an iteration gains less than 10x. The start is scaled to
+``_NEWTON_FAR`` or a corrected iteration gains less than 10x; in a flow a solve starts from the last
+solve's inverse (the particles moved little), which settles to 3 applications a step, one step later. The start is scaled to
 :math:`(au)^T\tilde K(au) = 1` (as the fixed point is: the plain step leaves that mode alone). One
 sweep of the features per iteration, by cache-sized block: the sums of the current iterate (its
 marginal error) and of the next point, then the moments of the next; the field's numerators ride

@@ -237,7 +237,9 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
     ``memory["sweeps"]`` (the sweeps of the previous solve in a flow, written back) or by the last two
     errors; else one more application computes them. A sweep whose scaling is predicted to converge
     skips the next moments (one more pass if it does not). On the circle the Jacobian is formed at every
-    iteration (its Gram matrix rides along); on :math:`S^2` on the first and while far or slow. The start
+    iteration (its Gram matrix rides along); on :math:`S^2` while far or slow (the gain of a corrected
+    point under 10x), else the last solve's inverse is kept (``memory["newton"]``: in a flow the particles
+    move little between solves, and its Gram matrix costs :math:`n|R|^2`, 2-3 applications at beta = 32). The start
     is scaled to :math:`(a u)^T \tilde K (a u) = 1`, which the fixed point satisfies (the plain step does
     not contract that mode).
 
@@ -246,6 +248,7 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
     xp, a, newton = P.xp, P.a, _Newton(P)
     memory = {} if memory is None else memory
     expect, gram = memory.get("sweeps"), newton.from_moments
+    newton.inverse = None if gram else memory.get("newton")
     M = P.moments((a * u)[None])
     scale = 1 / math.sqrt(float((M[0] * P.lam * M[0]).sum()))
     u, M = u * scale, M * scale
@@ -281,10 +284,11 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
         refresh = gram or newton.inverse is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or gained < 10x
         if refresh:
             newton.factor(P, a * u_next * u_next, P.host(Mn[-1]) if gram else None)
-        previous, t = (math.inf if refresh else err), newton.correction(f)
+        previous, t = (math.inf if refresh or t is None else err), newton.correction(f)
         u, u_next, M = u_next, u, Mn[:Mn.shape[0] - gram]
     if err <= tol:
         memory["sweeps"] = done
+        memory["newton"] = None if gram else newton.inverse
     if M.shape[0] > 1:  # the numerators rode along
         return velocity, E, u, done, err <= tol, err
     return P.sums(P.moments(a * u * P.X1[1:])) / E, E, u, done + 1, err <= tol, err

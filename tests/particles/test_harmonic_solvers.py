@@ -87,7 +87,8 @@ def test_flow_solves_are_the_dense_field_in_three_applications(d, beta):
     """Inside a flow (warm start extrapolated from the last three solves, the numerators riding along
     by the last solve's count) every step's field is the dense Sinkhorn field, and from the fifth step
     on a solve takes 3 kernel applications, the field's included (5-7 before it: measured; 4 on S^2
-    with Newton's modes down to 1e-2 of the largest eigenvalue instead of 1e-3)."""
+    with Newton's modes down to 1e-2 of the largest eigenvalue instead of 1e-3); on S^2, where a solve
+    starts from the previous solve's Newton inverse, from the sixth (4 at the fifth: measured)."""
     n, h = 600, 0.05
     x = torch.tensor(sinkflow.random_particles(n, d, seed=4, manifold="sphere"))
     field = _flow_field(harmonic_kernel(1 / beta, d, 1e-10, 1 / n))
@@ -99,4 +100,4 @@ def test_flow_solves_are_the_dense_field_in_three_applications(d, beta):
         assert ev.converged and float((v - dense).abs().max()) < 1e-10
         counts.append(ev.n_iter)
         x = torch.nn.functional.normalize(x + h * v, dim=1)
-    assert max(counts[4:]) <= 3, counts
+    assert max(counts[4 if d == 2 else 5:]) <= 3, counts
