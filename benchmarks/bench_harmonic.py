@@ -78,8 +78,8 @@ def _flow_field(kernel, attention):
 
 
 def _case(n, d, beta, repeats, reference_n):
-    """One step inside a flow (its steady state): ``_FLOW_STEPS`` Euler steps (h = 0.1) from a uniform start, then the next
-    evaluation timed from copies of the field's state (warm start, history, the solver's memory)."""
+    """One step inside a flow (its steady state): ``_FLOW_STEPS`` Euler steps (h = 0.1) from a uniform start,
+    then the next evaluation timed from copies of the field's state (warm start, history, the solver's memory)."""
     x = torch.tensor(sinkflow.random_particles(n, d, seed=0, manifold="sphere"))
     tau = 1 / beta
     kernel = harmonic_kernel(tau, d, 1e-10, 1 / n)
