@@ -258,7 +258,8 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
     xp, a, newton = P.xp, P.a, _Newton(P)
     memory = {} if memory is None else memory
     expect, gram = memory.get("sweeps"), newton.from_moments
-    newton.inverse = None if gram else memory.get("newton")
+    kept = None if gram else memory.get("newton")  # the last solve's, if of these rows
+    newton.inverse = kept if kept is not None and kept.shape == (newton.rows.size,) * 2 else None
     M = P.moments((a * u)[None])
     scale = 1 / math.sqrt(float((M[0] * P.lam * M[0]).sum()))
     u, M = u * scale, M * scale
