@@ -108,9 +108,9 @@ def test_flow_solves_are_the_dense_field_in_three_applications(d, beta):
 
 def test_sphere_flow_reuses_the_last_newton_inverse_and_replaces_a_wrong_one(monkeypatch):
     """On S^2 a flow's solves run from the last solve's Newton inverse: no Gram matrix after the first
-    two steps (measured: 2, 1, then none), the field the dense one; from a wrong inverse (half the
-    identity, planted) a solve after a longer step (start error 4e-4: kept, not far) forms a new one
-    and still gives the dense field."""
+    two steps (far from the fixed point, they form it), the field the dense one; from a wrong inverse
+    (half the identity, planted) a solve after a longer step (start error 4e-4: kept, not far) forms a
+    new one and still gives the dense field."""
     beta, n = 7.0, 400
     x = torch.tensor(sinkflow.random_particles(n, 3, seed=5, manifold="sphere"))
     field = _flow_field(harmonic_kernel(1 / beta, 3, 1e-10, 1 / n))
