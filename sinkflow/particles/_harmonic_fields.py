@@ -35,14 +35,15 @@ rows normalized at the end). As :math:`\tilde K = \Phi\Lambda\Phi^T`, :math:`u =
 On the circle :math:`G_{RR}` is gathered from the moments of :math:`a u^2` (products of
 :math:`\cos, \sin` are sums of them) and formed at every iteration; on :math:`S^2` it costs
 :math:`n |R|^2`, formed on the first iteration and again while the marginal error is above
-``_NEWTON_FAR`` or an iteration gains less than 10x. The start is scaled to
+``_NEWTON_FAR`` or a corrected iteration gains less than 10x; in a flow a solve starts from the
+last solve's inverse (the particles moved little between solves). The start is scaled to
 :math:`(au)^T\tilde K(au) = 1` (as the fixed point is: the plain step leaves that mode alone). One
 sweep of the features per iteration, by cache-sized block: the sums of the current iterate (its
 marginal error) and of the next point, then the moments of the next; the field's numerators ride
 along when the next is predicted to converge (in a flow: by the previous solve's count), and a sweep
 predicted last skips the moments. In a flow, warm-started from the extrapolation of the last three
-scalings, a solve to 1e-10 takes 3 applications on the circle and 4 on :math:`S^2`, the field's
-included (5 before, 11-15 by the heavy ball on :math:`\log u`), 5-8 cold. A fixed
+scalings, a solve to 1e-10 takes 3 applications on the circle and on :math:`S^2` (there from the
+6th-7th step), the field's included (5 before, 11-15 by the heavy ball on :math:`\log u`), 5-8 cold. A fixed
 ``n_iter`` runs the alternating half-iterations of :func:`sinkflow.solve_sinkhorn` (row step first),
 one application each.
 """

@@ -188,14 +188,22 @@ class _Factored:
             G += _mm(F, F.T)
         return G
 
-    def sweep(self, M: torch.Tensor, step) -> torch.Tensor | None:
+    def sweep(self, M: torch.Tensor, step, positions: bool = False) -> torch.Tensor | None:
         """Rows ``(K W)[i0:i1] = Phi_b Lambda M`` handed to ``step(i0, i1, rows)``; the blocks ``step``
-        returns (the next weights) are accumulated into the next moments (None when it returns None)."""
+        returns (the next weights) are accumulated into the next moments (None when it returns None):
+        when ``positions``, one column ``w`` whose moments are those of ``[w, w x]`` (:meth:`position_moments`)."""
         N, acc = self.basis.from_harmonics(self.lam * M), None
         for b, (i0, i1) in enumerate(self.blocks):
             block = self._block(b, i0, i1)
             W_next = step(i0, i1, self.basis.apply(block, N))
-            if W_next is not None:
+            if W_next is None:
+                continue
+            if positions:
+                acc = self.basis.position_zeros(W_next) if acc is None else acc
+                self.basis.add_positions(acc, block, W_next[:, 0], self.X[i0:i1])
+            else:
                 acc = self.basis.zeros(W_next.shape[1], W_next) if acc is None else acc
                 self.basis.add_moments(acc, block, W_next)
-        return None if acc is None else self.basis.to_harmonics(acc)
+        if acc is None:
+            return None
+        return self.basis.positions_to_harmonics(acc) if positions else self.basis.to_harmonics(acc)

@@ -74,8 +74,13 @@ class _Passes:
                 j1 = min(i1 - i0, j0 + width)
                 yield i0 + j0, i0 + j1, F[:, j0:j1]
 
-    def moments(self, W):
-        """:math:`W \\Phi`, ``(c, r)``, for weights ``W`` ``(c, n)``."""
+    def carried(self, w, i0: int = 0, i1: int | None = None):
+        """The weights whose moments carry the field's numerators, for weights ``w`` of particles ``i0:i1``:
+        ``w [1, x]`` (on :math:`S^2`: ``w`` alone, their moments from those of ``w`` one degree higher)."""
+        return w * self.X1[:, i0:i1]
+
+    def moments(self, W, carried: bool = False):
+        """:math:`W \\Phi`, ``(c, r)``, for weights ``W`` ``(c, n)`` (``carried``: :meth:`carried` weights)."""
         out = 0
         for i0, i1, F in self._blocks():
             out = out + W[:, i0:i1] @ F.T
@@ -98,9 +103,10 @@ class _Passes:
             G = blas.dsyrk(1.0, F[rows] * np.sqrt(s[i0:i1]), beta=1.0, c=G, overwrite_c=1)
         return np.triu(G) + np.triu(G, 1).T
 
-    def sweep(self, M, step):
+    def sweep(self, M, step, carried: bool = False):
         """The sums of moments ``M`` by cache-sized block, handed to ``step(i0, i1, sums)``; the weights it
-        returns are accumulated into moments with the block's features still in cache (None if it returns None)."""
+        returns (:meth:`carried` weights when ``carried``) are accumulated into moments with the block's
+        features still in cache (None if it returns None)."""
         LM, out = M * self.lam, None
         for i0, i1, F in self._blocks():
             W = step(i0, i1, LM @ F)
@@ -134,8 +140,12 @@ class _BasisPasses(_Passes):
         """An array of this object as a torch tensor (shared memory)."""
         return torch.from_numpy(A) if self.numpy else A
 
-    def moments(self, W):
-        return self.array(self.factored.moments(self.tensor(W).T)).T
+    def carried(self, w, i0: int = 0, i1: int | None = None):
+        return w[None]
+
+    def moments(self, W, carried: bool = False):
+        Wt = self.tensor(W).T
+        return self.array(self.factored.position_moments(Wt[:, 0]) if carried else self.factored.moments(Wt)).T
 
     def sums(self, M):
         out = self.xp.empty((M.shape[0], self.a.shape[0]), dtype=self.a.dtype)
@@ -149,12 +159,12 @@ class _BasisPasses(_Passes):
     def gram(self, rows: np.ndarray, s) -> np.ndarray:
         return self.factored.gram(torch.from_numpy(rows).to(self.factored.X.device), self.tensor(s)).cpu().numpy()
 
-    def sweep(self, M, step):
+    def sweep(self, M, step, carried: bool = False):
         def rows(i0, i1, R):
             W = step(i0, i1, self.array(R).T)
             return None if W is None else self.tensor(W).T
 
-        out = self.factored.sweep(self.tensor(M).T, rows)
+        out = self.factored.sweep(self.tensor(M).T, rows, carried)
         return None if out is None else self.array(out).T
 
 
@@ -223,7 +233,7 @@ def _weights(P: _Passes, u, carry: bool, gram: bool, i0: int = 0, i1: int | None
     """The rows whose moments the next iteration needs, for particles ``i0:i1``: ``a u``, with ``a u x``
     (the field's numerators) when ``carry``, then ``a u^2`` (the circle's Gram matrix) when ``gram``."""
     w = P.a[i0:i1] * u
-    W = w * P.X1[:, i0:i1] if carry else w[None]
+    W = P.carried(w, i0, i1) if carry else w[None]
     return P.xp.concatenate([W, (w * u)[None]]) if gram else W
 
 
@@ -237,7 +247,9 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
     ``memory["sweeps"]`` (the sweeps of the previous solve in a flow, written back) or by the last two
     errors; else one more application computes them. A sweep whose scaling is predicted to converge
     skips the next moments (one more pass if it does not). On the circle the Jacobian is formed at every
-    iteration (its Gram matrix rides along); on :math:`S^2` on the first and while far or slow. The start
+    iteration (its Gram matrix rides along); on :math:`S^2` while far or slow (the gain of a corrected
+    point under 10x), else the last solve's inverse is kept (``memory["newton"]``: in a flow the particles
+    move little between solves, and its Gram matrix costs :math:`n|R|^2`, 2-3 applications at beta = 32). The start
     is scaled to :math:`(a u)^T \tilde K (a u) = 1`, which the fixed point satisfies (the plain step does
     not contract that mode).
 
@@ -246,6 +258,8 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
     xp, a, newton = P.xp, P.a, _Newton(P)
     memory = {} if memory is None else memory
     expect, gram = memory.get("sweeps"), newton.from_moments
+    kept = None if gram else memory.get("newton")  # the last solve's, if of these rows
+    newton.inverse = kept if kept is not None and kept.shape == (newton.rows.size,) * 2 else None
     M = P.moments((a * u)[None])
     scale = 1 / math.sqrt(float((M[0] * P.lam * M[0]).sum()))
     u, M = u * scale, M * scale
@@ -267,7 +281,7 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
             xp.reciprocal(point, out=u_next[i0:i1])
             return None if carried else _weights(P, u_next[i0:i1], carry, gram, i0, i1)
 
-        Mn = P.sweep(M if t is None else xp.concatenate([M, M[:1] + P.device(t)]), step)
+        Mn = P.sweep(M if t is None else xp.concatenate([M, M[:1] + P.device(t)]), step, carry)
         err = state["err"]
         errs.append(err)
         if err <= tol or not math.isfinite(err) or done == max_iter:
@@ -276,18 +290,19 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
             t, newton.inverse, Mn = None, None, None
             xp.reciprocal(E, out=u_next)
         if Mn is None:  # predicted to converge and did not, or the plain step
-            Mn = P.moments(_weights(P, u_next, carry, gram))
+            Mn = P.moments(_weights(P, u_next, carry, gram), carry)
         f = P.host(Mn[0] - M[0]) - (0 if t is None else t)  # H(x) - x
         refresh = gram or newton.inverse is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or gained < 10x
         if refresh:
             newton.factor(P, a * u_next * u_next, P.host(Mn[-1]) if gram else None)
-        previous, t = (math.inf if refresh else err), newton.correction(f)
+        previous, t = (math.inf if refresh or t is None else err), newton.correction(f)
         u, u_next, M = u_next, u, Mn[:Mn.shape[0] - gram]
     if err <= tol:
         memory["sweeps"] = done
+        memory["newton"] = None if gram else newton.inverse
     if M.shape[0] > 1:  # the numerators rode along
         return velocity, E, u, done, err <= tol, err
-    return P.sums(P.moments(a * u * P.X1[1:])) / E, E, u, done + 1, err <= tol, err
+    return P.sums(P.moments(P.carried(a * u), True)[1:]) / E, E, u, done + 1, err <= tol, err
 
 
 def alternating_sinkhorn(P: _Passes, gamma, n_iter: int, need_errors: bool):
