@@ -14,6 +14,8 @@ times another checkout's CLI interleaved with this one (``git archive OLD | tar 
 Measured 2026-12-02 (2 shared cores, load 3.5-6.8, 5 interleaved runs): 29.1 s of CPU (runs
 25.1-29.8 s) against 34.3 s (29.7-38.1 s) for commit 61d655d, ratio 0.85. Per figure (load ~10,
 medians of 5): compute 11.8 s, draw 0.8 s, PNG 7.1 s, PDF 3.7 s; imports and writing the rest.
+The merged tree on the idle machine (load 1.0-1.8, ``--repeats 5``): 19.3 s (runs 17.7-21.3 s; compute
+9.5 s, draw 0.6 s, PNG 6.0 s, PDF 3.0 s); at load 2.6, 28.4 s (27.3-29.8 s).
 """
 
 from __future__ import annotations
