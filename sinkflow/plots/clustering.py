@@ -208,7 +208,8 @@ def plot_metastability(data, cfg):
     run = data.get("softmax_run", np.array([cfg.staircase_beta, cfg.staircase_seed]))
     c.set_title(rf"staircases, circle, $\beta = {run[0]:g}$ (dotted: point-cluster levels)", fontsize=8)
     lines = c.get_lines()[:1] + twin.get_lines()[:1]
-    c.legend(lines, [ln.get_label() for ln in lines], fontsize=6.5, loc="center left")
+    c.legend(lines, [ln.get_label() for ln in lines], fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+             ncol=2)  # below: off the levels
     return fig
 
 

@@ -236,9 +236,9 @@ def _energy_panel(c, data, cfg, COLORS):
         c.axhline(level, color=COLORS["reference"], lw=0.5, alpha=0.4)
         c.annotate(f"{k}", xy=(1.01, level), xycoords=("axes fraction", "data"), va="center", fontsize=7)
     c.set_xlabel("$t$")
-    c.set_ylabel(r"$E_\beta$ (grey: $k$ equal clusters, $k$ at right)")
+    c.set_ylabel(r"$E_\beta$ (grey: $k$ clusters, at right)")
     c.set_title(r"energy staircase, $\beta = %g$" % cfg.beta_pde)
-    c.legend(fontsize=7, loc="center right")
+    c.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: off the plateaus
 
 
 register("circle_metastable_clusters", compute=compute_clusters, plot=plot_clusters, quick=ClustersConfig(),
