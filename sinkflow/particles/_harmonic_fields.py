@@ -236,8 +236,7 @@ class HarmonicParticleField(ParticleField):
             self.g = ev.g
             if extrapolate:
                 self.history[stage] = _appended(self.history.get(stage), self.g, zero)
-        v = ev.velocity.to(Y.dtype)
-        v = v - (v * Y).sum(1, keepdim=True) * Y
+        v = self.tangent(ev.velocity.to(Y.dtype), Y)
         return v, FieldEvaluation(v, None, ev.g, ev.n_iter, ev.converged, ev.row_error, ev.column_error)
 
     @classmethod

@@ -82,7 +82,7 @@ class HarmonicKernel:
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """:math:`\\Phi^T`, shape ``(rank, n)``, at unit vectors ``x`` (n, d)."""
         basis = self.basis(x)
-        return basis.rows(basis.block(x), torch.arange(self.rank, device=x.device))
+        return basis.harmonics(basis.block(x))
 
     def basis(self, like: torch.Tensor):
         """The per-particle basis the kernel is applied in (``_harmonic_bases.py``), for tensors like ``like``."""

@@ -177,8 +177,8 @@ def passes(F: _Factored, a: torch.Tensor, keep: bool = True) -> _Passes:
 @functools.lru_cache(maxsize=16)
 def _newton_plan(d: int, order: int, eigenvalues: bytes):
     r"""Newton's rows (leading modes, eigenvalue above :data:`_NEWTON_RATIO` of the largest, at most
-    :data:`_NEWTON_MAX`; not the zero row of :math:`\sin 0`), their eigenvalues, the plain modes' rate and,
-    on the circle when ``2 max(m) <= K``, the gather of the Gram matrix from moments (else None):
+    :data:`_NEWTON_MAX`; not the zero row of :math:`\sin 0`), their eigenvalues and, on the circle when
+    ``2 max(m) <= K``, the gather of the Gram matrix from moments (else None):
     entry :math:`(j, k)` is half ``M[first] + sign * M[second]`` (module :class:`_Newton`)."""
     lam = np.frombuffer(eigenvalues)
     candidates = np.arange(lam.size)
@@ -186,16 +186,15 @@ def _newton_plan(d: int, order: int, eigenvalues: bytes):
     ranked = candidates[np.argsort(-lam[candidates], kind="stable")]
     count = min(_NEWTON_MAX, int((lam[ranked] > _NEWTON_RATIO * lam[ranked[0]]).sum()))
     rows = np.sort(ranked[:count])
-    rate = float(lam[ranked[count]] / lam[ranked[0]]) if count < ranked.size else 0.0
     m, sine = np.where(rows <= order, rows, rows - order - 1), rows > order
     if d != 2 or 2 * int(m.max()) > order:
-        return rows, lam[rows], rate, None
+        return rows, lam[rows], None
     plus, minus = m[:, None] + m[None, :], m[:, None] - m[None, :]
     same = sine[:, None] == sine[None, :]  # cos cos: C(j-k) + C(j+k); sin sin: C(j-k) - C(j+k)
     first = np.where(same, np.abs(minus), order + 1 + plus)  # cos sin: S(j+k) - S(j-k); sin cos: S(j+k) + S(j-k)
     second = np.where(same, plus, order + 1 + np.abs(minus))
     sign = np.where(same, np.where(sine[:, None], -1.0, 1.0), np.where(sine[:, None], 1.0, -1.0) * np.sign(minus))
-    return rows, lam[rows], rate, (first, second, sign)
+    return rows, lam[rows], (first, second, sign)
 
 
 class _Newton:
@@ -209,7 +208,7 @@ class _Newton:
     def __init__(self, P: _Passes):
         kernel = P.factored.kernel
         lam = np.ascontiguousarray(P.host(P.lam))
-        self.rows, self.lam, self.rate, self.gather = _newton_plan(kernel.d, kernel.order, lam.tobytes())
+        self.rows, self.lam, self.gather = _newton_plan(kernel.d, kernel.order, lam.tobytes())
         self.from_moments, self.inverse = self.gather is not None, None
 
     def factor(self, P: _Passes, s, moments_of_s=None) -> None:
@@ -238,7 +237,7 @@ def _weights(P: _Passes, u, carry: bool, gram: bool, i0: int = 0, i1: int | None
 
 
 def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | None = None):
-    """The symmetric scaling :math:`u_i (\tilde K a u)_i = 1` by the moment map with Newton's correction.
+    r"""The symmetric scaling :math:`u_i (\tilde K a u)_i = 1` by the moment map with Newton's correction.
 
     One sweep per iteration, by cache-sized block: the sums of the current scaling ``u`` (its marginal
     error; the field's numerators when its moments carry them) and of the next point ``x = M + t``,

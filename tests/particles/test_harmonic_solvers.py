@@ -32,7 +32,7 @@ def test_circle_gram_from_moments_is_the_direct_gram(beta):
     kernel = harmonic_kernel(1 / beta, 2, 1e-10, 1e-3)
     K = kernel.order
     lam = kernel.eigenvalues(torch.empty(0, dtype=torch.float64)).numpy()
-    rows, _, _, gather = _newton_plan(2, K, np.ascontiguousarray(lam).tobytes())
+    rows, _, gather = _newton_plan(2, K, np.ascontiguousarray(lam).tobytes())
     assert gather is not None and (K + 1) not in rows  # the zero row of sin 0 is left out
     theta, s = np.random.default_rng(1).uniform(0, 2 * np.pi, (2, 300))
     k = np.arange(K + 1)[:, None]
