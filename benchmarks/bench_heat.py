@@ -1,6 +1,6 @@
 """Benchmark of the heat-limit particle flow (issue 4 target: 1D, n = 4000, 200 steps < 1 min).
 
-Prints a markdown table: wall time of the run, cost per step, Sinkhorn half-iterations per
+Prints a markdown table: wall time of the run, cost per step, Sinkhorn potential updates per
 step (warm-started; the first, cold step in parentheses), and the ratio to the SoftMax-Gaussian
 flow measured in the same run (the same layer without the Sinkhorn solve), plus the accuracy
 of the full study (variance growth vs 2t). One timed run per row (the full study alone is
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     growth = 2 * t
     print(f"torch {torch.__version__}, threads = {torch.get_num_threads()}, n = {n}, eps = {args.eps}, dt = {dt:g}; "
           f"full study: {steps} steps to t = {t}; other rows: {short}-step runs; ms / step = total / steps\n")
-    print("| flow | steps | total s | ms / step | Sinkhorn half-its / step (first step) | ratio to SoftMax per step | var growth rel. err |")
+    print("| flow | steps | total s | ms / step | Sinkhorn updates / step (first step) | ratio to SoftMax per step | var growth rel. err |")
     print("|---|---|---|---|---|---|---|", flush=True)
     variants = [("SoftMax-Gaussian f64 (reference)", "softmax_gaussian", torch.float64, short),
                 ("unnormalized f64", "unnormalized", torch.float64, short),

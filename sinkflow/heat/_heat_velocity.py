@@ -5,13 +5,15 @@ kernel) as attention variants with their scores, evaluated exactly or with landm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, lift_half, to_torch
-from sinkflow.attention._variants import get_attention
+from sinkflow.attention._variants import _sinkhorn, get_attention
+from sinkflow.particles._dense_fields import attention_field
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 
@@ -83,8 +85,24 @@ def _heat_layer(normalization) -> _Layer:
     return _Layer(getattr(normalization, "name", normalization), variant, scores)
 
 
+def _symmetric_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_iter):
+    """The Sinkhorn layer on its symmetric PSD kernel, by the particles' symmetric solver (one
+    exponential pass, a few Newton or heavy-ball iterations from the warm start); None where that
+    solver does not apply (a graph to keep, half precision, a user variant)."""
+    variant = layer.variant
+    if variant.normalize is not _sinkhorn or x.dtype not in (torch.float32, torch.float64) or (
+            torch.is_grad_enabled() and x.requires_grad):
+        return None
+    ev = attention_field(x, dataclasses.replace(variant, scores=layer.scores), None, None, temperature=eps,
+                         init_g=g, tol=tol, max_iter=max_iter, need_errors=True, symmetric=True)
+    return ev.velocity, ev.attention.sum(1), (ev.g, ev.n_iter, max(ev.row_error, ev.column_error), ev.converged)
+
+
 def _kernel_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_iter):
     """Dense: K [1, x] and Sinkhorn diagnostics."""
+    symmetric = _symmetric_velocity(x, eps, layer, g, tol, max_iter)
+    if symmetric is not None:
+        return symmetric
     n = x.shape[0]
     C = dot_scores(x, x, temperature=eps) if layer.scores == "dot" else gaussian_scores(x, x, temperature=eps)
     variant = layer.variant
@@ -111,7 +129,7 @@ def _landmark_velocity(x, eps, layer: _Layer, g, tol, max_iter, landmarks):
 
 
 def _velocity(x: torch.Tensor, eps: float, layer: _Layer, g=None, tol=1e-6, max_iter=5000, landmarks=None):
-    """Velocity (n, d) and Sinkhorn diagnostics (g, half-iterations, marginal error, converged).
+    """Velocity (n, d) and Sinkhorn diagnostics (g, potential updates, marginal error, converged).
 
     float16 / bfloat16 particles are computed in float32 (half scores |x|^2 / (2 eps) would carry
     errors of several percent into the kernel; torch has no half eigh for landmarks), and the

@@ -74,7 +74,12 @@ class HeatFlowResult:
         steps no longer than the requested ``dt``).
     n_steps : int
     sinkhorn_iterations : numpy.ndarray
-        Half-iterations of each step's Sinkhorn solve (zeros for the other normalizations).
+        Updates of the Sinkhorn potentials per step (zeros for the other normalizations), each one
+        pass of matrix-vector products over the kernel: steps of the symmetric solver (heavy-ball
+        or Newton, row and column potentials at once; the kernel is symmetric positive
+        semi-definite), or half-iterations of the general alternating solver (the path of a tensor
+        that requires grad, of half precision, of a landmark flow or of the general solver
+        finishing an unconverged symmetric solve).
     max_marginal_error : float
         Largest Sinkhorn marginal error over the steps.
     converged : bool
@@ -182,7 +187,10 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
     Explicit Euler, :math:`x \leftarrow x + h\,v_\varepsilon(x)`, with each interval
     between snapshots cut into equal steps :math:`h \le dt`. Sinkhorn solves run to the
     marginal tolerance ``tol`` and are warm-started from the previous step's column
-    potential (``init_g``), so a step costs a handful of iterations.
+    potential (``init_g``); on the dense symmetric kernel (no graph to keep) by the particles'
+    symmetric solver, so a step costs one exponential pass and a few matrix-vector products
+    (measured: 1.6 potential updates per step at n = 1,000, eps = 0.05, where the alternating
+    solver took 27 half-iterations; 12x faster in float64).
 
     Parameters
     ----------
@@ -212,7 +220,7 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
         every landmark) or uniform random particles (:func:`sinkflow.particles.landmark_indices`).
     landmark_seed : int
         Seed of the landmark draw (the first farthest point).
-    tol, max_iter : Sinkhorn marginal tolerance and half-iteration budget per step. The
+    tol, max_iter : Sinkhorn marginal tolerance and budget of potential updates per step. The
         default ``tol = eps**2 / 100`` (clipped to [1e-10, 1e-4], float32 floor 2e-6) keeps the
         velocity error (~``3 tol / eps`` relative) well below the O(eps) bias of the limit.
     progress : bool

@@ -252,7 +252,7 @@ def _positive(s: torch.Tensor, what: str, m: int) -> torch.Tensor:
 
 
 def _log_prior(z, weights, scores):
-    """log of the column factors p_j and the row factors r_i (see the module docstring), from the points
+    r"""log of the column factors p_j and the row factors r_i (see the module docstring), from the points
     ``z`` of :func:`gaussian_coordinates`: :math:`x^T W x / (2\tau) = |z|^2 / (2 \sqrt{p})` (no ``x W``
     product, whose two-column form BLAS runs slowly)."""
     n, p = z.shape

@@ -224,6 +224,20 @@ def test_flow_keeps_input_type_and_dtype():
     assert traj.n_steps == 4 and traj.converged  # 2 + 2 steps of 0.025 <= 0.03
 
 
+@pytest.mark.parametrize("dtype, tol, agree", [(torch.float64, 1e-10, 1e-8), (torch.float32, 2e-6, 1e-4)])
+def test_sinkhorn_flow_by_the_symmetric_solver_equals_the_general_solvers(dtype, tol, agree):
+    # A cold bandwidth (eps = 0.02, 100 particles): the symmetric solver (no graph) and the general
+    # alternating solver (the path of a tensor that requires grad) give the same flow, the first in
+    # about 11 iterations per step (float64) where the second takes about 320. Measured: 2e-10
+    # apart in float64, 2e-5 in float32.
+    x0 = torch.tensor(STD_1D.sample(100, seed=0), dtype=dtype)
+    fast = heat_trajectory(x0, [0.1], eps=0.02, dt=0.01, tol=tol)
+    general = heat_trajectory(x0.clone().requires_grad_(), [0.1], eps=0.02, dt=0.01, tol=tol)
+    assert fast.converged and general.converged and fast.max_marginal_error <= tol
+    assert (fast.positions - general.positions.detach()).abs().max() <= agree
+    assert fast.sinkhorn_iterations.mean() * 10 < general.sinkhorn_iterations.mean()
+
+
 @settings(max_examples=8, deadline=None)
 @given(st.integers(0, 10_000), st.floats(0.3, 2.0))
 def test_sinkhorn_velocity_has_zero_mean(seed, eps):
