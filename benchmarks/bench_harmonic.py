@@ -28,6 +28,10 @@ beta 5: 28.4 / 57.7 (2.0x), beta 32: 51.9 / 106 (2.0x; SoftMax at the 50 ms line
 189 / 346 (1.8x), beta 32: 428 / 661 (1.5x); S^2 10^6 beta 5: 965 / 2,089 (2.2x), beta 32 (L = 53,
 2,916 harmonics): 2,988 / 7,662 (2.6x; SoftMax over the 2 s target). The block-wise field at 2*10^4
 takes 1.9-2.2 s (38-428x).
+Then (the truncation certified by the rows' sums, the kernel ``simulate`` chooses, and S^2's products by
+non-uniform FFTs from L = 24; load 2.0 with two other jobs): S^2 2*10^4 beta 5: 19.9 / 33.3 (1.7x), beta 32
+(L = 46): 20.4 / 48.7 (2.4x); S^2 10^6 beta 5: 1,126 / 2,694 (2.4x), beta 32: 1,086 / 2,164 (2.0x). Every
+S^2 target met (docs/theory/clustering.md).
 Run: ``OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_harmonic.py [--quick] [--manifold sphere]``.
 """
 
@@ -42,8 +46,10 @@ import time
 import torch
 
 import sinkflow
-from sinkflow.particles import harmonic_kernel, lazy_attention_field
+from sinkflow.particles import lazy_attention_field
+from sinkflow.particles._harmonic_bases import _SphereFourierBasis
 from sinkflow.particles._harmonic_fields import HarmonicParticleField
+from sinkflow.particles._harmonic_kernels import likely_kernel
 
 _SOFTMAX_TARGET_S = {20_000: 0.05, 1_000_000: 2.0}  # issue 30: one SoftMax step on one core
 _SINKHORN_RATIO = 3.0  # issue 30: a Sinkhorn step to tolerance within 3x the SoftMax step
@@ -87,7 +93,7 @@ def _case(n, d, beta, repeats, reference_n):
     then the next evaluation timed from copies of the field's state (warm start, history, the solver's memory)."""
     x = torch.tensor(sinkflow.random_particles(n, d, seed=0, manifold="sphere"))
     tau = 1 / beta
-    kernel = harmonic_kernel(tau, d, 1e-10, 1 / n)
+    kernel = likely_kernel(tau, d, 1e-10, 1 / n)  # simulate's choice
     sink = _flow_field(kernel, "sinkhorn")
     for _ in range(_FLOW_STEPS):
         v, _ = sink.velocity(x)
@@ -99,7 +105,8 @@ def _case(n, d, beta, repeats, reference_n):
     c0 = time.process_time()
     lazy_attention_field(xm, W=None, normalization="row", temperature=tau)
     block = (time.process_time() - c0) * (n / m) ** 2
-    return dict(n=n, d=d, beta=beta, order=kernel.order, rank=kernel.rank, soft=t["soft"], sink=t["sink"],
+    fourier = isinstance(kernel.basis(x), _SphereFourierBasis)
+    return dict(n=n, d=d, beta=beta, order=kernel.order, rank=kernel.rank, soft=t["soft"], sink=t["sink"], fourier=fourier,
                 applications=warm.n_iter, converged=warm.converged, block=block, measured=m == n)
 
 
@@ -110,7 +117,7 @@ def _row(r) -> str:
     ratio = sink / soft
     sink_ok = ("met" if ratio <= _SINKHORN_RATIO else "missed") + f" (<= {_SINKHORN_RATIO:g}x)"
     block = f"{r['block'] * 1e3:.0f}" + ("" if r["measured"] else " (N^2 from 2*10^4)")
-    manifold = "circle" if r["d"] == 2 else "S^2"
+    manifold = "circle" if r["d"] == 2 else "S^2" + (" (NUFFT)" if r["fourier"] else " (products)")
     return (f"| {r['n']:,} | {r['beta']:g} | {manifold} | {r['order']} ({r['rank']}) | {soft * 1e3:.1f} "
             f"({soft_wall * 1e3:.1f}) | {sink * 1e3:.1f} ({sink_wall * 1e3:.1f}) | {r['applications']}"
             f"{'' if r['converged'] else ' (not converged)'} | {ratio:.1f}x | {block} ({r['block'] / soft:.0f}x) | "

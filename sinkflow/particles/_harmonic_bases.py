@@ -208,7 +208,8 @@ class _SphereBasis:
     def __init__(self, L: int, like: torch.Tensor):
         self.L, self.plan = L, _sphere_plan(L, like.dtype, like.device)
         self.half = _orders(L + 1, 0)  # orders per parity up to L + 1 (the odd ones padded to as many)
-        self.width = 2 * (L + 2) + 4 * self.half  # values per particle
+        self.values = 2 * (L + 2) + 4 * self.half  # values per particle
+        self.width = self.values  # what a block holds per particle
         self._work = None
 
     def _workspace(self, shape, like):
@@ -220,12 +221,12 @@ class _SphereBasis:
 
     def block(self, x, buffer=None):
         n, L, h = x.shape[0], self.L, self.half
-        out = x.new_empty(self.width * n) if buffer is None else buffer[:self.width * n]
+        out = x.new_empty(self.values * n) if buffer is None else buffer[:self.values * n]
         T, E = out[:2 * (L + 2) * n].view(2, L + 2, n), out[2 * (L + 2) * n:].view(2, h, 2, n)
         x1, x2, z = x.T.contiguous()
         rho = torch.hypot(x1, x2)
         inv = rho.clamp_min(torch.finfo(x.dtype).tiny).reciprocal_()  # at a pole x1 = x2 = 0: E = (1, 0, 0, ...)
-        c1, s1 = x1.mul_(inv), x2.mul_(inv)
+        c1, s1 = x1 * inv, x2 * inv  # not in place: for one particle x.T.contiguous() is x itself
         _power_rows(z, rho, L + 1, T[0], T[1])  # cos k theta, sin k theta
         c2 = c1 * c1
         c2.addcmul_(s1, s1, value=-1.0)
@@ -275,6 +276,10 @@ class _SphereBasis:
             A = torch.bmm(self.plan.D[p].transpose(1, 2), Z.view(-1, self.L + 1, cols))  # (g, k, c)
             N.append(A.permute(2, 1, 0).reshape(cols * (self.L + 1), -1))
         return N
+
+    def part(self, block, j0, j1):
+        """Particles ``j0:j1`` of a block."""
+        return tuple(t[..., j0:j1] for t in block)
 
     def rows(self, block, rows, out=None):
         """The harmonics ``rows`` (indices, :func:`_sphere_degrees` order) at the block's particles (into ``out``)."""
@@ -331,3 +336,80 @@ def _sphere_features(x: torch.Tensor, L: int) -> torch.Tensor:
     r"""Real orthonormal spherical harmonics :math:`Y_{lm}(x)`, ``((L+1)^2, n)``, rows in :func:`_sphere_degrees` order."""
     basis = _SphereBasis(L, x)
     return basis.harmonics(basis.block(x))
+
+
+class _SphereFourierBasis(_SphereBasis):
+    r"""The product basis of :math:`S^2` applied by non-uniform FFTs (``finufft``): every product
+    :math:`\Theta_k E_g` is a trigonometric polynomial in :math:`(\theta, \varphi)` of degree :math:`\le L + 1`
+    in each, so the moments :math:`\sum_j w_j e^{i(k\theta_j + m\varphi_j)}` (type 1) and the sums
+    :math:`\sum_{k,m} c_{km} e^{i(k\theta + m\varphi)}` at the particles (type 2) cost ``O(n)`` spreading to a
+    small grid (:data:`FOURIER_EPS`) instead of ``O(n L^2)`` products; the rest (:math:`D`, the harmonics,
+    the Gram rows of Newton's step) is :class:`_SphereBasis`'s. A block is ``(x, angles)``: the unit
+    vectors and their :math:`(\theta, \varphi)`, ``(2, n)``."""
+
+    def __init__(self, L: int, like: torch.Tensor):
+        super().__init__(L, like)
+        self.width = 5  # a block: x (3) and the two angles per particle
+
+    def block(self, x, buffer=None):
+        n = x.shape[0]
+        angles = x.new_empty(2 * n) if buffer is None else buffer[3 * n:5 * n]
+        angles = angles.view(2, n)
+        torch.atan2(torch.hypot(x[:, 0], x[:, 1]), x[:, 2], out=angles[0])  # theta in [0, pi]
+        torch.atan2(x[:, 1], x[:, 0], out=angles[1])  # phi (0 at a pole)
+        return x, angles
+
+    def _grid(self, angles, W, degree):
+        r""":math:`G_c[k, m] = \sum_j W_{jc} e^{i(k\theta_j + m\varphi_j)}`, ``|k|, |m| <= degree``, ``(c, 2 degree + 1, 2 degree + 1)``."""
+        import finufft
+
+        theta, phi = (a.numpy() for a in angles)
+        strengths = np.ascontiguousarray(W.numpy().T).astype(np.complex128)
+        modes = 2 * degree + 1
+        return finufft.nufft2d1(theta, phi, strengths, (modes, modes), eps=FOURIER_EPS, isign=1, nthreads=1)
+
+    def _accumulate(self, acc, G, degree, columns):
+        """Add the product moments of the grid ``G`` (degrees ``k <= degree``) into ``acc``, whose parity ``p``
+        has ``columns(p)`` orders."""
+        c, up, down = G.shape[0], G[:, degree:], G[:, degree::-1]  # k = 0..degree and -k
+        for p, sums in ((0, (up + down) / 2), (1, (up - down) / 2j)):
+            count = _orders(degree, p)
+            Z = sums[:, :, degree + p:degree + p + 2 * count:2]  # orders m = p, p + 2, ...
+            acc[p].view(c, degree + 1, columns(p), 2)[:, :, :count] += torch.from_numpy(np.stack([Z.real, Z.imag], -1))
+
+    def add_moments(self, acc, block, W):
+        self._accumulate(acc, self._grid(block[1], W, self.L), self.L, lambda p: _orders(self.L, p))
+
+    def add_positions(self, acc, block, w, x):
+        self._accumulate(acc, self._grid(block[1], w[:, None], self.L + 1), self.L + 1, lambda p: self.half)
+
+    def apply(self, block, N):
+        import finufft
+
+        L, c = self.L, N[0].shape[0] // (self.L + 1)
+        coef = np.zeros((c, 2 * L + 1, 2 * L + 1), dtype=np.complex128)
+        for p, factor in ((0, 0.5), (1, -0.5j)):
+            count = _orders(L, p)
+            Z = N[p].numpy().reshape(c, L + 1, count, 2)
+            z = factor * (Z[..., 0] - 1j * Z[..., 1])  # cos m phi a + sin m phi b = Re(e^{im phi} (a - ib))
+            orders = slice(L + p, L + p + 2 * count, 2)
+            coef[:, L:, orders] += z
+            coef[:, L::-1, orders] += z if p == 0 else -z
+        coef = (coef + coef[:, ::-1, ::-1].conj()) / 2  # the same real parts, now real sums: two fields a transform
+        if c % 2:
+            coef = np.concatenate([coef, np.zeros_like(coef[:1])])
+        theta, phi = (a.numpy() for a in block[1])
+        sums = finufft.nufft2d2(theta, phi, coef[0::2] + 1j * coef[1::2], eps=FOURIER_EPS, isign=1, nthreads=1)
+        sums = np.stack([sums.real, sums.imag], 1).reshape(-1, sums.shape[-1])[:c]
+        return torch.from_numpy(np.ascontiguousarray(sums.T))
+
+    def part(self, block, j0, j1):
+        return block[0][j0:j1], block[1][:, j0:j1]
+
+    def rows(self, block, rows, out=None):
+        return _SphereBasis.rows(self, _SphereBasis.block(self, block[0]), rows, out)
+
+
+#: Requested accuracy of the non-uniform FFTs, relative to the sums of the moduli of the weights and
+#: coefficients (finufft's).
+FOURIER_EPS = 1e-14

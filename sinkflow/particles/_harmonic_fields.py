@@ -20,7 +20,10 @@ harmonics). Truncated at order :math:`K` (:math:`L`), the kernel is :math:`\Phi 
 **Truncation.** The order is the smallest whose dropped terms sum (a sup-norm bound of the dropped
 kernel: :math:`|e^{ikt}|, |P_l| \le 1`) to at most ``tol * min_i a_i / 4``. A row sum is at least
 the particle's own term :math:`a_i`, so every SoftMax velocity is within ``tol`` of the exact one,
-whatever the configuration; the Sinkhorn field is checked against the dense one in the tests.
+whatever the configuration; the Sinkhorn field is checked against the dense one in the tests. The
+fields chosen here (no ``kernel`` given) truncate for rows down to a quarter of the least mean row sum
+(:func:`~sinkflow.particles._harmonic_kernels.likely_kernel`) and certify each evaluation by its smallest
+row (:meth:`HarmonicKernel.certifies`), else evaluate it again with the guaranteed truncation.
 
 **Sinkhorn.** ``n_iter=None`` solves the symmetric scaling :math:`u_i (\tilde K a u)_i = 1`
 (:math:`K^\infty_{ij} = u_i \tilde K_{ij} a_j u_j`, the fixed point of the alternating iteration,
@@ -61,7 +64,7 @@ import torch
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 from sinkflow._checks import check_choice
 from sinkflow.particles._dense_fields import FieldEvaluation, check_weights
-from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, harmonic_kernel
+from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, likely_kernel
 from sinkflow.particles._harmonic_solvers import alternating_sinkhorn, passes, symmetric_sinkhorn
 from sinkflow.particles._integrators import ParticleField, _appended
 
@@ -91,6 +94,8 @@ class HarmonicField:
     row_error, column_error : float
         Marginal errors (NaN unless ``need_errors``).
     kernel : HarmonicKernel
+        The truncation that evaluated the field: the likely one, or its ``fallback`` where the likely
+        one did not certify the field's smallest row (a particle far from all the others).
     """
 
     velocity: Any
@@ -130,7 +135,9 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
     need_errors : bool
         Measure the marginal errors (one more application for Sinkhorn).
     kernel : HarmonicKernel, optional
-        A precomputed :func:`harmonic_kernel` (its ``beta`` must be ``1/temperature``).
+        A precomputed :func:`harmonic_kernel` (its ``beta`` must be ``1/temperature``), used as it is. By
+        default the likely truncation (rows down to a quarter of the mean row sum), certified at
+        each evaluation, with the guaranteed one (rows down to the smallest weight) as its fallback.
 
     Returns
     -------
@@ -144,7 +151,7 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
     >>> fast = harmonic_attention_field(x, "softmax", temperature=0.2)
     >>> K = sinkflow.softmax(x @ x.T / 0.2)
     >>> bool(np.abs(fast.velocity - K @ x).max() < 1e-10), fast.kernel.order
-    (True, 21)
+    (True, 19)
     """
     X, numpy_out = leading(x, "x", weights, init_g)
     check_float(X, "x")
@@ -160,32 +167,48 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
     a = check_weights(weights, X64)
     a = torch.full((X.shape[0],), 1.0 / X.shape[0], dtype=torch.float64, device=X.device) if a is None else a
     if kernel is None:
-        kernel = harmonic_kernel(temperature, X.shape[1], tol, float(a.min()))
+        kernel = likely_kernel(temperature, X.shape[1], tol, float(a.min()))
     elif not isinstance(kernel, HarmonicKernel) or kernel.d != X.shape[1] or not math.isclose(kernel.beta, 1 / temperature):
         raise ValueError("kernel must be a harmonic_kernel of this temperature and dimension")
     g0 = None if init_g is None else to_torch(init_g, "init_g", like=X64).reshape(-1)
-    out = _evaluate(kernel, X64, a, _NORMALIZATIONS[attention], n_iter, float(tol), int(max_iter), g0,
-                    bool(need_errors))
+    out, kernel = _evaluate(kernel, X64, a, _NORMALIZATIONS[attention], n_iter, float(tol), int(max_iter), g0,
+                            bool(need_errors))
     return HarmonicField(from_torch(out.velocity.to(X.dtype), numpy_out), from_torch(out.g, numpy_out), out.n_iter,
                          out.converged, out.row_error, out.column_error, kernel)
 
 
-def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors, memory=None) -> FieldEvaluation:
+def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors,
+              memory=None) -> tuple[FieldEvaluation, HarmonicKernel]:
     """The field of ``kernel`` at the particles ``X`` (float64 tensors) as a :class:`FieldEvaluation` (no
-    ``attention``; ``memory``: a dict a flow keeps between the solves of one stage). The harmonics are
-    kept between applications unless there is only one on :math:`S^2` (there storing them costs more
-    than forming them twice; on the circle less at beta = 5); one application on :math:`S^2` runs in
-    the product basis (:meth:`_Factored.position_moments`), without forming the harmonics."""
+    ``attention``; ``memory``: a dict a flow keeps between the solves of one stage), and the kernel that
+    evaluated it: ``kernel``'s ``fallback`` where ``kernel`` does not certify the field's smallest row
+    (:meth:`HarmonicKernel.certifies`), or for a fixed ``n_iter`` of Sinkhorn (its iterates' rows go unchecked)."""
+    if kernel.fallback is not None and normalization == "sinkhorn" and n_iter not in (None, 1):
+        kernel = kernel.fallback
+    ev, smallest_row = _evaluate_with(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors,
+                                      None if memory is None else memory.setdefault(kernel.order, {}))
+    if kernel.fallback is None or kernel.certifies(tol, smallest_row):
+        return ev, kernel
+    return _evaluate(kernel.fallback, X, a, normalization, n_iter, tol, max_iter, g0, need_errors, memory)
+
+
+def _evaluate_with(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors, memory):
+    """:func:`_evaluate` by ``kernel`` alone, and the smallest row of the field (:meth:`HarmonicKernel.certifies`;
+    NaN for a fixed ``n_iter`` of Sinkhorn). The harmonics are kept between applications unless there is
+    only one on :math:`S^2` (there storing them costs more than forming them twice; on the circle less at
+    beta = 5); one application on :math:`S^2` runs in the product basis (:meth:`_Factored.position_moments`),
+    without forming the harmonics."""
     single = normalization == "row" or n_iter == 1
     if single and kernel.d == 3 and not need_errors:
         start = torch.ones_like(a) if g0 is None or normalization == "row" else torch.exp(g0)
-        return FieldEvaluation(_basis_field(_Factored(kernel, X, keep=False), a * start), None, None, 1, True,
-                               math.nan, math.nan)
+        velocity, smallest = _basis_field(_Factored(kernel, X, keep=False), a * start)
+        return (FieldEvaluation(velocity, None, None, 1, True, math.nan, math.nan),
+                smallest / float((a * start).sum()))
     keep = not single or need_errors or kernel.d == 2
     P = passes(_Factored(kernel, X, keep=keep and kernel.d == 3), a, keep)
     xp = P.xp
     s = xp.ones_like(P.a) if g0 is None or normalization == "row" else xp.exp(P.array(g0))
-    row = col = math.nan
+    row = col = smallest = math.nan
     if single:
         velocity, sums = P.field(s)
         row, col = (0.0, P.column_error(sums, s)) if need_errors else (row, col)
@@ -197,20 +220,24 @@ def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_error
     else:
         velocity, s, row, col = alternating_sinkhorn(P, s, n_iter, need_errors)
         g, applications, converged = xp.log(s), n_iter, True
+    if n_iter is None or single:
+        smallest = float(sums.min()) / float((P.a * s).sum())
     velocity = torch.from_numpy(np.ascontiguousarray(velocity.T)) if P.numpy else velocity.T.contiguous()
     g = g if g is None or not P.numpy else torch.from_numpy(g)
-    return FieldEvaluation(velocity, None, g, applications, converged, row, col)
+    return FieldEvaluation(velocity, None, g, applications, converged, row, col), smallest
 
 
-def _basis_field(F: _Factored, w: torch.Tensor) -> torch.Tensor:
-    """Row-normalized field of the kernel with column weights ``w`` (``(n, d)``), by one sweep of the basis."""
-    velocity = torch.empty_like(F.X)
+def _basis_field(F: _Factored, w: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Row-normalized field of the kernel with column weights ``w`` (``(n, d)``), by one sweep of the basis,
+    and its smallest row sum."""
+    velocity, smallest = torch.empty_like(F.X), []
 
     def step(i0, i1, R):
         torch.div(R[:, 1:], R[:, :1], out=velocity[i0:i1])
+        smallest.append(float(R[:, 0].min()))
 
     F.sweep(F.position_moments(w), step)
-    return velocity
+    return velocity, min(smallest)
 
 
 @dataclass
@@ -229,9 +256,9 @@ class HarmonicParticleField(ParticleField):
         a = torch.full((Y.shape[0],), 1.0 / Y.shape[0], dtype=torch.float64, device=Y.device) if a is None else a.to(torch.float64)
         extrapolate = self.symmetric and self.n_iter is None and self.warm_start
         zero = torch.zeros((), dtype=torch.float64, device=Y.device)  # the scaling's w is its g (no score diagonal)
-        ev = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant], self.n_iter,
-                       self.tol, self.max_iter, self._start(stage, zero if extrapolate else None),
-                       self.need_errors, self.memory.setdefault(stage, {}) if self.warm_start else None)
+        ev, _ = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant], self.n_iter,
+                          self.tol, self.max_iter, self._start(stage, zero if extrapolate else None),
+                          self.need_errors, self.memory.setdefault(stage, {}) if self.warm_start else None)
         if ev.g is not None and self.warm_start:
             self.g = ev.g
             if extrapolate:
@@ -263,5 +290,5 @@ def harmonic_choice(X: torch.Tensor, variant, W, W_V, weights, temperature: floa
     if any(M is not None and not torch.equal(M.detach(), eye) for M in (W, W_V)):
         return None
     min_weight = 1.0 / n if weights is None else float(weights.detach().min())
-    kernel = harmonic_kernel(temperature, d, tol, min_weight)
+    kernel = likely_kernel(temperature, d, tol, min_weight)
     return kernel if kernel.rank * _COST_RATIO <= n else None

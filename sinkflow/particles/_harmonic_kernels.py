@@ -10,6 +10,7 @@ docstring has the mathematics).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -19,10 +20,14 @@ from scipy import special
 
 from sinkflow._backend import check_number
 from sinkflow._checks import check_choice
-from sinkflow.particles._harmonic_bases import _CircleBasis, _mm, _sphere_degrees, _SphereBasis
+from sinkflow.particles._harmonic_bases import _CircleBasis, _mm, _sphere_degrees, _SphereBasis, _SphereFourierBasis
 
 __all__ = ["HarmonicKernel", "harmonic_kernel"]
 
+#: Particles and degrees from which the sphere's products run through non-uniform FFTs (their cost per
+#: particle does not grow with the degree, the products' grows like its square; benchmarks/bench_harmonic.py).
+FOURIER_MIN_N = 4096
+FOURIER_MIN_ORDER = 24
 _STORE_BYTES = 2**30  # bases of all particles kept between applications up to this size (1 GiB: n = 10^6 at beta = 32
 # on the circle, at beta = 5 on S^2)
 _BLOCK_BYTES = 2**22  # else recomputed block by block, each block's basis this large (2-8 MiB measured alike on S^2)
@@ -47,6 +52,11 @@ class HarmonicKernel:
         :math:`\\tilde I_k(\\beta)` (circle) or :math:`\\tilde\\imath_l(\\beta)` (:math:`S^2`).
     tail : float
         Bound on the sup norm of the dropped kernel (at most ``tol * min_weight / 4``).
+    fallback : HarmonicKernel or None
+        Set on the kernels the fields choose themselves (:func:`sinkflow.harmonic_attention_field`,
+        :func:`sinkflow.simulate`): this one is truncated for the row sums a configuration usually
+        has, and ``fallback`` (for any configuration) evaluates the field wherever :meth:`certifies`
+        says no. None: used as is.
     """
 
     d: int
@@ -54,6 +64,15 @@ class HarmonicKernel:
     order: int
     coefficients: np.ndarray
     tail: float
+    fallback: HarmonicKernel | None = None
+
+    def certifies(self, tol: float, smallest_row: float) -> bool:
+        r"""Whether the dropped kernel changes a field by at most ``tol`` when its rows sum to at least
+        ``smallest_row``: the least :math:`(\tilde K a s)_i / \sum_j a_j s_j` over the particles, for column
+        scaling ``s`` (1 for SoftMax). A row's sum and numerators move by at most ``tail`` times
+        :math:`\sum_j a_j s_j` (``|x_j| = 1``), so its normalized field by ``2 tail / smallest_row`` (``tol / 2``
+        here); Sinkhorn's scaling moves by as much (its Jacobian :math:`I + K` has eigenvalues in ``[1, 2]``)."""
+        return self.tail <= tol * smallest_row / 4
 
     @property
     def rank(self) -> int:
@@ -85,8 +104,13 @@ class HarmonicKernel:
         return basis.harmonics(basis.block(x))
 
     def basis(self, like: torch.Tensor):
-        """The per-particle basis the kernel is applied in (``_harmonic_bases.py``), for tensors like ``like``."""
-        return _CircleBasis(self.order) if self.d == 2 else _SphereBasis(self.order, like)
+        """The per-particle basis the kernel is applied in (``_harmonic_bases.py``), for tensors like ``like``:
+        on :math:`S^2` through non-uniform FFTs for many particles on the CPU (:data:`FOURIER_MIN_N`)."""
+        if self.d == 2:
+            return _CircleBasis(self.order)
+        fourier = (like.shape[0] >= FOURIER_MIN_N and self.order >= FOURIER_MIN_ORDER and like.device.type == "cpu"
+                   and like.dtype == torch.float64)
+        return (_SphereFourierBasis if fourier else _SphereBasis)(self.order, like)
 
 
 def harmonic_kernel(temperature: float, d: int, tol: float = 1e-10, min_weight: float = 1.0) -> HarmonicKernel:
@@ -140,6 +164,30 @@ def harmonic_kernel(temperature: float, d: int, tol: float = 1e-10, min_weight: 
     return HarmonicKernel(int(d), beta, order, coef[:order + 1].copy(), float(tails[order]))
 
 
+def mean_row_sum(beta: float, d: int) -> float:
+    r"""The least mean row sum :math:`a^T \tilde K a` of any configuration: the uniform measure's,
+    :math:`\tilde I_0(\beta)` on the circle and :math:`\tilde\imath_0(\beta) = (1 - e^{-2\beta}) / (2\beta)`
+    on :math:`S^2` (the other eigenvalues of the kernel are nonnegative, and only the constant harmonic has
+    a moment under the uniform measure)."""
+    if d == 2:
+        return float(special.ive(0, beta))
+    return float(-np.expm1(-2 * beta) / (2 * beta))
+
+
+def likely_kernel(temperature: float, d: int, tol: float = 1e-10, min_weight: float = 1.0) -> HarmonicKernel:
+    """The kernel the fields choose: truncated for row sums down to a quarter of :func:`mean_row_sum` (a
+    uniform start's smallest rows are within ~30% of the mean at N = 2*10^4, clustered ones larger), with
+    :func:`harmonic_kernel`'s guaranteed truncation as its ``fallback`` (where :meth:`HarmonicKernel.certifies`
+    fails: a straggler far from every other particle). Measured on S^2 at beta = 32: L = 47 for 50 at
+    N = 2*10^4, for 53 at 10^6 (0.79x the harmonics)."""
+    safe = harmonic_kernel(temperature, d, tol, min_weight)
+    floor = mean_row_sum(safe.beta, d) / 4
+    if floor <= min_weight:
+        return safe
+    likely = harmonic_kernel(temperature, d, tol, floor)
+    return safe if likely.order == safe.order else dataclasses.replace(likely, fallback=safe)
+
+
 class _Factored:
     """:math:`\\tilde K = \\Phi \\Lambda \\Phi^T` applied block by block in the kernel's basis (its blocks kept
     when small and ``keep``: more than one application to come). Moments are in the harmonics
@@ -179,13 +227,19 @@ class _Factored:
         return self.basis.positions_to_harmonics(acc)
 
     def gram(self, rows: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """:math:`\\Phi_R^T \\mathrm{diag}(s)\\, \\Phi_R` over the feature rows ``R`` = ``rows``, for ``s >= 0``."""
+        """:math:`\\Phi_R^T \\mathrm{diag}(s)\\, \\Phi_R` over the feature rows ``R`` = ``rows``, for ``s >= 0``, by
+        pieces of the blocks whose rows take at most a block's bytes."""
         G, root = s.new_zeros((len(rows), len(rows))), s.sqrt()
-        buffer = s.new_empty(len(rows) * (self.blocks[0][1] - self.blocks[0][0]))
+        span = min(self.blocks[0][1] - self.blocks[0][0], max(1, _BLOCK_BYTES // (8 * len(rows))))
+        buffer = s.new_empty(len(rows) * span)
         for b, (i0, i1) in enumerate(self.blocks):
-            F = self.basis.rows(self._block(b, i0, i1), rows, out=buffer[:len(rows) * (i1 - i0)].view(len(rows), -1))
-            F.mul_(root[i0:i1])
-            G += _mm(F, F.T)
+            block = self._block(b, i0, i1)
+            for j0 in range(0, i1 - i0, span):
+                j1 = min(i1 - i0, j0 + span)
+                piece = block if j1 - j0 == i1 - i0 else self.basis.part(block, j0, j1)
+                F = self.basis.rows(piece, rows, out=buffer[:len(rows) * (j1 - j0)].view(len(rows), -1))
+                F.mul_(root[i0 + j0:i0 + j1])
+                G += _mm(F, F.T)
         return G
 
     def sweep(self, M: torch.Tensor, step, positions: bool = False) -> torch.Tensor | None:

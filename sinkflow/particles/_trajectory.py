@@ -57,7 +57,8 @@ class Trajectory:
         Number of landmarks of an approximate flow (:mod:`sinkflow.particles`).
     harmonic_order : int or None
         Truncation order (:math:`K` on the circle, :math:`L` on :math:`S^2`) of the exact fast
-        harmonic field, when :func:`simulate` chose it (:func:`sinkflow.particles.harmonic_attention_field`).
+        harmonic field, when :func:`simulate` chose it (:func:`sinkflow.particles.harmonic_attention_field`);
+        a step whose smallest row this order does not certify runs at the guaranteed order.
     """
 
     times: np.ndarray

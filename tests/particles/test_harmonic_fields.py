@@ -5,12 +5,14 @@ import numpy as np
 import ot
 import pytest
 import torch
-from scipy import special
+from scipy import integrate, special
 
 import sinkflow
 from sinkflow.particles import attention_field, harmonic_attention_field, harmonic_kernel
+from sinkflow.particles._harmonic_kernels import likely_kernel, mean_row_sum
 from sinkflow.particles import _harmonic_kernels
-from sinkflow.particles._harmonic_bases import _circle_features, _sphere_degrees, _sphere_features
+from sinkflow.particles._harmonic_bases import (_circle_features, _sphere_degrees, _sphere_features, _SphereBasis,
+                                               _SphereFourierBasis)
 
 
 def _particles(n, d, seed, weighted):
@@ -38,10 +40,21 @@ def _scipy_harmonics(x, L):
     return np.array(rows)
 
 
+@pytest.fixture(params=["products", "fourier"])
+def sphere_basis(request, monkeypatch):
+    """The sphere's products by the product basis or through non-uniform FFTs, whatever the size."""
+    fourier = request.param == "fourier"
+    monkeypatch.setattr(_harmonic_kernels, "FOURIER_MIN_N", 0 if fourier else 10**18)
+    monkeypatch.setattr(_harmonic_kernels, "FOURIER_MIN_ORDER", 0 if fourier else 10**9)
+    return _SphereFourierBasis if fourier else _SphereBasis
+
+
 @pytest.mark.parametrize("d", [2, 3])
 @pytest.mark.parametrize("beta", [1.0, 7.0, 40.0])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_field_equals_dense_field(d, beta, weighted):
+def test_field_equals_dense_field(d, beta, weighted, sphere_basis):
+    if d == 2 and sphere_basis is _SphereFourierBasis:
+        pytest.skip("the circle has one basis")
     x, a = _particles(240, d, seed=int(beta) + d, weighted=weighted)
     fast = harmonic_attention_field(x, "softmax", temperature=1 / beta, weights=a)
     assert np.abs(fast.velocity - _dense(x, "softmax", beta, a)).max() < 1e-10
@@ -112,18 +125,20 @@ def test_sphere_features_are_scipy_s_harmonics():
     np.testing.assert_allclose(_sphere_features(torch.tensor(x), L).numpy(), _scipy_harmonics(x, L), atol=1e-12)
 
 
-@pytest.mark.parametrize("L", [1, 2, 11, 12])
-def test_sphere_kernel_products_are_the_harmonics_products(L):
+@pytest.mark.parametrize("L", [1, 2, 11, 12, 33])
+def test_sphere_kernel_products_are_the_harmonics_products(L, sphere_basis):
     """The products in the basis of cos/sin k theta times e^{im phi} (moments, those of [w, w x] from w alone
-    one degree higher, the kernel's sums, the Gram rows) against plain products with scipy's harmonics."""
+    one degree higher, the kernel's sums, the Gram rows), by matrix products or non-uniform FFTs, against
+    plain products with scipy's harmonics."""
     x = sinkflow.random_particles(300, 3, seed=L, manifold="sphere")
     x[:2] = [[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]  # the poles: no angle phi there
     w = np.random.default_rng(L).uniform(0.1, 1.0, 300)
-    ker = harmonic_kernel(1 / 3.0, 3)
-    ker = type(ker)(3, 3.0, L, ker.coefficients[:L + 1], 0.0)
+    ker = harmonic_kernel(1 / 60.0, 3)  # order 55
+    ker = type(ker)(3, 60.0, L, ker.coefficients[:L + 1], 0.0)
     Phi = _scipy_harmonics(x, L)  # (rank, n)
     values = np.concatenate([w[:, None], w[:, None] * x], 1)
     F = _harmonic_kernels._Factored(ker, torch.tensor(x), keep=False)
+    assert type(F.basis) is sphere_basis
     np.testing.assert_allclose(F.position_moments(torch.tensor(w)).numpy(), Phi @ values, atol=1e-12)
     M = F.moments(torch.tensor(values))
     np.testing.assert_allclose(M.numpy(), Phi @ values, atol=1e-12)
@@ -136,6 +151,52 @@ def test_sphere_kernel_products_are_the_harmonics_products(L):
     np.testing.assert_allclose(G.numpy(), (Phi[rows] * w) @ Phi[rows].T, atol=1e-12)
 
 
+def test_the_sphere_takes_fourier_products_for_many_particles_at_high_degree():
+    x = torch.tensor(sinkflow.random_particles(20_000, 3, seed=0, manifold="sphere"))
+    for beta, basis in ((32.0, _SphereFourierBasis), (5.0, _SphereBasis)):
+        ker = likely_kernel(1 / beta, 3, 1e-10, 1 / 20_000)
+        assert type(ker.basis(x)) is basis and type(ker.basis(x[:1000])) is _SphereBasis
+    assert type(ker.basis(x.float())) is _SphereBasis  # float64 only
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_a_straggler_takes_the_guaranteed_truncation_and_a_uniform_start_the_likely_one(d):
+    # 1,999 particles near one point and a straggler at its antipode: the straggler's row sums to about
+    # its own weight 1/n, far below the quarter of the mean row sum the likely truncation is cut for
+    # (measured: 1.3e-9 (circle) and 5.5e-10 (S^2) off the dense field when that truncation is kept);
+    # the certificate sends the field to the guaranteed one, within 1e-10 (measured 3e-11, 7e-12).
+    beta, n = 5.0, 2000
+    rng, pole = np.random.default_rng(0), np.eye(d)[0]
+    x = pole + 0.05 * rng.normal(size=(n, d))
+    x[-1] = -pole
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    likely = likely_kernel(1 / beta, d, 1e-10, 1 / n)
+    assert likely.fallback is not None and likely.order < likely.fallback.order
+    fast = harmonic_attention_field(x, "softmax", temperature=1 / beta)
+    assert fast.kernel.fallback is None and fast.kernel.order == likely.fallback.order
+    assert np.abs(fast.velocity - _dense(x, "softmax", beta, None, tol=1e-13)).max() < 1e-10
+    uniform = sinkflow.random_particles(n, d, seed=1, manifold="sphere")
+    for attention in ("softmax", "sinkhorn"):
+        fast = harmonic_attention_field(uniform, attention, temperature=1 / beta)
+        assert fast.kernel.order == likely.order
+        assert np.abs(fast.velocity - _dense(uniform, attention, beta, None, tol=1e-13)).max() < 1e-10
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("beta", [0.5, 5.0, 40.0])
+def test_the_mean_row_sum_is_the_uniform_measure_s_and_the_least(d, beta):
+    # the kernel against the uniform measure: trapezoids in the angle on the circle (exact for a periodic
+    # analytic integrand), scipy's quad in <x, y> (uniform on [-1, 1], Archimedes) on S^2
+    if d == 2:
+        uniform = np.exp(beta * (np.cos(np.linspace(0, 2 * np.pi, 4096, endpoint=False)) - 1)).mean()
+    else:
+        uniform = integrate.quad(lambda t: np.exp(beta * (t - 1)) / 2, -1, 1, epsabs=0, epsrel=1e-13)[0]
+    assert mean_row_sum(beta, d) == pytest.approx(uniform, rel=1e-12)
+    for seed in range(3):
+        x = sinkflow.random_particles(300, d, seed=seed, manifold="sphere")
+        assert np.exp(beta * (x @ x.T - 1)).mean() >= mean_row_sum(beta, d) * (1 - 1e-12)
+
+
 def test_stored_and_recomputed_features_give_one_field(monkeypatch):
     x = sinkflow.random_particles(700, 3, seed=8, manifold="sphere")
     kw = dict(temperature=0.25, tol=1e-12)
@@ -144,7 +205,7 @@ def test_stored_and_recomputed_features_give_one_field(monkeypatch):
     width = stored.kernel.basis(torch.zeros(1, 3, dtype=torch.float64)).width
     monkeypatch.setattr(_harmonic_kernels, "_BLOCK_BYTES", 8 * width * 100)  # 100 particles a block
     recomputed = harmonic_attention_field(x, "sinkhorn", **kw)
-    assert recomputed.kernel.rank == 529
+    assert recomputed.kernel.rank == stored.kernel.rank == 484  # L = 21 (22 for any configuration)
     np.testing.assert_allclose(recomputed.velocity, stored.velocity, atol=1e-13)
     assert recomputed.n_iter == stored.n_iter
 
@@ -189,7 +250,7 @@ def test_simulate_chooses_the_harmonic_field_when_cheaper():
     for attention in ("softmax", "sinkhorn"):
         fast = sinkflow.simulate(x0, attention, **kw)
         dense = sinkflow.simulate(x0, attention, chunked=False, **kw)
-        assert fast.harmonic_order == harmonic_kernel(0.2, 2, 1e-10, 1 / 600).order and dense.harmonic_order is None
+        assert fast.harmonic_order == likely_kernel(0.2, 2, 1e-10, 1 / 600).order and dense.harmonic_order is None
         assert np.abs(fast.final - dense.final).max() < 1e-9
     rotated = np.array([[0.0, -1.0], [1.0, 0.0]])
     assert sinkflow.simulate(x0, "softmax", W_V=rotated, **kw).harmonic_order is None  # not the identity

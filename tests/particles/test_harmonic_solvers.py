@@ -126,7 +126,8 @@ def test_sphere_flow_reuses_the_last_newton_inverse_and_replaces_a_wrong_one(mon
         y = previous if not planted else torch.nn.functional.normalize(previous + 0.06 * v, dim=1)
         if planted:
             grams.clear()
-            field.memory[0]["newton"] = 0.5 * np.eye(field.memory[0]["newton"].shape[0])
+            memory = field.memory[0][field.kernel.order]  # stage 0, this kernel's solves
+            memory["newton"] = 0.5 * np.eye(memory["newton"].shape[0])
             v, ev = copy.deepcopy(field).velocity(y)
             assert len(grams) >= 1 and ev.converged, (grams, ev.n_iter)
         dense = _dense_sinkhorn(y, beta)
