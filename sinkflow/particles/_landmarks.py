@@ -173,28 +173,35 @@ def _farthest_points(z: torch.Tensor, m: int, start: int, block: int) -> torch.T
          else torch.index_select(z, 0, rows)).view(nb, block, d)
     lo, hi = torch.aminmax(Z, dim=1)  # one pass (amin and amax over the middle axis: 2.4x slower)
     sq = squared_norms(Z)
-    nearest = torch.full_like(sq, math.inf)  # squared distance to the nearest landmark so far
-    nearest.view(-1)[n:] = -math.inf  # padding rows: never picked
-    top = nearest.amax(1)
     i = int((order == start).nonzero()[0, 0])  # the start's place in the order
-    picks = []
-    flat, near = Z.view(-1, d), nearest.view(-1)
+    flat, picks = Z.view(-1, d), [i]
+    nearest = _squared_distances(Z, sq, flat[i], sq.view(-1)[i])  # to the nearest landmark so far: the start
+    near = nearest.view(-1)
+    near[n:] = -math.inf  # padding rows: never picked
+    top = nearest.amax(1)
     # index_select / index_copy_ rather than advanced indexing: the same values, 2-4x faster on few blocks
-    for _ in range(m):
+    while True:
+        near[i] = -math.inf  # never chosen twice (rounding leaves ~eps at the landmarks)
+        top[i // block] = nearest[i // block].max()
+        if len(picks) == m:
+            break
+        b = int(top.argmax())
+        i = b * block + int(nearest[b].argmax())
         picks.append(i)
         c = flat[i]
         gap = torch.clamp(c, lo, hi).sub_(c).square_().sum(1)  # squared distance to each box
         hit = (gap < top).nonzero().squeeze(1)
-        # |z - c|^2 = |z|^2 + |c|^2 - 2 z.c over the blocks hit: one gather, one matrix-vector product
-        to_c = torch.mv(Z.index_select(0, hit).view(-1, d), c).view(len(hit), block).mul_(-2.0)
-        closer = torch.minimum(nearest.index_select(0, hit), to_c.add_(sq.index_select(0, hit)).add_(sq.view(-1)[i]))
+        to_c = _squared_distances(Z.index_select(0, hit), sq.index_select(0, hit), c, sq.view(-1)[i])
+        closer = torch.minimum(nearest.index_select(0, hit), to_c)
         nearest.index_copy_(0, hit, closer)
         top.index_copy_(0, hit, closer.amax(1))
-        near[i] = -math.inf  # never chosen twice (rounding leaves ~eps at the landmarks)
-        top[i // block] = nearest[i // block].max()
-        b = int(top.argmax())
-        i = b * block + int(nearest[b].argmax())
     return order[torch.tensor(picks, device=z.device)]
+
+
+def _squared_distances(Z: torch.Tensor, sq: torch.Tensor, c: torch.Tensor, c_sq: torch.Tensor) -> torch.Tensor:
+    """``|z - c|^2 = |z|^2 + |c|^2 - 2 z.c`` for blocks ``Z`` (h, block, d) of squared norms ``sq`` (h, block):
+    one matrix-vector product."""
+    return torch.mv(Z.view(-1, Z.shape[-1]), c).view(sq.shape).mul_(-2.0).add_(sq).add_(c_sq)
 
 
 def squared_norms(x: torch.Tensor) -> torch.Tensor:
