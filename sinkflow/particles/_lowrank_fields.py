@@ -40,7 +40,7 @@ mass :math:`\approx 0` of either sign. Uniform draws follow the density, so the 
 Gaussian cloud are left uncovered (``heat_flow`` of 2000 normal points, ``eps = 0.05``, failed
 for ``m`` = 64, 128, 256); the greedy choice bounds the distance of every particle to its nearest
 landmark by the covering radius, at most twice the best possible with ``m`` points. It costs
-at most ``O(n m d)`` once per flow (0.4-1.1 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
+at most ``O(n m d)`` once per flow (0.1-0.2 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
 ``m >= n`` still makes every particle a landmark (distinct points: the lifted kernel of
 ``[x; x]`` is then exact too).
 
@@ -50,7 +50,8 @@ pseudo-inverse cutoff, padded with zero columns to a multiple of 8, which BLAS r
 :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has ``r << m`` (the benchmark cloud
 of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256`` farthest points, 10 of 256 uniform
 ones). ``B`` is formed once per field (``n m`` exponentials, in blocks of rows sized from the L2
-cache) and kept when it fits ``CACHE_BYTES`` (256 MiB), else each pass recomputes the blocks
+cache) and kept, as :math:`B^T` on huge pages where the platform has them, when it fits ``CACHE_BYTES``
+(256 MiB), else each pass recomputes the blocks
 :math:`L_b` (memory ``O(m^2 + block)``). A pass over a kept ``B`` reads it once, in cache-sized chunks,
 and carries the masses alone (matrix-vector products), except the pass that computes the velocity.
 Where the time of a step goes (the factor, the passes, the farthest-point choice): docs/performance.md.
