@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow._backend import broadcast_shapes, check_number, leading
+from sinkflow._backend import HUGE_PAGE_BYTES, broadcast_shapes, check_number, empty_large, leading
 from sinkflow.heat._landmark_errors import nystrom_spectral_error
 
 RNG = np.random.default_rng(2026)
@@ -274,6 +274,19 @@ def test_broadcast_shapes_is_torchs_rule(shapes):
     else:
         got = broadcast_shapes(*shapes)
         assert got == expected and isinstance(got, torch.Size)
+
+
+@pytest.mark.parametrize("shape, dtype", [((3, HUGE_PAGE_BYTES), torch.float32), ((5, 7), torch.float64),
+                                          ((HUGE_PAGE_BYTES // 8,), torch.float64), ((0, 4), torch.float32)])
+def test_empty_large_buffers_are_private_writable_tensors(shape, dtype):
+    """Large or small (torch.empty), each call its own memory, alive while a view of it is."""
+    a, b = empty_large(shape, dtype, "cpu"), empty_large(shape, dtype, "cpu")
+    assert a.shape == shape and a.dtype == dtype and a.is_contiguous()
+    a.fill_(1.0)
+    b.fill_(2.0)
+    view = a.view(-1)[-3:]
+    del a
+    assert view.tolist() == [1.0] * min(3, view.numel()) and bool((b == 2.0).all())
 
 
 # --------------------------------------------------------------------------- tol = 0

@@ -100,7 +100,7 @@ def farthest_point_indices(points: torch.Tensor, m: int, generator=0) -> torch.T
     sorted into spatially compact blocks of ``FPS_BLOCK``; a block whose bounding box is farther
     from the new landmark than its farthest point is from its nearest landmark cannot change and
     is skipped (the picks are those of the plain greedy: 1.1 s instead of 7.1 s at ``n = 10^6``,
-    ``m = 256``, ``d = 2``, one thread on a loaded machine; 0.37 s at load 1).
+    ``m = 256``, ``d = 2``, one thread on a loaded machine; 0.1 s at load 1).
 
     Parameters
     ----------
@@ -171,29 +171,46 @@ def _farthest_points(z: torch.Tensor, m: int, start: int, block: int) -> torch.T
     packed = d * z.element_size() == 8 and z.is_contiguous()
     Z = (torch.index_select(z.view(torch.int64).view(-1), 0, rows).view(z.dtype) if packed
          else torch.index_select(z, 0, rows)).view(nb, block, d)
-    lo, hi = Z.amin(1), Z.amax(1)
-    sq = (Z * Z).sum(2)
-    nearest = torch.full_like(sq, math.inf)  # squared distance to the nearest landmark so far
-    nearest.view(-1)[n:] = -math.inf  # padding rows: never picked
-    top = nearest.amax(1)
+    lo, hi = torch.aminmax(Z, dim=1)  # one pass (amin and amax over the middle axis: 2.4x slower)
+    sq = squared_norms(Z)
     i = int((order == start).nonzero()[0, 0])  # the start's place in the order
-    idx = torch.empty(m, dtype=torch.long, device=z.device)
-    flat, near = Z.view(-1, d), nearest.view(-1)
-    for k in range(m):
-        idx[k] = order[i]
-        c = flat[i]
-        gap = torch.maximum(lo - c, c - hi).clamp_min_(0.0).square_().sum(1)  # squared distance to each box
-        hit = (gap < top).nonzero().squeeze(1)
-        # |z - c|^2 = |z|^2 + |c|^2 - 2 z.c over the blocks hit: one gather, one matrix-vector product
-        to_c = torch.mv(Z[hit].view(-1, d), c).view(len(hit), block).mul_(-2.0).add_(sq[hit]).add_(sq.view(-1)[i])
-        closer = torch.minimum(nearest[hit], to_c)
-        nearest[hit] = closer
-        top[hit] = closer.amax(1)
+    flat, picks = Z.view(-1, d), [i]
+    nearest = _squared_distances(Z, sq, flat[i], sq.view(-1)[i])  # to the nearest landmark so far: the start
+    near = nearest.view(-1)
+    near[n:] = -math.inf  # padding rows: never picked
+    top = nearest.amax(1)
+    # index_select / index_copy_ rather than advanced indexing: the same values, 2-4x faster on few blocks
+    while True:
         near[i] = -math.inf  # never chosen twice (rounding leaves ~eps at the landmarks)
         top[i // block] = nearest[i // block].max()
+        if len(picks) == m:
+            break
         b = int(top.argmax())
         i = b * block + int(nearest[b].argmax())
-    return idx
+        picks.append(i)
+        c = flat[i]
+        gap = torch.clamp(c, lo, hi).sub_(c).square_().sum(1)  # squared distance to each box
+        hit = (gap < top).nonzero().squeeze(1)
+        to_c = _squared_distances(Z.index_select(0, hit), sq.index_select(0, hit), c, sq.view(-1)[i])
+        closer = torch.minimum(nearest.index_select(0, hit), to_c)
+        nearest.index_copy_(0, hit, closer)
+        top.index_copy_(0, hit, closer.amax(1))
+    return order[torch.tensor(picks, device=z.device)]
+
+
+def _squared_distances(Z: torch.Tensor, sq: torch.Tensor, c: torch.Tensor, c_sq: torch.Tensor) -> torch.Tensor:
+    """``|z - c|^2 = |z|^2 + |c|^2 - 2 z.c`` for blocks ``Z`` (h, block, d) of squared norms ``sq`` (h, block):
+    one matrix-vector product."""
+    return torch.mv(Z.view(-1, Z.shape[-1]), c).view(sq.shape).mul_(-2.0).add_(sq).add_(c_sq)
+
+
+def squared_norms(x: torch.Tensor) -> torch.Tensor:
+    """``|x|^2`` along the last axis, coordinate by coordinate: 4x faster than ``(x * x).sum(-1)`` for a few
+    coordinates (a reduction over a short inner axis), the same values (in order, without fused multiply-adds)."""
+    sq = x[..., 0] * x[..., 0]
+    for k in range(1, x.shape[-1]):
+        sq.add_(x[..., k] * x[..., k])
+    return sq
 
 
 def _flow_landmarks(x, landmarks, method, W, temperature, sampling, seed):

@@ -40,7 +40,7 @@ mass :math:`\approx 0` of either sign. Uniform draws follow the density, so the 
 Gaussian cloud are left uncovered (``heat_flow`` of 2000 normal points, ``eps = 0.05``, failed
 for ``m`` = 64, 128, 256); the greedy choice bounds the distance of every particle to its nearest
 landmark by the covering radius, at most twice the best possible with ``m`` points. It costs
-at most ``O(n m d)`` once per flow (0.4-1.1 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
+at most ``O(n m d)`` once per flow (0.1-0.2 s at ``n = 10^6``, ``m = 256``, ``d = 2``, one thread), and
 ``m >= n`` still makes every particle a landmark (distinct points: the lifted kernel of
 ``[x; x]`` is then exact too).
 
@@ -50,7 +50,8 @@ pseudo-inverse cutoff, padded with zero columns to a multiple of 8, which BLAS r
 :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has ``r << m`` (the benchmark cloud
 of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256`` farthest points, 10 of 256 uniform
 ones). ``B`` is formed once per field (``n m`` exponentials, in blocks of rows sized from the L2
-cache) and kept when it fits ``CACHE_BYTES`` (256 MiB), else each pass recomputes the blocks
+cache) and kept, as :math:`B^T` on huge pages where the platform has them, when it fits ``CACHE_BYTES``
+(256 MiB), else each pass recomputes the blocks
 :math:`L_b` (memory ``O(m^2 + block)``). A pass over a kept ``B`` reads it once, in cache-sized chunks,
 and carries the masses alone (matrix-vector products), except the pass that computes the velocity.
 Where the time of a step goes (the factor, the passes, the farthest-point choice): docs/performance.md.
@@ -63,12 +64,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sinkflow._backend import exp_floor
+from sinkflow._backend import empty_large, exp_floor
 from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._inverses import _pinv_rtol
 from sinkflow.attention._nystrom import nystromformer_attention
 from sinkflow.particles._blockwise_fields import cache_block_bytes
-from sinkflow.particles._landmarks import landmark_indices, gaussian_coordinates
+from sinkflow.particles._landmarks import landmark_indices, gaussian_coordinates, squared_norms
 
 __all__ = ["NystromPositivityError", "LowRankField", "lowrank_attention_field"]
 
@@ -146,28 +147,31 @@ class _NystromKernel:
         # exp(-|u - v|^2 / 2) = exp(<[u, -|u|^2/2, 1], [v, 1, -|v|^2/2]>) on unit-bandwidth points:
         # one matrix product and one in-place exp per block (gaussian_kernel's bandwidth is p^(1/4)),
         # centred so that the expansion does not cancel (a cloud far from the origin)
-        u = (z - z.mean(0)) * z.shape[1] ** -0.25
+        n, p = z.shape
+        self.left = torch.empty((n, p + 2), dtype=z.dtype, device=z.device)  # filled in place: no n x 2 temporaries
+        u = torch.sub(z, z.mean(0), out=self.left[:, :p]).mul_(p ** -0.25)
+        sq = squared_norms(u)
         # every exponent is >= -(2 R)^2 / 2 with R = max |u_i|: when that stays above the floor (and a
         # unit of rounding), no entry is clamped and the two clamp passes over the n x m block are skipped
-        self.clamp = 2.0 * float((u * u).sum(1).max()) > -self.floor - 1.0
-        self.left = torch.cat([u, -0.5 * (u * u).sum(1, keepdim=True), torch.ones_like(u[:, :1])], 1)
+        self.clamp = 2.0 * float(sq.max()) > -self.floor - 1.0
+        torch.mul(sq, -0.5, out=self.left[:, p])
+        self.left[:, p + 1] = 1.0
         uJ = u[idx.to(z.device)]
-        self.right = torch.cat([uJ, torch.ones_like(uJ[:, :1]), -0.5 * (uJ * uJ).sum(1, keepdim=True)], 1).T.contiguous()
-        n = z.shape[0]
+        self.right = torch.cat([uJ, torch.ones_like(uJ[:, :1]), -0.5 * squared_norms(uJ)[:, None]], 1).T.contiguous()
         self.buffer = torch.empty((min(n, self.rows), m), dtype=z.dtype, device=z.device)
-        self.factor = None
+        self.factor = None  # B^T (r x n) when kept: its product is the form BLAS runs fastest, ~15% over B
         if n * self.half.shape[1] * z.element_size() <= CACHE_BYTES:
-            factor = torch.empty((n, self.half.shape[1]), dtype=z.dtype, device=z.device)
+            factor = empty_large((self.half.shape[1], n), z.dtype, z.device)
+            half_t = self.half.T.contiguous()
             for i0 in range(0, n, self.rows):
-                torch.mm(self._rows(i0, min(n, i0 + self.rows)), self.half, out=factor[i0:i0 + self.rows])
+                i1 = min(n, i0 + self.rows)
+                torch.mm(half_t, self._rows(i0, i1).T, out=factor[:, i0:i1])
             self.factor, self.buffer = factor, None
         self.diagonal = None  # exact-diagonal correction 1 - G~_ii, see restore_diagonal
         self.last_in = None
 
     def _rows(self, i0, i1):
-        """Rows ``i0:i1`` of the factor the passes use: ``B`` when cached, else ``L`` (recomputed)."""
-        if self.factor is not None:
-            return self.factor[i0:i1]
+        """Rows ``i0:i1`` of ``L`` (recomputed in the one buffer)."""
         out = self.buffer[:i1 - i0]  # no allocation: fresh 16 MiB buffers cost page faults
         torch.mm(self.left[i0:i1], self.right, out=out)
         if not self.clamp:
@@ -192,7 +196,7 @@ class _NystromKernel:
         diag = torch.empty(n, dtype=self.z.dtype, device=self.z.device)
         for i0 in range(0, n, self.rows):
             i1 = min(n, i0 + self.rows)
-            Bb = self._rows(i0, i1) if self.factor is not None else self._rows(i0, i1) @ self.half
+            Bb = self.factor[:, i0:i1].T if self.factor is not None else self._rows(i0, i1) @ self.half
             diag[i0:i1] = (Bb * Bb).sum(1)
         self.diagonal = (1.0 - diag).clamp_min_(0.0)
 
@@ -222,21 +226,23 @@ class _NystromKernel:
         return acc
 
     def _sweep_kept(self, T, step):
-        """:meth:`sweep` with the kept factor ``B``, in chunks of rows that stay in cache between the two
+        """:meth:`sweep` with the kept factor (``B^T``), in chunks of rows that stay in cache between the two
         products of a pass (``B`` is read once from memory per pass: single-core memory bandwidth is what
-        the passes cost), each product in the form BLAS streams fastest (one column: matrix-vector)."""
-        B, acc, keep = self.factor, None, self.diagonal is not None
+        the passes cost): ``F_b T`` as ``(T^T B^T_b)^T``, ``B^T_b Y_b`` one matrix-vector product per column
+        (2-3x faster than BLAS's three-column forms, column-major ``Y`` faster still)."""
+        Bt, acc, keep = self.factor, None, self.diagonal is not None
+        n = Bt.shape[1]
         # the restored diagonal reads the previous sweep's Y of every row: one chunk then
-        chunk = B.shape[0] if keep else max(1, self.block_bytes // (B.shape[1] * B.element_size()))
-        for i0 in range(0, B.shape[0], chunk):
-            Bc = B[i0:i0 + chunk]
-            out = None if T is None else (Bc @ T[:, 0])[:, None] if T.shape[1] == 1 else (T.T @ Bc.T).T
+        chunk = n if keep else max(1, self.block_bytes // (Bt.shape[0] * Bt.element_size()))
+        for i0 in range(0, n, chunk):
+            Bc = Bt[:, i0:i0 + chunk]
+            out = None if T is None else (T.T @ Bc).T
             if out is not None and keep:
                 out = out + self.diagonal[:, None] * self.last_in
-            Y = step(i0, i0 + Bc.shape[0], out)
+            Y = step(i0, i0 + Bc.shape[1], out)
             self.last_in = Y if keep else None
             if Y is not None:
-                part = (Y[:, 0] @ Bc)[:, None] if Y.shape[1] == 1 else (Y.T @ Bc).T
+                part = torch.stack([torch.mv(Bc, y) for y in Y.unbind(1)], 1)
                 acc = part if acc is None else acc.add_(part)
         return acc
 
@@ -286,8 +292,8 @@ def _apply_scaled(K: _NystromKernel, acc, u, vel, a) -> float:
     row_sum = torch.empty_like(u)
 
     def apply(i0, i1, out):
-        row_sum[i0:i1] = u[i0:i1] * out[:, 0]
-        vel[i0:i1] = u[i0:i1, None] * out[:, 1:]
+        torch.mul(u[i0:i1], out[:, 0], out=row_sum[i0:i1])
+        torch.mul(u[i0:i1, None], out[:, 1:], out=vel[i0:i1])  # in place: a temporary in out's layout, copied, took 3x
         return None
 
     K.sweep(K.project(acc), apply)
@@ -313,7 +319,7 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
     def columns_in(i0, i1, _):
         if stats["wide"] not in (None, stats["k"]):
             return pw[i0:i1, None]
-        return torch.cat([pw[i0:i1, None], pw[i0:i1, None] * V[i0:i1]], 1)
+        return torch.cat([pw[None, i0:i1], pw[None, i0:i1] * V[i0:i1].T]).T  # column-major
 
     # Particles of weight 0 are empty lines (row and column): their masses are never divided by
     # (they may be non-positive), their row scaling is 0 (no velocity) and their column stays 0.
@@ -331,7 +337,7 @@ def _scaled(K: _NystromKernel, V, log_p, a, n_iter, tol, max_iter, init_g):
         if empty is not None:
             u[i0:i1].masked_fill_(empty[i0:i1], 0.0)
         if out.shape[1] > 1:
-            vel[i0:i1] = out[:, 1:] * u[i0:i1, None]
+            torch.mul(out[:, 1:], u[i0:i1, None], out=vel[i0:i1])
         return (a[i0:i1] * u[i0:i1])[:, None]
 
     def column_step(i0, i1, out):
