@@ -96,7 +96,8 @@ def empty_large(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Ten
     if torch.device(device).type != "cpu" or nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty(shape, dtype=dtype, device=device)
     pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    pages.madvise(mmap.MADV_HUGEPAGE)
+    with contextlib.suppress(OSError):  # a kernel without transparent huge pages: ordinary pages
+        pages.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(pages, dtype=dtype).view(shape)  # the tensor keeps the mapping alive
 
 
