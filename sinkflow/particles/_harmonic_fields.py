@@ -64,7 +64,7 @@ import torch
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 from sinkflow._checks import check_choice
 from sinkflow.particles._dense_fields import FieldEvaluation, check_weights
-from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, likely_kernel
+from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, likely_kernel, retruncated
 from sinkflow.particles._harmonic_solvers import alternating_sinkhorn, passes, symmetric_sinkhorn
 from sinkflow.particles._integrators import ParticleField, _appended
 
@@ -171,8 +171,9 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
     elif not isinstance(kernel, HarmonicKernel) or kernel.d != X.shape[1] or not math.isclose(kernel.beta, 1 / temperature):
         raise ValueError("kernel must be a harmonic_kernel of this temperature and dimension")
     g0 = None if init_g is None else to_torch(init_g, "init_g", like=X64).reshape(-1)
-    out, kernel = _evaluate(kernel, X64, a, _NORMALIZATIONS[attention], n_iter, float(tol), int(max_iter), g0,
-                            bool(need_errors))
+    out, following = _evaluate(kernel, X64, a, _NORMALIZATIONS[attention], n_iter, float(tol), int(max_iter), g0,
+                               bool(need_errors))
+    kernel = kernel if following is kernel or kernel.fallback is None else kernel.fallback
     return HarmonicField(from_torch(out.velocity.to(X.dtype), numpy_out), from_torch(out.g, numpy_out), out.n_iter,
                          out.converged, out.row_error, out.column_error, kernel)
 
@@ -180,16 +181,20 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
 def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors,
               memory=None) -> tuple[FieldEvaluation, HarmonicKernel]:
     """The field of ``kernel`` at the particles ``X`` (float64 tensors) as a :class:`FieldEvaluation` (no
-    ``attention``; ``memory``: a dict a flow keeps between the solves of one stage), and the kernel that
-    evaluated it: ``kernel``'s ``fallback`` where ``kernel`` does not certify the field's smallest row
-    (:meth:`HarmonicKernel.certifies`), or for a fixed ``n_iter`` of Sinkhorn (its iterates' rows go unchecked)."""
+    ``attention``; ``memory``: a dict a flow keeps between the solves of one stage), and the kernel for the
+    next evaluation. Where ``kernel`` does not certify the field's smallest row
+    (:meth:`HarmonicKernel.certifies`) its ``fallback`` evaluates the field, and the next kernel is cut for
+    half that row (:func:`~sinkflow.particles._harmonic_kernels.retruncated`: a flow whose stragglers stay
+    pays the second evaluation once); a fixed ``n_iter`` of Sinkhorn always takes the fallback (its
+    iterates' rows go unchecked)."""
     if kernel.fallback is not None and normalization == "sinkhorn" and n_iter not in (None, 1):
         kernel = kernel.fallback
     ev, smallest_row = _evaluate_with(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors,
                                       None if memory is None else memory.setdefault(kernel.order, {}))
     if kernel.fallback is None or kernel.certifies(tol, smallest_row):
         return ev, kernel
-    return _evaluate(kernel.fallback, X, a, normalization, n_iter, tol, max_iter, g0, need_errors, memory)
+    ev, _ = _evaluate(kernel.fallback, X, a, normalization, n_iter, tol, max_iter, g0, need_errors, memory)
+    return ev, retruncated(kernel, tol, smallest_row)
 
 
 def _evaluate_with(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_errors, memory):
@@ -256,9 +261,9 @@ class HarmonicParticleField(ParticleField):
         a = torch.full((Y.shape[0],), 1.0 / Y.shape[0], dtype=torch.float64, device=Y.device) if a is None else a.to(torch.float64)
         extrapolate = self.symmetric and self.n_iter is None and self.warm_start
         zero = torch.zeros((), dtype=torch.float64, device=Y.device)  # the scaling's w is its g (no score diagonal)
-        ev, _ = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant], self.n_iter,
-                          self.tol, self.max_iter, self._start(stage, zero if extrapolate else None),
-                          self.need_errors, self.memory.setdefault(stage, {}) if self.warm_start else None)
+        ev, self.kernel = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant],
+                                    self.n_iter, self.tol, self.max_iter, self._start(stage, zero if extrapolate else None),
+                                    self.need_errors, self.memory.setdefault(stage, {}) if self.warm_start else None)
         if ev.g is not None and self.warm_start:
             self.g = ev.g
             if extrapolate:

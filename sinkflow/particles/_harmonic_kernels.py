@@ -188,6 +188,17 @@ def likely_kernel(temperature: float, d: int, tol: float = 1e-10, min_weight: fl
     return safe if likely.order == safe.order else dataclasses.replace(likely, fallback=safe)
 
 
+def retruncated(kernel: HarmonicKernel, tol: float, smallest_row: float) -> HarmonicKernel:
+    """The kernel for rows down to half ``smallest_row`` (a row ``kernel`` did not certify), with ``kernel``'s
+    fallback; the fallback itself when that truncation would be no shorter."""
+    safe = kernel.fallback
+    floor = smallest_row / 2
+    if not 0 < floor <= 1:  # NaN, or a blown-up field
+        return safe
+    shorter = harmonic_kernel(1 / kernel.beta, kernel.d, tol, floor)
+    return safe if shorter.order >= safe.order else dataclasses.replace(shorter, fallback=safe)
+
+
 class _Factored:
     """:math:`\\tilde K = \\Phi \\Lambda \\Phi^T` applied block by block in the kernel's basis (its blocks kept
     when small and ``keep``: more than one application to come). Moments are in the harmonics
