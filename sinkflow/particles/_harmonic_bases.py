@@ -338,6 +338,16 @@ def _sphere_features(x: torch.Tensor, L: int) -> torch.Tensor:
     return basis.harmonics(basis.block(x))
 
 
+#: Requested accuracy of the non-uniform FFTs, relative to the sums of the moduli of the weights and
+#: coefficients (finufft's).
+FOURIER_EPS = 1e-14
+
+
+def _fourier_threads() -> int:
+    """The non-uniform FFTs' threads: torch's (one inside :func:`sinkflow.simulate`'s small-problem scope)."""
+    return max(1, torch.get_num_threads())
+
+
 class _SphereFourierBasis(_SphereBasis):
     r"""The product basis of :math:`S^2` applied by non-uniform FFTs (``finufft``): every product
     :math:`\Theta_k E_g` is a trigonometric polynomial in :math:`(\theta, \varphi)` of degree :math:`\le L + 1`
@@ -345,28 +355,29 @@ class _SphereFourierBasis(_SphereBasis):
     :math:`\sum_{k,m} c_{km} e^{i(k\theta + m\varphi)}` at the particles (type 2) cost ``O(n)`` spreading to a
     small grid (:data:`FOURIER_EPS`) instead of ``O(n L^2)`` products; the rest (:math:`D`, the harmonics,
     the Gram rows of Newton's step) is :class:`_SphereBasis`'s. A block is ``(x, angles)``: the unit
-    vectors and their :math:`(\theta, \varphi)`, ``(2, n)``."""
+    vectors (a view) and their :math:`(\theta, \varphi)`, ``(2, n)``."""
 
     def __init__(self, L: int, like: torch.Tensor):
         super().__init__(L, like)
-        self.width = 5  # a block: x (3) and the two angles per particle
+        self.width = 2  # a block holds the two angles per particle
 
     def block(self, x, buffer=None):
         n = x.shape[0]
-        angles = x.new_empty(2 * n) if buffer is None else buffer[3 * n:5 * n]
-        angles = angles.view(2, n)
+        angles = (x.new_empty(2 * n) if buffer is None else buffer[:2 * n]).view(2, n)
         torch.atan2(torch.hypot(x[:, 0], x[:, 1]), x[:, 2], out=angles[0])  # theta in [0, pi]
         torch.atan2(x[:, 1], x[:, 0], out=angles[1])  # phi (0 at a pole)
         return x, angles
 
     def _grid(self, angles, W, degree):
-        r""":math:`G_c[k, m] = \sum_j W_{jc} e^{i(k\theta_j + m\varphi_j)}`, ``|k|, |m| <= degree``, ``(c, 2 degree + 1, 2 degree + 1)``."""
+        r""":math:`G_c[k, m] = \sum_j W_{jc} e^{i(k\theta_j + m\varphi_j)}`, ``|k|, |m| <= degree``, shape
+        ``(c, 2 degree + 1, 2 degree + 1)``."""
         import finufft
 
         theta, phi = (a.numpy() for a in angles)
         strengths = np.ascontiguousarray(W.numpy().T).astype(np.complex128)
         modes = 2 * degree + 1
-        return finufft.nufft2d1(theta, phi, strengths, (modes, modes), eps=FOURIER_EPS, isign=1, nthreads=1)
+        return finufft.nufft2d1(theta, phi, strengths, (modes, modes), eps=FOURIER_EPS, isign=1,
+                                nthreads=_fourier_threads())
 
     def _accumulate(self, acc, G, degree, columns):
         """Add the product moments of the grid ``G`` (degrees ``k <= degree``) into ``acc``, whose parity ``p``
@@ -399,7 +410,8 @@ class _SphereFourierBasis(_SphereBasis):
         if c % 2:
             coef = np.concatenate([coef, np.zeros_like(coef[:1])])
         theta, phi = (a.numpy() for a in block[1])
-        sums = finufft.nufft2d2(theta, phi, coef[0::2] + 1j * coef[1::2], eps=FOURIER_EPS, isign=1, nthreads=1)
+        sums = finufft.nufft2d2(theta, phi, coef[0::2] + 1j * coef[1::2], eps=FOURIER_EPS, isign=1,
+                                nthreads=_fourier_threads())
         sums = np.stack([sums.real, sums.imag], 1).reshape(-1, sums.shape[-1])[:c]
         return torch.from_numpy(np.ascontiguousarray(sums.T))
 
@@ -409,7 +421,3 @@ class _SphereFourierBasis(_SphereBasis):
     def rows(self, block, rows, out=None):
         return _SphereBasis.rows(self, _SphereBasis.block(self, block[0]), rows, out)
 
-
-#: Requested accuracy of the non-uniform FFTs, relative to the sums of the moduli of the weights and
-#: coefficients (finufft's).
-FOURIER_EPS = 1e-14
