@@ -88,10 +88,9 @@ def _heat_layer(normalization) -> _Layer:
 def _symmetric_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_iter):
     """The Sinkhorn layer on its symmetric PSD kernel, by the particles' symmetric solver (one
     exponential pass, a few Newton or heavy-ball iterations from the warm start); None where that
-    solver does not apply (a graph to keep, half precision, a user variant)."""
+    solver does not apply (a graph to keep, a user variant; half precision was lifted by :func:`_velocity`)."""
     variant = layer.variant
-    if variant.normalize is not _sinkhorn or x.dtype not in (torch.float32, torch.float64) or (
-            torch.is_grad_enabled() and x.requires_grad):
+    if variant.normalize is not _sinkhorn or (torch.is_grad_enabled() and x.requires_grad):
         return None
     ev = attention_field(x, dataclasses.replace(variant, scores=layer.scores), None, None, temperature=eps,
                          init_g=g, tol=tol, max_iter=max_iter, need_errors=True, symmetric=True)
