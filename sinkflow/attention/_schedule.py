@@ -20,6 +20,16 @@ _STAGE_TOL = 1e-3  # loosest tolerance of an intermediate epsilon-scaling stage
 _PATIENCE = 400  # predicted half-steps to the tolerance beyond which a stage switches to Newton
 
 
+_MIN_PATIENCE = 50  # ... for small problems, whose Newton step costs a few dozen half-steps (n = 32)
+
+
+def _patience(C) -> int:
+    """Half-steps a stage may still predict before Newton takes over: ``n`` for ``n`` keys, within
+    ``[_MIN_PATIENCE, _PATIENCE]``. A Newton step solves an ``n x n`` system (``n^3``) where a
+    half-step is a product (``n^2``); at small ``n`` both cost the same few calls."""
+    return min(_PATIENCE, max(_MIN_PATIENCE, C.shape[-1]))
+
+
 _MAX_SPLITS = 8  # epsilon-scaling stages inserted at most after stalls
 
 
@@ -111,7 +121,7 @@ def _solve_stage(C, scale, f, g, a, b, mask, tol, budget, state, inplace):
     while True:
         left = max(budget - (state["count"] - start), 1)
         state["slow"] = False
-        patience = _PATIENCE if newton_rounds < _NEWTON_ROUNDS else math.inf
+        patience = _patience(C) if newton_rounds < _NEWTON_ROUNDS else math.inf
         P, f, g, err = _iterate(C, scale, f, g, a, b, mask, left, tol, state, inplace, True, patience=patience)
         if not state["slow"]:
             return P, f, g, float(err)

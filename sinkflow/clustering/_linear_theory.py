@@ -173,8 +173,8 @@ def formation_time(beta: float, n: int, normalization: str = "softmax") -> float
     return math.log(math.sqrt(n)) / circle_growth_rate(k, beta, normalization)
 
 
-def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: str = "softmax", *,
-                           h: float = 0.05, plateau: float = 2.0) -> int:
+def particle_cluster_count(beta: float, seed, n: int = 256, normalization: str = "softmax", *,
+                           h: float = 0.05, plateau: float = 2.0):
     r"""Clusters that ``n`` i.i.d. uniform particles on the circle form, counted at the metastable plateau.
 
     The particles run under :func:`sinkflow.simulate` (``manifold="sphere"``, :math:`d = 2`,
@@ -183,21 +183,54 @@ def particle_cluster_count(beta: float, seed: int, n: int = 256, normalization: 
     :func:`formation_time`, and their clusters are counted by :func:`count_clusters` of
     :func:`angular_density`. Compare with :func:`fastest_mode`.
 
+    Parameters
+    ----------
+    beta : float
+        Inverse temperature.
+    seed : int or sequence of int
+        Seed of the start; a sequence counts one run per seed. Runs that share their step (the
+        cap depends on the start) advance together as one ensemble, each as it would alone.
+    n : int
+        Particles.
+    normalization : {"softmax", "sinkhorn", "unnormalized"}
+    h : float
+        Euler step, before the cap.
+    plateau : float
+        The count is read at ``plateau`` times the formation time.
+
+    Returns
+    -------
+    int, or numpy.ndarray of int with one count per seed
+
     Examples
     --------
     >>> from sinkflow.clustering import particle_cluster_count, fastest_mode
     >>> particle_cluster_count(8.0, seed=1), fastest_mode(8.0)
     (4, 4)
+    >>> particle_cluster_count(8.0, seed=[1, 2])
+    array([4, 4])
     """
     import sinkflow
 
-    theta = np.random.default_rng(seed).uniform(0, 2 * np.pi, int(n))
-    x0 = np.stack([np.cos(theta), np.sin(theta)], 1)
-    h = min(float(h), sinkflow.particles.largest_safe_step(x0, normalization, temperature=1 / beta))
-    steps = int(round(plateau * formation_time(beta, n, normalization) / h))
-    x = sinkflow.simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta,
-                          save_every=max(steps, 1)).final
-    return count_clusters(angular_density(np.arctan2(x[:, 1], x[:, 0])))
+    seeds = np.asarray(seed)
+    if seeds.ndim > 1 or seeds.dtype.kind not in "iu":
+        raise ValueError(f"seed must be an int or a sequence of ints, got {seed!r}")
+    starts = [_uniform_circle_start(int(s), int(n)) for s in seeds.reshape(-1)]
+    steps_of = {}  # (h, steps) -> indices of the starts that run with them
+    for i, x0 in enumerate(starts):
+        h_i = min(float(h), sinkflow.particles.largest_safe_step(x0, normalization, temperature=1 / beta))
+        steps_of.setdefault((h_i, int(round(plateau * formation_time(beta, n, normalization) / h_i))), []).append(i)
+    counts = np.empty(len(starts), dtype=int)
+    for (h_i, steps), idx in steps_of.items():
+        x = sinkflow.simulate(np.stack([starts[i] for i in idx]), normalization, h=h_i, steps=steps,
+                              manifold="sphere", temperature=1 / beta, save_every=max(steps, 1)).final
+        counts[idx] = [count_clusters(angular_density(np.arctan2(xi[:, 1], xi[:, 0]))) for xi in x]
+    return int(counts[0]) if seeds.ndim == 0 else counts
+
+
+def _uniform_circle_start(seed: int, n: int) -> np.ndarray:
+    theta = np.random.default_rng(seed).uniform(0, 2 * np.pi, n)
+    return np.stack([np.cos(theta), np.sin(theta)], 1)
 
 
 def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):

@@ -158,8 +158,9 @@ def compute_clusters(cfg: ClustersConfig) -> dict:
     with sinkflow.torch_threads(1):
         r = sinkflow.mean_field_flow(_near_uniform(cfg, theta), theta, times, normalization=cfg.normalization,
                                      temperature=1 / cfg.beta_pde, manifold="circle")
-        counts = {norm: np.array([[cs.particle_cluster_count(b, 1000 * cfg.seed + s, cfg.n, norm, h=cfg.h_counts)
-                                   for s in range(cfg.seeds)] for b in cfg.betas]) for norm in ("softmax", "sinkhorn")}
+        seeds = [1000 * cfg.seed + s for s in range(cfg.seeds)]  # one ensemble per beta
+        counts = {norm: np.array([cs.particle_cluster_count(b, seeds, cfg.n, norm, h=cfg.h_counts) for b in cfg.betas])
+                  for norm in ("softmax", "sinkhorn")}
         # one particle run at beta_pde for the energy staircase, with its own prediction
         th0 = np.random.default_rng(cfg.seed).uniform(0, 2 * np.pi, cfg.n)
         steps = int(round(cfg.t_end / cfg.h))

@@ -94,6 +94,35 @@ def test_fastest_mode_predicts_the_metastable_cluster_count_of_particles():
     assert np.mean(hits) >= 0.6, hits
 
 
+@pytest.mark.parametrize("normalization", ["softmax", "sinkhorn"])
+@pytest.mark.parametrize("caps", [False, True])
+def test_particle_cluster_count_of_several_seeds_is_each_seed_alone(normalization, caps, monkeypatch):
+    """Several seeds run as ensembles, one per step size; ``caps``: a step cap that depends on the start
+    (planted), so that the seeds split into two groups of different step counts."""
+    if caps:
+        monkeypatch.setattr(sinkflow.particles, "largest_safe_step", lambda x0, *a, **k: 0.08 if x0[0, 0] > 0 else 0.12)
+    seeds = [3, 4, 5, 6, 7]
+    counts = particle_cluster_count(6.0, seeds, 96, normalization, h=0.1)
+    assert counts.dtype.kind == "i" and counts.shape == (5,)
+    assert counts.tolist() == [_count_alone(6.0, s, 96, normalization, 0.1) for s in seeds]
+
+
+def _count_alone(beta, seed, n, normalization, h):
+    """The documented recipe, one start at a time: capped Euler steps to twice the formation time."""
+    theta = np.random.default_rng(seed).uniform(0, 2 * np.pi, n)
+    x0 = np.stack([np.cos(theta), np.sin(theta)], 1)
+    h = min(h, sinkflow.particles.largest_safe_step(x0, normalization, temperature=1 / beta))
+    steps = int(round(2 * math.log(math.sqrt(n)) / circle_growth_rate(fastest_mode(beta, normalization), beta,
+                                                                          normalization) / h))
+    x = sinkflow.simulate(x0, normalization, h=h, steps=steps, manifold="sphere", temperature=1 / beta).final
+    return count_clusters(angular_density(np.arctan2(x[:, 1], x[:, 0])))
+
+
+def test_particle_cluster_count_refuses_seeds_that_are_not_integers():
+    with pytest.raises(ValueError, match="seed must be an int or a sequence of ints"):
+        particle_cluster_count(6.0, [0.5, 1.5], 32)
+
+
 def test_count_clusters_on_planted_clusters_and_uniform():
     rng = np.random.default_rng(0)
     centres = [0.3, 1.9, 3.5, 5.1]
