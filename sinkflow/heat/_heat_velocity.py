@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, lift_half, to_torch
-from sinkflow.attention._variants import _sinkhorn, get_attention
+from sinkflow.attention._variants import _sinkhorn, _softmax, get_attention
 from sinkflow.particles._dense_fields import attention_field
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
 from sinkflow.attention._scores import dot_scores, gaussian_scores
@@ -97,11 +97,26 @@ def _symmetric_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_
     return ev.velocity, ev.attention.sum(1), (ev.g, ev.n_iter, max(ev.row_error, ev.column_error), ev.converged)
 
 
+def _softmax_velocity(x: torch.Tensor, eps: float, layer: _Layer):
+    """A SoftMax layer without its normalized matrix: ``E = exp(C - max_j C_ij)`` in the scores' buffer,
+    then ``K x = (E x) / (E 1)`` from one product with ``[x, 1]`` (one n x n pass fewer, and no second
+    n x n allocation); None under autograd (the graph of :func:`sinkflow.softmax` is kept) or for another
+    layer."""
+    if layer.variant.normalize is not _softmax or (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    C = dot_scores(x, x, temperature=eps) if layer.scores == "dot" else gaussian_scores(x, x, temperature=eps)
+    E = C.sub_(C.amax(1, keepdim=True)).exp_()  # C is a fresh buffer
+    P = E @ torch.cat([x, torch.ones_like(x[:, :1])], 1)
+    return P[:, :-1] / P[:, -1:], torch.ones_like(x[:, 0]), (None, 1, 0.0, True)
+
+
 def _kernel_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_iter):
     """Dense: K [1, x] and Sinkhorn diagnostics."""
-    symmetric = _symmetric_velocity(x, eps, layer, g, tol, max_iter)
-    if symmetric is not None:
-        return symmetric
+    fast = _symmetric_velocity(x, eps, layer, g, tol, max_iter)
+    if fast is None:
+        fast = _softmax_velocity(x, eps, layer)
+    if fast is not None:
+        return fast
     n = x.shape[0]
     C = dot_scores(x, x, temperature=eps) if layer.scores == "dot" else gaussian_scores(x, x, temperature=eps)
     variant = layer.variant
