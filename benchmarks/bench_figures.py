@@ -16,6 +16,10 @@ Measured 2026-12-02 (2 shared cores, load 3.5-6.8, 5 interleaved runs): 29.1 s o
 medians of 5): compute 11.8 s, draw 0.8 s, PNG 7.1 s, PDF 3.7 s; imports and writing the rest.
 The merged tree on the idle machine (load 1.0-1.8, ``--repeats 5``): 19.3 s (runs 17.7-21.3 s; compute
 9.5 s, draw 0.6 s, PNG 6.0 s, PDF 3.0 s); at load 2.6, 28.4 s (27.3-29.8 s).
+Measured 2026-12-02, evening (idle machine, load 0.9-1.0, ``--repeats 3 --reference`` the commit before
+the heat layer's SoftMax without its matrix, Newton's patience for small masked problems and the
+ensemble count runs): 21.8 s (runs 20.4-23.2 s; compute 7.9 s, draw 0.6 s, PNG 6.1 s, PDF 2.8 s)
+against 23.9 s (23.2-25.8 s), ratio 0.91; before the change, alone, 24.9 s (21.2-27.1 s).
 """
 
 from __future__ import annotations
