@@ -343,3 +343,23 @@ def test_lazy_sinkhorn_out_of_budget_is_not_converged():
     W = spd(2, rng)
     lazy = lazy_attention_field(x, x @ W, W, tol=1e-12, max_iter=2000, init_g=rng.normal(size=30))
     assert lazy.n_iter == 2000 and not lazy.converged and lazy.row_error > 1e-12
+
+
+def test_saved_positions_carry_the_graph_of_a_value_matrix_the_start_does_not_have():
+    """The start has no graph, the later positions do (through W_V): the gradient of a loss on two
+    saved positions equals central finite differences."""
+    x = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def loss(W):
+        P = torch.as_tensor(sinkflow.simulate(x, "softmax", h=0.1, steps=5, W_V=W).positions)
+        return (P[-1] ** 2).sum() + (P[2] ** 3).sum()
+
+    W = torch.eye(2, dtype=torch.float64, requires_grad=True)
+    loss(W).backward()
+    eps, fd = 1e-6, torch.zeros(2, 2, dtype=torch.float64)
+    for i in range(2):
+        for j in range(2):
+            E = torch.zeros(2, 2, dtype=torch.float64)
+            E[i, j] = eps
+            fd[i, j] = (loss(torch.eye(2, dtype=torch.float64) + E) - loss(torch.eye(2, dtype=torch.float64) - E)) / (2 * eps)
+    torch.testing.assert_close(W.grad, fd, rtol=1e-7, atol=1e-7)
