@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sinkflow._backend import empty_large
 from sinkflow.particles._dense_fields import attention_field
 
 __all__ = ["ParticleField", "euler_step", "rk4_step", "INTEGRATORS"]
@@ -280,7 +281,7 @@ class _Saved:
     copied into its slot by autograd's in-place copy, so gradients flow through every kept position."""
 
     def __init__(self, X: torch.Tensor, count: int):
-        self._out = torch.empty((count, *X.shape), dtype=X.dtype, device=X.device)
+        self._out = empty_large((count, *X.shape), X.dtype, X.device)  # huge pages: 2,048 x 32 x 2 a step, 1 MB
         self._next = 0
         self.append(X)
 
