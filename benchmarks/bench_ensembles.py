@@ -42,6 +42,11 @@ single step; Sinkhorn 42.9 / 47.2 ms (61.2 / 60.1), 1/15 / 1/11 (1/11 / 1/8), 17
 run (load 2.6): SoftMax 3.94x / 3.51x, Sinkhorn 1/13 / 1/10. ``--small-only --repeats 3`` after (load
 2.8 -> 3.6; the single-system path unchanged): to tolerance 1.05-1.78x, Sinkhorn(3) 0.59-1.02x.
 
+Measured (``--ensembles-only --repeats 5``, CPU time, idle machine, load 0.7-0.9, two runs; docs/performance.md,
+*Ensembles, fourth pass*): float64 SoftMax 5.8 / 6.9 ms a step on the circle (before, same day: 8.0),
+2.81x / 3.56x numpy's exp floor (4.22x before); in R^2 5.0 / 6.3 ms, 2.47x / 2.74x (2.80x); 1/54-1/57 of a
+single step. Sinkhorn 1/15-1/16 and 1/10-1/11 per system-step, 14-18x the floor (16-17x).
+
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
 Usage: ``python benchmarks/bench_ensembles.py [--quick] [--repeats R] [--ensembles-only | --small-only]

@@ -17,7 +17,7 @@ import torch
 
 from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free, re-exported here)
 
-__all__ = ["to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
+__all__ = ["squared_norms", "to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
            "compiling", "require", "compute_dtype", "lift_half", "exp_floor", "torch_threads", "broadcast_shapes",
            "empty_large"]
 
@@ -99,6 +99,30 @@ def empty_large(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Ten
     with contextlib.suppress(OSError):  # a kernel without transparent huge pages: ordinary pages
         pages.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(pages, dtype=dtype).view(shape)  # the tensor keeps the mapping alive
+
+
+def squared_norms(x: torch.Tensor) -> torch.Tensor:
+    """``(x * x).sum(-1)`` of a detached tensor, in float64 (a new tensor of ``x.shape[:-1]``).
+
+    A CPU tensor with a short last axis is summed column by column in numpy: a reduction over a last
+    axis of 2-3 entries cost several times the passes themselves (2,048 x 32 x 2: 1 ms in torch).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow._backend import squared_norms
+    >>> squared_norms(torch.tensor([[3.0, 4.0], [1.0, 0.0]]))
+    tensor([25.,  1.], dtype=torch.float64)
+    """
+    x = x.detach()
+    if x.device.type != "cpu" or x.shape[-1] > 8 or x.dtype not in (torch.float32, torch.float64):
+        x = x.to(torch.float64)
+        return (x * x).sum(-1)
+    xn = x.numpy()
+    out = np.square(xn[..., 0], dtype=np.float64)
+    for k in range(1, xn.shape[-1]):
+        out += np.square(xn[..., k], dtype=np.float64)
+    return torch.from_numpy(out)
 
 
 def is_torch(x: Any) -> bool:
