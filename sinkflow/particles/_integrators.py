@@ -108,7 +108,8 @@ class ParticleField:
         :math:`R^d`) by the polynomial through them: of degree 5 from six past potentials, an
         error :math:`O(h^6)` after which one Newton step reaches 1e-10 (measured in R^2 at
         n = 16-256, temperature 0.2, h = 0.05: 1e-11 where the quadratic extrapolation of ``g``
-        left 1e-9 and needed a second step)."""
+        left 1e-9 and needed a second step; from the ensembles' standard-normal starts in R^2,
+        2,048 systems of n = 32, about 3e-6, still one Newton step)."""
         if not self.warm_start:
             return None
         past = self.history.get(stage)
