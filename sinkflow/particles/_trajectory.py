@@ -229,7 +229,7 @@ def _check_positions(X, manifold, batched: bool = False):
         raise ValueError(f"x0 must have shape {'(..., ' if batched else '('}n, d) with n, d >= 1, got {tuple(X.shape)}")
     check_finite(X.detach(), "x0")
     if manifold == "sphere":
-        dev = float((squared_norms(X).sqrt_() - 1).abs_().max())
+        dev = float((squared_norms(X.detach()).sqrt_() - 1).abs_().max())
         if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
             raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
                              "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
