@@ -45,7 +45,9 @@ run (load 2.6): SoftMax 3.94x / 3.51x, Sinkhorn 1/13 / 1/10. ``--small-only --re
 Measured (``--ensembles-only --repeats 5``, CPU time, idle machine, load 0.7-0.9, two runs; docs/performance.md,
 *Ensembles, fourth pass*): float64 SoftMax 5.8 / 6.9 ms a step on the circle (before, same day: 8.0),
 2.81x / 3.56x numpy's exp floor (4.22x before); in R^2 5.0 / 6.3 ms, 2.47x / 2.74x (2.80x); 1/54-1/57 of a
-single step. Sinkhorn 1/15-1/16 and 1/10-1/11 per system-step, 14-18x the floor (16-17x).
+single step. Sinkhorn 1/15-1/16 and 1/10-1/11 per system-step, 14-18x the floor (16-17x). With the work
+arrays on huge pages (four runs, the first at a burst of load): circle SoftMax 4.91x, 3.26x, 2.95x, 2.66x;
+R^2 3.86x, 2.83x, 2.55x, 2.68x.
 
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
