@@ -213,10 +213,12 @@ class _Arena:
     transparent huge pages (:func:`sinkflow._backend.empty_large`). A field's seven buffers of about a
     megabyte each (2,048 systems of n = 32) cost ~1,800 page faults of 4 KiB on their first writes, 12 ms
     of kernel time a ``simulate`` call, more than a step; on huge pages a handful. A buffer whose shape
-    changes takes new memory, and the old slice is not reused (it happens once per batch size)."""
+    changes takes new memory, and the old slice is not reused (it happens once per batch size). Arrays
+under ``SMALL`` bytes come from ``numpy.empty``."""
 
     CHUNK = 8 << 20
     ALIGN = 64
+    SMALL = 1 << 18
 
     def __init__(self):
         self._chunk, self._used = None, 0
@@ -224,6 +226,8 @@ class _Arena:
     def empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.SMALL:  # a small ensemble's arrays: malloc's, not a huge page to zero
+            return np.empty(shape, dtype)
         start = -(-self._used // self.ALIGN) * self.ALIGN
         if self._chunk is None or start + nbytes > self._chunk.size:
             self._chunk = empty_large((max(self.CHUNK, nbytes),), torch.uint8, "cpu").numpy()
