@@ -19,7 +19,9 @@ The merged tree on the idle machine (load 1.0-1.8, ``--repeats 5``): 19.3 s (run
 Measured 2026-12-02, evening (idle machine, load 0.9-1.0, ``--repeats 3 --reference`` the commit before
 the heat layer's SoftMax without its matrix, Newton's patience for small masked problems and the
 ensemble count runs): 21.8 s (runs 20.4-23.2 s; compute 7.9 s, draw 0.6 s, PNG 6.1 s, PDF 2.8 s)
-against 23.9 s (23.2-25.8 s), ratio 0.91; before the change, alone, 24.9 s (21.2-27.1 s).
+against 23.9 s (23.2-25.8 s), ratio 0.91; before the change, alone, 24.9 s (21.2-27.1 s). A second
+round with the ensembles' fourth pass too (load 0.9-1.0): 20.2 s (19.3-20.6 s) against 21.1 s
+(19.3-21.3 s), ratio 0.96.
 """
 
 from __future__ import annotations
