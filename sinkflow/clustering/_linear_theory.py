@@ -216,10 +216,10 @@ def particle_cluster_count(beta: float, seed, n: int = 256, normalization: str =
     if seeds.ndim > 1 or seeds.dtype.kind not in "iu":
         raise ValueError(f"seed must be an int or a sequence of ints, got {seed!r}")
     starts = [_uniform_circle_start(int(s), int(n)) for s in seeds.reshape(-1)]
-    steps_of = {}  # (h, steps) -> indices of the starts that run with them
+    horizon, steps_of = plateau * formation_time(beta, n, normalization), {}  # (h, steps) -> indices of the starts
     for i, x0 in enumerate(starts):
         h_i = min(float(h), sinkflow.particles.largest_safe_step(x0, normalization, temperature=1 / beta))
-        steps_of.setdefault((h_i, int(round(plateau * formation_time(beta, n, normalization) / h_i))), []).append(i)
+        steps_of.setdefault((h_i, int(round(horizon / h_i))), []).append(i)
     counts = np.empty(len(starts), dtype=int)
     for (h_i, steps), idx in steps_of.items():
         x = sinkflow.simulate(np.stack([starts[i] for i in idx]), normalization, h=h_i, steps=steps,

@@ -97,6 +97,11 @@ def _symmetric_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_
     return ev.velocity, ev.attention.sum(1), (ev.g, ev.n_iter, max(ev.row_error, ev.column_error), ev.converged)
 
 
+def _scores(x: torch.Tensor, eps: float, layer: _Layer) -> torch.Tensor:
+    """The layer's scores of the particles with each other, in a fresh buffer."""
+    return dot_scores(x, x, temperature=eps) if layer.scores == "dot" else gaussian_scores(x, x, temperature=eps)
+
+
 def _softmax_velocity(x: torch.Tensor, eps: float, layer: _Layer):
     """A SoftMax layer without its normalized matrix: ``E = exp(C - max_j C_ij)`` in the scores' buffer,
     then ``K x = (E x) / (E 1)`` from one product with ``[x, 1]`` (one n x n pass fewer, and no second
@@ -104,7 +109,7 @@ def _softmax_velocity(x: torch.Tensor, eps: float, layer: _Layer):
     layer."""
     if layer.variant.normalize is not _softmax or (torch.is_grad_enabled() and x.requires_grad):
         return None
-    C = dot_scores(x, x, temperature=eps) if layer.scores == "dot" else gaussian_scores(x, x, temperature=eps)
+    C = _scores(x, eps, layer)
     E = C.sub_(C.amax(1, keepdim=True)).exp_()  # C is a fresh buffer
     P = E @ torch.cat([x, torch.ones_like(x[:, :1])], 1)
     return P[:, :-1] / P[:, -1:], torch.ones_like(x[:, 0]), (None, 1, 0.0, True)
@@ -118,7 +123,7 @@ def _kernel_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_ite
     if fast is not None:
         return fast
     n = x.shape[0]
-    C = dot_scores(x, x, temperature=eps) if layer.scores == "dot" else gaussian_scores(x, x, temperature=eps)
+    C = _scores(x, eps, layer)
     variant = layer.variant
     if variant.approximates is not None:
         raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass landmarks=m")

@@ -214,7 +214,7 @@ class _Arena:
     megabyte each (2,048 systems of n = 32) cost ~1,800 page faults of 4 KiB on their first writes, 12 ms
     of kernel time a ``simulate`` call, more than a step; on huge pages a handful. A buffer whose shape
     changes takes new memory, and the old slice is not reused (it happens once per batch size). Arrays
-under ``SMALL`` bytes come from ``numpy.empty``."""
+    under ``SMALL`` bytes come from ``numpy.empty``."""
 
     CHUNK = 8 << 20
     ALIGN = 64
@@ -311,12 +311,11 @@ def _product(a, b, out=None):
     return np.multiply(a, b, out=out) if isinstance(out, np.ndarray) else torch.mul(a, b, out=out)
 
 
-
 def _matmul(a, b, out):
     """``out = a @ b`` over a batch (numpy arrays through numpy's ``matmul``: module docstring)."""
     if isinstance(out, np.ndarray):
         return np.matmul(a, b, out=out)
-    return out.copy_(a @ b)  # out may be a transposed view
+    return out.copy_(a @ b)  # out may be a strided slice (the products' first d columns)
 
 
 def _exp_(t):

@@ -162,6 +162,17 @@ def test_monitor_and_save_every():
     assert np.allclose(traj.times, [0, 0.4, 0.8, 1.0]) and np.allclose(traj.monitor_times, [0, 0.5, 1.0])
 
 
+@pytest.mark.parametrize("steps, save_every", [(10, 4), (8, 4), (3, 10)])
+def test_kept_positions_are_those_of_every_step_at_the_kept_times(steps, save_every):
+    """Every ``save_every``-th position and the last one (also when ``steps`` is no multiple)."""
+    x0 = sinkflow.random_particles(6, 2, seed=1)
+    every = sinkflow.simulate(x0, "softmax", h=0.1, steps=steps)
+    kept = sinkflow.simulate(x0, "softmax", h=0.1, steps=steps, save_every=save_every)
+    at = [*range(0, steps + 1, save_every), *([steps] if steps % save_every else [])]
+    np.testing.assert_allclose(kept.times, every.times[at])
+    assert np.array_equal(np.asarray(kept.positions), np.asarray(every.positions)[at])
+
+
 # ---------------------------------------------------------------------------------------
 # block-wise evaluation (never n x n)
 
