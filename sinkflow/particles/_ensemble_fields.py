@@ -168,7 +168,7 @@ class EnsembleField(ParticleField):
 
     def tangent(self, v: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         vh, Yh = _host(v), _host(Y)
-        out = self._dot(vh, Yh) * Yh
+        out = _by_column(_product, Yh, self._dot(vh, Yh), _empty(Yh, Yh.shape))
         return _tensor(_sub(vh, out, out))
 
     def retract(self, Y: torch.Tensor) -> torch.Tensor:
@@ -181,8 +181,7 @@ class EnsembleField(ParticleField):
 
     def _normalized(self, t):
         """``t`` with its rows (last dimension) divided by their norms, in place."""
-        t /= _sqrt(self._dot(t, t))
-        return t
+        return _by_column(_divide, t, _sqrt(self._dot(t, t)), t)
 
     def _dot(self, a, b):
         """``(a * b).sum(-1, keepdims=True)`` for a short last dimension: the products in a reused
@@ -271,21 +270,45 @@ def _expand(t, shape):
 
 
 def _columns(t, columns, out):
-    """``t`` (``(..., d)``) with the given columns (scalars or ``(...)`` arrays) appended, written into ``out``."""
-    out[..., : t.shape[-1]] = t
-    for k, column in enumerate(columns, t.shape[-1]):
+    """``t`` (``(..., d)``) with the given columns (scalars or ``(...)`` arrays) appended, written into ``out``
+    (numpy: column by column, 4x faster than one strided assignment on 2,048 x 32 x 2)."""
+    d = t.shape[-1]
+    if isinstance(t, np.ndarray) and d <= _FEW:
+        for k in range(d):
+            out[..., k] = t[..., k]
+    else:
+        out[..., :d] = t
+    for k, column in enumerate(columns, d):
         out[..., k] = column
     return out
+
+
+#: A last dimension up to which numpy passes go column by column (:func:`_by_column`).
+_FEW = 8
+
+
+def _by_column(ufunc, a, column, out):
+    """``ufunc(a, column)`` for ``a`` of shape ``(..., d)`` and ``column`` of shape ``(..., 1)``, into ``out``.
+    numpy goes column by column for a short last dimension: its broadcast of ``column`` over a last axis of
+    2 took 3-6x the time (2,048 x 32 x 2)."""
+    if not isinstance(a, np.ndarray):
+        return ufunc(a, column, out=out)
+    if a.shape[-1] > _FEW:
+        return ufunc(a, column, out=out)
+    for k in range(a.shape[-1]):
+        ufunc(a[..., k], column[..., 0], out=out[..., k])
+    return out
+
+
+def _divide(a, b, out):
+    return np.divide(a, b, out=out) if isinstance(out, np.ndarray) else torch.div(a, b, out=out)
 
 
 def _divided(a, b):
     """``a / b`` in a new C-order array (``a``, ``b``: column slices of the products; the flow's state
     would keep a strided layout)."""
-    if isinstance(a, np.ndarray):  # column by column: numpy's broadcast over a last axis of 2 was 6x slower
-        out = np.empty(a.shape, dtype=a.dtype)
-        for k in range(a.shape[-1]):
-            np.divide(a[..., k], b[..., 0], out=out[..., k])
-        return out
+    if isinstance(a, np.ndarray):
+        return _by_column(_divide, a, b, np.empty(a.shape, dtype=a.dtype))
     return (a / b).contiguous()
 
 
