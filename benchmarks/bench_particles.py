@@ -265,21 +265,37 @@ def _clocks():
     return time.perf_counter(), time.thread_time()
 
 
-def exp_seconds(count, shape=(4096, 256)):
-    """(wall, CPU) seconds for ``count`` float32 exponentials of in-range arguments on a ``shape`` buffer."""
+def exp_seconds(count, shape=(4096, 256), library="torch"):
+    """(wall, CPU) seconds for ``count`` float32 exponentials of in-range arguments on a ``shape`` buffer,
+    in place, by ``library``'s exp ("torch" or "numpy": on one thread numpy's runs about twice as fast on
+    the CPUs measured, and sinkflow's fields use it there)."""
+    import numpy as np
     import torch
 
     buf = torch.empty(shape)
+    arr = buf.numpy()
     rounds = max(1, int(count // buf.numel()))
+    exp = (lambda: buf.exp_()) if library == "torch" else (lambda: np.exp(arr, out=arr))
     t0 = _clocks()
     for _ in range(rounds):
-        buf.fill_(-3.0).exp_()
+        buf.fill_(-3.0)
+        exp()
     t1 = _clocks()
     for _ in range(rounds):
         buf.fill_(-3.0)
     t2 = _clocks()
     scale = count / (rounds * buf.numel())
     return tuple(((b - a) - (c - b)) * scale for a, b, c in zip(t0, t1, t2))
+
+
+def _floor_runs(label, count, shapes):
+    """The floor rows of ``count`` exponentials: torch's and numpy's exp, each the faster over ``shapes``,
+    and ``label``, the faster of the two (the floor every ratio is taken against)."""
+    def fastest(library):
+        return lambda: tuple(map(min, zip(*(exp_seconds(count, shape, library) for shape in shapes))))
+    return {f"{label}: torch exp": (None, None, fastest("torch")),
+            f"{label}: numpy exp": (None, None, fastest("numpy")),
+            label: (None, "min", (f"{label}: torch exp", f"{label}: numpy exp"))}
 
 
 def plain_exact_step(x, W, g, n_iter=N_ITER, rows=256):
@@ -304,7 +320,8 @@ def plain_exact_step(x, W, g, n_iter=N_ITER, rows=256):
 def _exact_runs(n):
     """The exact step at ``n`` (float32) with the default block budget, half and four times it, 64 MiB, and
     the plain loop with the default's rows; its floor: ``11 n^2`` exponentials (10 half-iterations from a
-    warm ``g`` and the application), the faster of a buffer of the default block's shape and a 4 MiB one."""
+    warm ``g`` and the application), the fastest of torch's and numpy's exp on a buffer of the default
+    block's shape and on a 4 MiB one."""
     import torch
 
     import sinkflow.particles._blockwise_fields as blockwise_fields
@@ -319,7 +336,7 @@ def _exact_runs(n):
     print(f"plain loop vs sinkflow velocity (n = {n}, float32): max relative difference "
           f"{float((plain - ref).abs().max() / ref.abs().max()):.1e}")
     floor = f"exact {n}"
-    runs = {floor: (None, None, lambda: tuple(map(min, exp_seconds(11 * n * n, (rows, n)), exp_seconds(11 * n * n))))}
+    runs = _floor_runs(floor, 11 * n * n, ((rows, n), (4096, 256)))
     for label, size in ((f"default ({default / 2**20:.1f} MiB)", default), ("half the default", default // 2),
                         ("4x the default", 4 * default), ("64 MiB", 64 * 2**20)):
         runs[f"exact step, blocks {label}"] = (n, floor, lambda size=size: blockwise_fields.lazy_attention_field(
@@ -330,7 +347,8 @@ def _exact_runs(n):
 
 def _landmark_runs(sizes):
     """The landmark step (m = LANDMARKS, farthest points chosen inside the call, the default), the choice
-    alone, and the step with uniform landmarks; floor: the ``n m`` exponentials of the factor."""
+    alone, and the step with uniform landmarks; floor: the ``n m`` exponentials of the factor (the faster of
+    torch's and numpy's exp)."""
     import torch
 
     import sinkflow
@@ -339,7 +357,7 @@ def _landmark_runs(sizes):
     runs, lowrank = {}, sinkflow.particles.lowrank_attention_field
     for n in sizes:
         z, floor = torch.from_numpy(_particles(n)), f"landmark {n}"
-        runs[floor] = (None, None, lambda n=n: exp_seconds(n * LANDMARKS))
+        runs.update(_floor_runs(floor, n * LANDMARKS, ((4096, 256),)))
         runs[f"landmark step, farthest-point choice included ({n})"] = (n, floor, lambda z=z: lowrank(
             z, z, LANDMARKS, W=Wt, n_iter=N_ITER))
         runs[f"the choice alone ({n})"] = (n, floor, lambda z=z: sinkflow.particles.farthest_point_indices(
@@ -362,19 +380,29 @@ def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000)
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
     runs = {**_exact_runs(exact_n), **_landmark_runs((landmark_n // 10, landmark_n))}
-    times = {k: [] for k in runs}
+    timed = {k: v for k, v in runs.items() if v[1] != "min"}
+    times = {k: [] for k in timed}
     for _ in range(repeats):
-        for k, (n, floor, fn) in runs.items():
+        for k, (n, floor, fn) in timed.items():
             t0 = _clocks()
             out = fn()
             times[k].append(out if floor is None else tuple(b - a for a, b in zip(t0, _clocks())))
     med = {k: tuple(statistics.median(t[c] for t in v) for c in (0, 1)) for k, v in times.items()}
+    for k, (_, kind, parts) in runs.items():
+        if kind == "min":
+            med[k] = tuple(map(min, zip(*(med[p] for p in parts))))
     print(f"\nFloors on {cpu_description()}\nfloat32, d={D}, 1 thread, medians of {repeats} interleaved; "
           f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
+    print("| floor | exponentials | torch exp, wall (s) | numpy exp, wall (s) | torch / numpy |")
+    print("|---|---|---|---|---|")
+    for k, (_, kind, (torch_key, numpy_key)) in ((k, v) for k, v in runs.items() if v[1] == "min"):
+        (tw, _), (nw, _) = med[torch_key], med[numpy_key]
+        print(f"| {k} | {'11 n^2' if k.startswith('exact') else 'n m'} | {tw:.3g} | {nw:.3g} | x{tw / nw:.2f} |")
+    print("\nRatios against the faster of the two exps:\n")
     print("| step | n | floor, wall (s) | time, wall (s) | ratio, wall | ratio, CPU time | target (issue 28) |")
     print("|---|---|---|---|---|---|---|")
     for k, (n, floor, _) in runs.items():
-        if floor is not None:
+        if floor not in (None, "min"):
             (fw, fc), (tw, tc) = med[floor], med[k]
             target = next((t for (prefix, at), t in FLOOR_TARGETS.items() if k.startswith(prefix) and n == at), None)
             verdict = "-" if target is None else f"<= {target:g}: {'ok' if max(tw / fw, tc / fc) <= target else 'MISSED'}"

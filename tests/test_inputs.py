@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow._backend import HUGE_PAGE_BYTES, broadcast_shapes, check_number, empty_large, leading
+from sinkflow._backend import HUGE_PAGE_BYTES, broadcast_shapes, check_number, empty_large, exp_, leading
 from sinkflow.heat._landmark_errors import nystrom_spectral_error
 
 RNG = np.random.default_rng(2026)
@@ -287,6 +287,41 @@ def test_empty_large_buffers_are_private_writable_tensors(shape, dtype):
     view = a.view(-1)[-3:]
     del a
     assert view.tolist() == [1.0] * min(3, view.numel()) and bool((b == 2.0).all())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_in_place_is_torchs_exp(dtype, threads):
+    """numpy's exp (one thread) or torch's (more): torch's values within 4 units in the last place, the
+    same overflow to inf, underflow to 0, NaN; in place on a strided view, its version counter bumped."""
+    base = torch.linspace(-800.0, 800.0, 30_001, dtype=dtype)
+    base[:3] = torch.tensor([-math.inf, math.inf, math.nan], dtype=dtype)
+    expected = torch.exp(base)
+    t = base.clone().reshape(-1, 1).expand(-1, 2).contiguous()[:, 1]  # every other entry: a strided view
+    version, ptr = t._version, t.data_ptr()
+    with sinkflow.torch_threads(threads), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = exp_(t)
+    assert out is t and t.data_ptr() == ptr and t._version > version
+    normal = torch.isfinite(expected) & (expected >= torch.finfo(dtype).tiny)
+    assert torch.equal(torch.isnan(t), torch.isnan(expected)) and torch.equal(torch.isinf(t), torch.isinf(expected))
+    assert float(((t - expected).abs() / expected)[normal].max()) <= 4 * torch.finfo(dtype).eps
+    assert float((t - expected)[~normal & torch.isfinite(expected)].abs().max()) <= torch.finfo(dtype).tiny
+
+
+def test_exp_in_place_keeps_autograd_honest():
+    """Under autograd torch's exp_ (its gradient); a tensor saved for a backward pass and then exponentiated
+    is reported stale, as with torch's own in-place op."""
+    w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    with sinkflow.torch_threads(1):
+        y = exp_(w * 1.0)
+        y.sum().backward()
+        assert torch.allclose(w.grad, torch.exp(w.detach()), rtol=1e-15, atol=0)
+        saved = torch.randn(5, dtype=torch.float64)
+        loss = (w * saved).sum()
+        exp_(saved)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
 
 
 # --------------------------------------------------------------------------- tol = 0

@@ -24,17 +24,18 @@ from typing import Any
 
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, exp_floor, from_torch, leading, to_torch
+from sinkflow._backend import check_finite, check_float, check_number, exp_, exp_floor, from_torch, leading, to_torch
 
 __all__ = ["LazyField", "lazy_attention_field", "DEFAULT_BLOCK_BYTES", "cache_block_bytes"]
 
 def cache_block_bytes(fallback: int = 2**20) -> int:
-    """Default memory budget of a block of rows: three times the per-core L2 cache.
+    """Memory budget of a block of rows whose score buffer fits the per-core L2: three times it.
 
-    A block's score buffer then fits in L2 (the budget is counted as three buffers), so the
-    few passes over it after its product run in cache: the step is memory-bound otherwise
-    (n = 6,000, float32, one thread: 64 MiB blocks 6.3x the floor of the exponentials, 1-4 MiB
-    blocks 2.1-2.2x, see docs/performance.md). Read from
+    The few passes over such a block after its product run in cache; far larger blocks make
+    the step memory-bound (n = 6,000, float32, one thread: 64 MiB blocks 6.3x the floor of the
+    exponentials, 1-4 MiB blocks 2.1-2.2x, see docs/performance.md). The landmark factor is
+    built in blocks of this budget; the exact step's default (``DEFAULT_BLOCK_BYTES``) is at
+    least 12 MiB, which amortizes each block's calls. Read from
     ``/sys/devices/system/cpu/cpu0/cache``, else ``os.sysconf("SC_LEVEL2_CACHE_SIZE")``, else
     ``fallback`` bytes of L2.
 
@@ -70,8 +71,15 @@ def _l2_bytes() -> int | None:
         return None
 
 
-#: Memory per block of rows (counted as three score buffers), in bytes: :func:`cache_block_bytes`.
-DEFAULT_BLOCK_BYTES = cache_block_bytes()
+#: Least budget of the default block: a score buffer of 2^20 float32 entries (4 MiB). A block costs about a
+#: dozen calls (~30 us) besides its passes (~1 ns an entry, numpy's exp included), so smaller blocks lose
+#: 10-40% to the calls once ``exp`` is fast: at n = 20,000 an L2-sized buffer (13 rows) ran 2.2-2.4x the
+#: exp floor and this one 1.9-2.0x (docs/performance.md, *Large n: numpy's exp*).
+MIN_DEFAULT_BLOCK_BYTES = 3 * 2**22
+
+#: Memory per block of rows (counted as three score buffers), in bytes: :func:`cache_block_bytes`, at least
+#: ``MIN_DEFAULT_BLOCK_BYTES``.
+DEFAULT_BLOCK_BYTES = max(cache_block_bytes(), MIN_DEFAULT_BLOCK_BYTES)
 
 _NORMALIZATIONS = ("none", "row", "sinkhorn")
 _SCORES = ("dot", "gaussian")
@@ -194,7 +202,7 @@ class _Passes:
 
     def _exp(self, T, clamp):
         """``exp`` of a block in place; arguments below the exp floor clamped there first when ``clamp``."""
-        return (T.clamp_min_(self.lt) if clamp else T).exp_()
+        return exp_(T.clamp_min_(self.lt) if clamp else T)
 
     def row(self, g, f_prev=None, full=True):
         """Row normalization: new ``f``, and with ``full`` the velocity and weighted column sums (else None:
@@ -252,7 +260,7 @@ class _Passes:
         for i0, i1 in self._blocks():
             T = self.S.block(left, i0, i1, bias)
             m_new = torch.maximum(m, T.amax(0))
-            s = s * torch.exp(m - m_new) + T.sub_(m_new[None, :]).clamp_min_(self.lt).exp_().sum(0)
+            s = s * torch.exp(m - m_new) + exp_(T.sub_(m_new[None, :]).clamp_min_(self.lt)).sum(0)
             m = m_new
         return self.log_a - (m + torch.log(s))
 
@@ -300,7 +308,7 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
         Stopping rule for ``n_iter=None`` (checked after each row step).
     block_bytes : int
         Memory budget of one block of score rows (counted as three buffers of the block);
-        by default three times the L2 cache (:func:`cache_block_bytes`).
+        by default three times the L2 cache (:func:`cache_block_bytes`), at least 12 MiB.
 
     Returns
     -------
