@@ -49,13 +49,13 @@ step (n = 20,000) at four block budgets and a plain hand-written loop of the sam
 (:func:`plain_exact_step`), and the landmark step (n = 10^5, 10^6) with its farthest-point choice
 included, the choice alone and uniform landmarks, each against the floor of its exponentials (wall and
 CPU-time ratios), with issue 28's targets (exact step at the default blocks <= 2x, landmark step with
-its choice <= 4x). Last measured on an AMD EPYC (AuthenticAMD, avx2 avx512f, torch AVX512, L2 1 MiB;
-``--floor --repeats 3``, load 0.7 -> 1.0), wall / CPU time: exact step 1.61x / 1.60x, landmark step at
-10^6 with its choice 1.00 s, 4.25x / 4.25x (the choice alone 0.096 s, 0.40x; uniform landmarks 2.83x);
-the same benchmark before the last change, at load 0.9 -> 1.4: 1.18 s, 3.80x / 3.78x (choice 0.143 s),
-against a floor of 0.31 s instead of 0.236 s: the floor's speed moves between runs by more than the
-change, so before / after is measured interleaved (docs/performance.md, *Large n on another CPU*,
-third look). No Intel CPU was at hand.
+its choice <= 4x). The floor is timed with torch's ``exp`` and with numpy's (on one thread numpy's ran
+twice as fast), both are printed, and every ratio is against the faster. Last measured on an AMD EPYC
+(AuthenticAMD, avx2 avx512f, torch AVX512, L2 1 MiB; ``--floor --repeats 3``, two rounds, load
+0.6-1.6), against numpy's ``exp``: exact step 1.89x and 2.00x (3.06x and 3.16x for the commit before,
+alternated with it), landmark step at 10^6 with its choice 6.67x and 7.06x (8.70x, 8.31x), uniform
+landmarks 4.16x and 4.13x (5.21x, 5.95x); docs/performance.md, *Large n: numpy's exp*. No Intel CPU was
+at hand.
 Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks] [--baseline REV] [--skip-exact] [--floor]``.
 """
 

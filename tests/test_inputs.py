@@ -289,19 +289,28 @@ def test_empty_large_buffers_are_private_writable_tensors(shape, dtype):
     assert view.tolist() == [1.0] * min(3, view.numel()) and bool((b == 2.0).all())
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+EXP_CASES = {"numpy": (1, 30_001, 1), "two threads": (2, 30_001, 1), "strided view": (1, 30_001, 2),
+             "small": (1, 1_001, 1)}
+
+
+@pytest.mark.parametrize("case", EXP_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_exp_in_place_is_torchs_exp(dtype, threads):
-    """numpy's exp (one thread) or torch's (more): torch's values within 4 units in the last place, the
-    same overflow to inf, underflow to 0, NaN; in place on a strided view, its version counter bumped."""
-    base = torch.linspace(-800.0, 800.0, 30_001, dtype=dtype)
+def test_exp_in_place_is_torchs_exp(dtype, case, monkeypatch):
+    """numpy's exp for a large contiguous tensor on one thread, torch's otherwise (two threads, a strided
+    view, a small tensor): torch's values within 4 eps relative, the same overflow to inf, underflow to 0
+    and NaN; in place, its version counter bumped."""
+    threads, size, step = EXP_CASES[case]
+    calls, real_exp = [], np.exp
+    monkeypatch.setattr(np, "exp", lambda *a, **k: calls.append(1) or real_exp(*a, **k))
+    base = torch.linspace(-800.0, 800.0, size, dtype=dtype)
     base[:3] = torch.tensor([-math.inf, math.inf, math.nan], dtype=dtype)
     expected = torch.exp(base)
-    t = base.clone().reshape(-1, 1).expand(-1, 2).contiguous()[:, 1]  # every other entry: a strided view
+    t = base.repeat_interleave(step)[::step] if step > 1 else base.clone()
     version, ptr = t._version, t.data_ptr()
     with sinkflow.torch_threads(threads), warnings.catch_warnings():
         warnings.simplefilter("error")
         out = exp_(t)
+    assert len(calls) == (case == "numpy")
     assert out is t and t.data_ptr() == ptr and t._version > version
     normal = torch.isfinite(expected) & (expected >= torch.finfo(dtype).tiny)
     assert torch.equal(torch.isnan(t), torch.isnan(expected)) and torch.equal(torch.isinf(t), torch.isinf(expected))
@@ -309,15 +318,40 @@ def test_exp_in_place_is_torchs_exp(dtype, threads):
     assert float((t - expected)[~normal & torch.isfinite(expected)].abs().max()) <= torch.finfo(dtype).tiny
 
 
+def test_exp_in_place_compiles_in_one_graph():
+    """Under torch.compile(fullgraph=True) exp_ is torch's op: one graph, no break on the thread probe."""
+    x = torch.linspace(-3.0, 3.0, 2**15)
+    with sinkflow.torch_threads(1):
+        got = torch.compile(lambda v: exp_(v * 2.0) + 1.0, fullgraph=True, backend="eager")(x)
+    torch.testing.assert_close(got, torch.exp(x * 2.0) + 1.0)
+
+
+def test_exp_in_place_leaves_transforms_and_inference_tensors_to_torch():
+    """Under torch.func.vmap, forward-mode AD and for an inference tensor outside inference mode, torch's op
+    runs (its result, its error), never numpy on a tensor it does not own."""
+    x = torch.linspace(-3.0, 3.0, 2 * 2**15, dtype=torch.float64).reshape(2, -1)
+    with sinkflow.torch_threads(1):
+        torch.testing.assert_close(torch.func.vmap(lambda v: exp_(v * 1.0))(x), torch.exp(x))
+        primal, tangent = torch.func.jvp(lambda v: exp_(v * 1.0), (x,), (torch.ones_like(x),))
+        torch.testing.assert_close(tangent, torch.exp(x))
+        with torch.autograd.forward_ad.dual_level():
+            dual = exp_(torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)) * 1.0)
+            torch.testing.assert_close(torch.autograd.forward_ad.unpack_dual(dual).tangent, torch.exp(x))
+        with torch.inference_mode():
+            frozen = torch.zeros(2**15)
+        with pytest.raises(RuntimeError, match="[Ii]nference"):
+            exp_(frozen)
+
+
 def test_exp_in_place_keeps_autograd_honest():
     """Under autograd torch's exp_ (its gradient); a tensor saved for a backward pass and then exponentiated
     is reported stale, as with torch's own in-place op."""
-    w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2**15, dtype=torch.float64, requires_grad=True)
     with sinkflow.torch_threads(1):
         y = exp_(w * 1.0)
         y.sum().backward()
         assert torch.allclose(w.grad, torch.exp(w.detach()), rtol=1e-15, atol=0)
-        saved = torch.randn(5, dtype=torch.float64)
+        saved = torch.randn(2**15, dtype=torch.float64)
         loss = (w * saved).sum()
         exp_(saved)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):

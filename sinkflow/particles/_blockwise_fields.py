@@ -73,8 +73,8 @@ def _l2_bytes() -> int | None:
 
 #: Least budget of the default block: a score buffer of 2^20 float32 entries (4 MiB). A block costs about a
 #: dozen calls (~30 us) besides its passes (~1 ns an entry, numpy's exp included), so smaller blocks lose
-#: 10-40% to the calls once ``exp`` is fast: at n = 20,000 an L2-sized buffer (13 rows) ran 2.2-2.4x the
-#: exp floor and this one 1.9-2.0x (docs/performance.md, *Large n: numpy's exp*).
+#: 10-40% to the calls once ``exp`` is fast: at n = 20,000 (CPU time) an L2-sized buffer (13 rows) ran
+#: 1.95-2.24x the exp floor and this one 1.77-1.94x (docs/performance.md, *Large n: numpy's exp*).
 MIN_DEFAULT_BLOCK_BYTES = 3 * 2**22
 
 #: Memory per block of rows (counted as three score buffers), in bytes: :func:`cache_block_bytes`, at least
@@ -150,7 +150,7 @@ class _BlockScores:
 
     def block(self, left, i0, i1, bias):
         """``row_bias_i + C_ij + bias_j`` for rows ``i0:i1``: one buffer overwritten block after block (a fresh
-        one under autograd). No fresh allocation per block: the block stays in cache, no page faults."""
+        one under autograd). No fresh allocation per block: one buffer that stays warm, no page faults."""
         if not self.reuse:
             return torch.addmm(bias, left[i0:i1], self.right)
         if self.buffer is None or self.buffer.shape[0] < i1 - i0:
@@ -167,7 +167,7 @@ class _BlockScores:
 
 
 class _Passes:
-    """One pass over the row blocks per half-iteration, each block a few in-cache passes.
+    """One pass over the row blocks per half-iteration, each block a few passes over one reused buffer.
 
     A row step after a column step shifts the block by the previous ``f`` (whose column step
     bounded every entry ``exp(f_i + C_ij + g_j) <= b_j / a_i``) and a column step by the

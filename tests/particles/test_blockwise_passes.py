@@ -84,7 +84,7 @@ def test_cache_size_is_read_from_sysfs_then_sysconf_then_the_fallback(monkeypatc
     assert B.cache_block_bytes() == 3 * 2**20
     monkeypatch.setattr(B.os, "sysconf", lambda name: (_ for _ in ()).throw(ValueError(name)))
     assert B.cache_block_bytes(fallback=2**18) == 3 * 2**18
-    assert math.isfinite(B.DEFAULT_BLOCK_BYTES) and B.DEFAULT_BLOCK_BYTES >= 3 * 2**15
+    assert B.DEFAULT_BLOCK_BYTES >= B.MIN_DEFAULT_BLOCK_BYTES
 
 
 @pytest.mark.parametrize("scores", ["dot", "gaussian"])
