@@ -288,14 +288,15 @@ def exp_seconds(count, shape=(4096, 256), library="torch"):
     return tuple(((b - a) - (c - b)) * scale for a, b, c in zip(t0, t1, t2))
 
 
+EXPS = ("torch", "numpy")
+
+
 def _floor_runs(label, count, shapes):
-    """The floor rows of ``count`` exponentials: torch's and numpy's exp, each the faster over ``shapes``,
-    and ``label``, the faster of the two (the floor every ratio is taken against)."""
+    """The floor rows of ``count`` exponentials, ``"{label}: {library} exp"`` for torch's and numpy's, each
+    the faster over ``shapes``; the floor ``label`` itself is the faster of the two (:func:`floor_rows`)."""
     def fastest(library):
         return lambda: tuple(map(min, zip(*(exp_seconds(count, shape, library) for shape in shapes))))
-    return {f"{label}: torch exp": (None, None, fastest("torch")),
-            f"{label}: numpy exp": (None, None, fastest("numpy")),
-            label: (None, "min", (f"{label}: torch exp", f"{label}: numpy exp"))}
+    return {f"{label}: {library} exp": (None, None, fastest(library)) for library in EXPS}
 
 
 def plain_exact_step(x, W, g, n_iter=N_ITER, rows=256):
@@ -380,29 +381,26 @@ def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000)
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
     runs = {**_exact_runs(exact_n), **_landmark_runs((landmark_n // 10, landmark_n))}
-    timed = {k: v for k, v in runs.items() if v[1] != "min"}
-    times = {k: [] for k in timed}
+    times = {k: [] for k in runs}
     for _ in range(repeats):
-        for k, (n, floor, fn) in timed.items():
+        for k, (n, floor, fn) in runs.items():
             t0 = _clocks()
             out = fn()
             times[k].append(out if floor is None else tuple(b - a for a, b in zip(t0, _clocks())))
     med = {k: tuple(statistics.median(t[c] for t in v) for c in (0, 1)) for k, v in times.items()}
-    for k, (_, kind, parts) in runs.items():
-        if kind == "min":
-            med[k] = tuple(map(min, zip(*(med[p] for p in parts))))
+    floors = {floor: [med[f"{floor}: {library} exp"] for library in EXPS] for _, floor, _ in runs.values() if floor}
+    med.update({floor: tuple(map(min, zip(*by_library))) for floor, by_library in floors.items()})
     print(f"\nFloors on {cpu_description()}\nfloat32, d={D}, 1 thread, medians of {repeats} interleaved; "
           f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
     print("| floor | exponentials | torch exp, wall (s) | numpy exp, wall (s) | torch / numpy |")
     print("|---|---|---|---|---|")
-    for k, (_, kind, (torch_key, numpy_key)) in ((k, v) for k, v in runs.items() if v[1] == "min"):
-        (tw, _), (nw, _) = med[torch_key], med[numpy_key]
+    for k, ((tw, _), (nw, _)) in floors.items():
         print(f"| {k} | {'11 n^2' if k.startswith('exact') else 'n m'} | {tw:.3g} | {nw:.3g} | x{tw / nw:.2f} |")
     print("\nRatios against the faster of the two exps:\n")
     print("| step | n | floor, wall (s) | time, wall (s) | ratio, wall | ratio, CPU time | target (issue 28) |")
     print("|---|---|---|---|---|---|---|")
     for k, (n, floor, _) in runs.items():
-        if floor not in (None, "min"):
+        if floor is not None:
             (fw, fc), (tw, tc) = med[floor], med[k]
             target = next((t for (prefix, at), t in FLOOR_TARGETS.items() if k.startswith(prefix) and n == at), None)
             verdict = "-" if target is None else f"<= {target:g}: {'ok' if max(tw / fw, tc / fc) <= target else 'MISSED'}"

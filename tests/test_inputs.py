@@ -332,7 +332,7 @@ def test_exp_in_place_leaves_transforms_and_inference_tensors_to_torch():
     x = torch.linspace(-3.0, 3.0, 2 * 2**15, dtype=torch.float64).reshape(2, -1)
     with sinkflow.torch_threads(1):
         torch.testing.assert_close(torch.func.vmap(lambda v: exp_(v * 1.0))(x), torch.exp(x))
-        primal, tangent = torch.func.jvp(lambda v: exp_(v * 1.0), (x,), (torch.ones_like(x),))
+        _, tangent = torch.func.jvp(lambda v: exp_(v * 1.0), (x,), (torch.ones_like(x),))
         torch.testing.assert_close(tangent, torch.exp(x))
         with torch.autograd.forward_ad.dual_level():
             dual = exp_(torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)) * 1.0)
