@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from contextlib import nullcontext
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F

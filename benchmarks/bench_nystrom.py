@@ -29,9 +29,9 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _timing import timed  # noqa: E402  (benchmarks/_timing.py)
 
 import sinkflow  # noqa: E402
-from _timing import timed  # noqa: E402  (benchmarks/_timing.py)
 
 P, M = 64, 128
 

@@ -37,9 +37,9 @@ import warnings
 import numpy as np
 import ot
 import torch
+from _timing import timed  # benchmarks/_timing.py
 
 import sinkflow
-from _timing import timed  # benchmarks/_timing.py
 
 
 def problem(n, d, temperature, seed=0):

@@ -68,10 +68,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from sinkflow.sweeps._points import expand_grid
-
     from sinkflow.sweeps._executors import local_client
-
+    from sinkflow.sweeps._points import expand_grid
     from sinkflow.sweeps._sweep import sweep
 
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from sinkflow.datasets import listops, listops_tokens, pathfinder, pathfinder_tokens, LISTOPS_VOCAB
+from sinkflow.datasets import LISTOPS_VOCAB, listops, listops_tokens, pathfinder, pathfinder_tokens
 
 OPS = {"[MAX": max, "[MIN": min, "[MED": lambda xs: int(statistics.median_low(sorted(xs)) if len(xs) % 2
                                                          else (sorted(xs)[len(xs) // 2 - 1] + sorted(xs)[len(xs) // 2]) // 2),

@@ -10,11 +10,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from _browser import Browser, chromium_binary, serve
 
 import sinkflow
 from sinkflow.cli.docs import docs_source
-
-from _browser import Browser, chromium_binary, serve
 
 pytest.importorskip("sphinx")
 pytest.importorskip("myst_nb")

@@ -6,7 +6,6 @@ sympy (the derivations of :mod:`sinkflow.heat.symbolic`, limits, integrals) and 
 velocity of the code on a deterministic Gaussian sample.
 """
 
-import re
 from pathlib import Path
 
 import numpy as np

@@ -15,30 +15,51 @@ Start reading at ``_variants.py`` (what an attention variant is), then
 ``_tolerances.py`` and ``_result.py``.
 """
 
-from sinkflow.attention._scores import (
-    dot_scores, gaussian_scores,
-)
-from sinkflow.attention._result import (
-    SinkhornWarning, SinkhornResult,
-)
-from sinkflow.attention._tolerances import (
-    attainable_error, default_tolerance,
-)
-from sinkflow.attention._normalizations import (
-    softmax, sinkhorn, solve_sinkhorn,
+from sinkflow.attention._inverses import (
+    iterative_inverse,
+    newton_schulz_pinv,
 )
 from sinkflow.attention._kernelized import (
-    gaussian_kernel, kernelized_attention_matrix, kernelized_attention, lifted_kernel,
+    gaussian_kernel,
+    kernelized_attention,
+    kernelized_attention_matrix,
+    lifted_kernel,
 )
-from sinkflow.attention._inverses import (
-    iterative_inverse, newton_schulz_pinv,
+from sinkflow.attention._normalizations import (
+    sinkhorn,
+    softmax,
+    solve_sinkhorn,
 )
 from sinkflow.attention._nystrom import (
-    sample_landmarks, NystromFactors, nystrom_factors, nystrom_matrix, nystrom_attention, segment_means,
-    nystromformer_factors, nystromformer_matrix, nystromformer_attention, landmark_block,
+    NystromFactors,
+    landmark_block,
+    nystrom_attention,
+    nystrom_factors,
+    nystrom_matrix,
+    nystromformer_attention,
+    nystromformer_factors,
+    nystromformer_matrix,
+    sample_landmarks,
+    segment_means,
+)
+from sinkflow.attention._result import (
+    SinkhornResult,
+    SinkhornWarning,
+)
+from sinkflow.attention._scores import (
+    dot_scores,
+    gaussian_scores,
+)
+from sinkflow.attention._tolerances import (
+    attainable_error,
+    default_tolerance,
 )
 from sinkflow.attention._variants import (
-    Normalized, AttentionVariant, register_attention, get_attention, available_attentions,
+    AttentionVariant,
+    Normalized,
+    available_attentions,
+    get_attention,
+    register_attention,
 )
 
 __all__ = [

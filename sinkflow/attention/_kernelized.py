@@ -9,7 +9,16 @@ import math
 
 import torch
 
-from sinkflow._backend import broadcast_shapes, check_finite, check_float, check_number, exp_floor, from_torch, leading, to_torch
+from sinkflow._backend import (
+    broadcast_shapes,
+    check_finite,
+    check_float,
+    check_number,
+    exp_floor,
+    from_torch,
+    leading,
+    to_torch,
+)
 from sinkflow.attention._scores import gaussian_scores
 
 __all__ = ["gaussian_kernel", "kernelized_attention_matrix", "kernelized_attention", "lifted_kernel"]

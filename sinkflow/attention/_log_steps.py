@@ -6,6 +6,7 @@ log-domain iteration, and the kernel-domain one whenever it re-exponentiates.
 from __future__ import annotations
 
 import math
+
 import torch
 
 from sinkflow._backend import compiling, exp_floor

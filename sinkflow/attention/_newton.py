@@ -6,6 +6,7 @@ when they stop improving.
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import torch
 

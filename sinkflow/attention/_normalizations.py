@@ -61,12 +61,12 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, compiling, from_torch, leading, to_torch
 from sinkflow._checks import check_numpy_float
-from sinkflow.attention._result import SinkhornWarning, SinkhornResult
-from sinkflow.attention._tolerances import _compute_dtype, _resolve_tolerance
 from sinkflow.attention._log_steps import _masked_softmax
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
+from sinkflow.attention._result import SinkhornResult, SinkhornWarning
+from sinkflow.attention._schedule import _failure_message, _scaling_schedule, _solve_to_tolerance, _symmetric_start
 from sinkflow.attention._sinkhorn_steps import _final_error, _fixed_iterations
-from sinkflow.attention._schedule import _scaling_schedule, _symmetric_start, _failure_message, _solve_to_tolerance
+from sinkflow.attention._tolerances import _compute_dtype, _resolve_tolerance
 
 __all__ = ["softmax", "sinkhorn", "solve_sinkhorn"]
 

@@ -35,11 +35,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import HALF_DTYPES, broadcast_shapes, check_float, check_number, from_torch, lift_half, require, to_torch
+from sinkflow._backend import (
+    HALF_DTYPES,
+    broadcast_shapes,
+    check_float,
+    check_number,
+    from_torch,
+    lift_half,
+    require,
+    to_torch,
+)
+from sinkflow.attention._inverses import (
+    _check_gamma,
+    _check_inverse,
+    _check_iter,
+    _check_scale,
+    _core,
+    _newton_schulz,
+    _pinv_rtol,
+)
+from sinkflow.attention._kernelized import _check_pair, _check_values, _kernel, _stack
 from sinkflow.attention._normalizations import softmax
 from sinkflow.attention._scores import dot_scores
-from sinkflow.attention._inverses import _newton_schulz, _check_scale, _check_iter, _check_gamma, _pinv_rtol, _core, _check_inverse
-from sinkflow.attention._kernelized import _check_pair, _check_values, _kernel, _stack
 
 __all__ = ["sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
 import numpy as np
 
 __all__ = ["SinkhornWarning", "SinkhornResult"]

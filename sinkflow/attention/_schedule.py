@@ -6,10 +6,11 @@ budgets, and the switch to Newton steps when a stage stalls.
 from __future__ import annotations
 
 import math
+
 import torch
 
-from sinkflow.attention._sinkhorn_steps import _iterate
 from sinkflow.attention._newton import _newton_polish
+from sinkflow.attention._sinkhorn_steps import _iterate
 
 __all__ = []
 

@@ -7,6 +7,7 @@ number of half-iterations.
 from __future__ import annotations
 
 import math
+
 import torch
 
 from sinkflow._backend import compiling

@@ -28,8 +28,8 @@ receives the dense scores and returns :math:`K`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

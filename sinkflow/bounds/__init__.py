@@ -6,16 +6,33 @@ the spectral-norm error of Skyformer's Nyström approximation against its theore
 (observed Nyström errors against the theorem: ``nystrom_check``).
 """
 
-from sinkflow.bounds._stochasticity import (
-    MarginalErrors, marginal_errors, sorted_column_sums, kl_to_sinkhorn, hilbert_diameter, birkhoff_hopf_rate,
-    asymptotic_rate, observed_rate,
+from sinkflow.bounds._nystrom_bounds import (
+    NystromCheck,
+    NystromErrors,
+    nystrom_check,
+    nystrom_errors,
+    smallest_sufficient_landmarks,
 )
 from sinkflow.bounds._spectral import (
-    LANDMARK_CONSTANT, SHARP_LANDMARK_CONSTANT, spectral_norm, extreme_eigenvalues, ridge_leverage_scores,
-    statistical_dimension, beta_star, landmarks_required, binomial_interval,
+    LANDMARK_CONSTANT,
+    SHARP_LANDMARK_CONSTANT,
+    beta_star,
+    binomial_interval,
+    extreme_eigenvalues,
+    landmarks_required,
+    ridge_leverage_scores,
+    spectral_norm,
+    statistical_dimension,
 )
-from sinkflow.bounds._nystrom_bounds import (
-    NystromErrors, nystrom_errors, NystromCheck, nystrom_check, smallest_sufficient_landmarks,
+from sinkflow.bounds._stochasticity import (
+    MarginalErrors,
+    asymptotic_rate,
+    birkhoff_hopf_rate,
+    hilbert_diameter,
+    kl_to_sinkhorn,
+    marginal_errors,
+    observed_rate,
+    sorted_column_sums,
 )
 
 __all__ = [

@@ -41,20 +41,19 @@ import numpy as np
 import torch
 
 from sinkflow._checks import check_number, check_seed
-from sinkflow.attention._inverses import _iterative_inverse
-from sinkflow.attention._inverses import _check_gamma, _check_inverse, _check_iter, _pinv_rtol
+from sinkflow.attention._inverses import _check_gamma, _check_inverse, _check_iter, _iterative_inverse, _pinv_rtol
 from sinkflow.attention._kernelized import _check_pair, _kernel, _stack
 from sinkflow.attention._nystrom import sample_landmarks
 from sinkflow.bounds._spectral import (
+    LANDMARK_CONSTANT,
     _check_fraction,
     _check_trials,
-    LANDMARK_CONSTANT,
-    spectral_norm,
-    extreme_eigenvalues,
-    ridge_leverage_scores,
     beta_star,
-    landmarks_required,
     binomial_interval,
+    extreme_eigenvalues,
+    landmarks_required,
+    ridge_leverage_scores,
+    spectral_norm,
 )
 
 __all__ = ["NystromErrors", "nystrom_errors", "NystromCheck", "nystrom_check", "smallest_sufficient_landmarks"]

@@ -21,17 +21,37 @@ The mean-field velocity on a circle grid that :func:`sinkflow.mean_field_flow` i
 :mod:`sinkflow.heat` (``_circle_field.py``), one floor down.
 """
 
-from sinkflow.clustering._phase_diagram import phase_diagram
 from sinkflow.clustering._linear_theory import (
-    angular_density, circle_energy, circle_growth_rate, count_clusters, fastest_mode, formation_time,
-    fourier_amplitude, particle_cluster_count, sphere_growth_rate,
-)
-from sinkflow.clustering._predictions import (
-    ClusterPrediction, cluster_centers, cluster_positions, mode_history, plateau_clusters, position_error, predict_clusters,
-    sphere_mode_maxima, sphere_plateau_clusters,
+    angular_density,
+    circle_energy,
+    circle_growth_rate,
+    count_clusters,
+    fastest_mode,
+    formation_time,
+    fourier_amplitude,
+    particle_cluster_count,
+    sphere_growth_rate,
 )
 from sinkflow.clustering._metastability import (
-    count_history, dwell_times, fit_exponent, plateau_run, point_cluster_dwell, staircase_level, two_cluster_dwell,
+    count_history,
+    dwell_times,
+    fit_exponent,
+    plateau_run,
+    point_cluster_dwell,
+    staircase_level,
+    two_cluster_dwell,
+)
+from sinkflow.clustering._phase_diagram import phase_diagram
+from sinkflow.clustering._predictions import (
+    ClusterPrediction,
+    cluster_centers,
+    cluster_positions,
+    mode_history,
+    plateau_clusters,
+    position_error,
+    predict_clusters,
+    sphere_mode_maxima,
+    sphere_plateau_clusters,
 )
 from sinkflow.clustering._saddles import energy_hessian, tangent_basis, unstable_directions
 

@@ -111,7 +111,7 @@ class _Pool:
     t: torch.Tensor
     h: torch.Tensor
 
-    def select(self, keep: torch.Tensor) -> "_Pool":
+    def select(self, keep: torch.Tensor) -> _Pool:
         return _Pool(*(v[keep] for v in (self.ids, self.x, self.a, self.t, self.h)))
 
 

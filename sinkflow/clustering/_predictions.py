@@ -22,7 +22,11 @@ import numpy as np
 from sinkflow._backend import from_torch, to_torch
 from sinkflow._checks import check_choice, check_number
 from sinkflow.clustering._linear_theory import (
-    angular_density, circle_growth_rate, fastest_mode, formation_time, _smooth,
+    _smooth,
+    angular_density,
+    circle_growth_rate,
+    fastest_mode,
+    formation_time,
 )
 from sinkflow.heat._circle_field import CIRCLE_NORMALIZATIONS, uniform_angles
 

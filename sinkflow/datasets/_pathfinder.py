@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from sinkflow.datasets._cache import _cached
 
 __all__ = ["pathfinder", "pathfinder_tokens"]

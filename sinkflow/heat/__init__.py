@@ -15,36 +15,75 @@ derivations used as test oracles (loaded on its own: it imports sympy).
 Start reading at ``_rescaled_flow.py``.
 """
 
-from sinkflow.heat._references import (
-    GaussianMixture, Barenblatt, GridHeatSolution, solve_heat_grid,
+from sinkflow.heat._circle_field import (
+    CIRCLE_NORMALIZATIONS,
+    STEP,
+    CircleVelocity,
+    circle_field,
+    uniform_angles,
 )
 from sinkflow.heat._distances import (
-    W2Result, wasserstein2, grid_quantiles, wasserstein2_to_grid, MomentErrors, moment_errors, kde_l1,
-    fit_loglog_slope, ConvergenceStudy, convergence_study,
-)
-from sinkflow.heat._heat_velocity import (
-    NORMALIZATIONS, HEAT_LAYERS, heat_velocity,
-)
-from sinkflow.heat._rescaled_flow import (
-    HeatFlowResult, heat_trajectory, heat_flow, largest_safe_dt,
-)
-from sinkflow.heat._limits import (
-    LIMIT_EQUATIONS, limit_time_factor, heat_reference, BarycentricMapResult, barycentric_map,
-)
-from sinkflow.heat._landmark_errors import (
-    LandmarkFlowErrors, landmark_flow_errors, nystrom_spectral_error, heat_variance_errors,
-)
-from sinkflow.heat._grid_fields import (
-    symmetric_sinkhorn_scaling, default_tol, separable_apply, EuclideanVelocity,
-)
-from sinkflow.heat._mean_field import (
-    mean_field_flow, MeanFieldResult, EUCLIDEAN_NORMALIZATIONS, MANIFOLDS, flux_divergence, CFL,
+    ConvergenceStudy,
+    MomentErrors,
+    W2Result,
+    convergence_study,
+    fit_loglog_slope,
+    grid_quantiles,
+    kde_l1,
+    moment_errors,
+    wasserstein2,
+    wasserstein2_to_grid,
 )
 from sinkflow.heat._gaussian_flows import (
-    GAUSSIAN_NORMALIZATIONS, AffineField, GaussianMomentFlow, gaussian_attention_field, gaussian_moment_flow,
+    GAUSSIAN_NORMALIZATIONS,
+    AffineField,
+    GaussianMomentFlow,
+    gaussian_attention_field,
+    gaussian_moment_flow,
 )
-from sinkflow.heat._circle_field import (
-    CIRCLE_NORMALIZATIONS, CircleVelocity, circle_field, uniform_angles, STEP,
+from sinkflow.heat._grid_fields import (
+    EuclideanVelocity,
+    default_tol,
+    separable_apply,
+    symmetric_sinkhorn_scaling,
+)
+from sinkflow.heat._heat_velocity import (
+    HEAT_LAYERS,
+    NORMALIZATIONS,
+    heat_velocity,
+)
+from sinkflow.heat._landmark_errors import (
+    LandmarkFlowErrors,
+    heat_variance_errors,
+    landmark_flow_errors,
+    nystrom_spectral_error,
+)
+from sinkflow.heat._limits import (
+    LIMIT_EQUATIONS,
+    BarycentricMapResult,
+    barycentric_map,
+    heat_reference,
+    limit_time_factor,
+)
+from sinkflow.heat._mean_field import (
+    CFL,
+    EUCLIDEAN_NORMALIZATIONS,
+    MANIFOLDS,
+    MeanFieldResult,
+    flux_divergence,
+    mean_field_flow,
+)
+from sinkflow.heat._references import (
+    Barenblatt,
+    GaussianMixture,
+    GridHeatSolution,
+    solve_heat_grid,
+)
+from sinkflow.heat._rescaled_flow import (
+    HeatFlowResult,
+    heat_flow,
+    heat_trajectory,
+    largest_safe_dt,
 )
 
 __all__ = [

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-import torch
 import numpy as np
+import torch
 from scipy.special import ive
 
 from sinkflow._checks import check_number

@@ -9,13 +9,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
+
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, lift_half, to_torch
+from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.attention._variants import _sinkhorn, _softmax, get_attention
 from sinkflow.particles._dense_fields import attention_field
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
-from sinkflow.attention._scores import dot_scores, gaussian_scores
 
 __all__ = ["NORMALIZATIONS", "HEAT_LAYERS", "heat_velocity"]
 

@@ -38,15 +38,15 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_number, check_seed
-from sinkflow.particles._energies import energy_inf
-from sinkflow.particles._dense_fields import attention_field
-from sinkflow.heat._references import GaussianMixture
-from sinkflow.heat._rescaled_flow import heat_flow
-from sinkflow.particles._landmarks import _flow_landmarks, gaussian_coordinates
 from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._nystrom import nystrom_factors
-from sinkflow.particles._step_size import lipschitz_scale
+from sinkflow.heat._references import GaussianMixture
+from sinkflow.heat._rescaled_flow import heat_flow
+from sinkflow.particles._dense_fields import attention_field
+from sinkflow.particles._energies import energy_inf
+from sinkflow.particles._landmarks import _flow_landmarks, gaussian_coordinates
 from sinkflow.particles._simulate import simulate
+from sinkflow.particles._step_size import lipschitz_scale
 
 __all__ = ["LandmarkFlowErrors", "landmark_flow_errors", "nystrom_spectral_error", "heat_variance_errors"]
 

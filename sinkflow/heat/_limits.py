@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import numpy as np
 
-from sinkflow.heat._references import Barenblatt, GaussianMixture, _check_time
 from sinkflow.attention._normalizations import softmax, solve_sinkhorn
 from sinkflow.attention._scores import dot_scores, gaussian_scores
-from sinkflow.heat._heat_velocity import _check_normalization, _check_eps
+from sinkflow.heat._heat_velocity import _check_eps, _check_normalization
+from sinkflow.heat._references import Barenblatt, GaussianMixture, _check_time
 
 __all__ = ["LIMIT_EQUATIONS", "limit_time_factor", "heat_reference", "BarycentricMapResult", "barycentric_map"]
 

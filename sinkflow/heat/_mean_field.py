@@ -43,11 +43,12 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow._checks import check_choice, check_number
-from sinkflow.heat._references import _check_time
 from sinkflow.heat._circle_field import circle_field
 from sinkflow.heat._distances import equispaced_centres
 from sinkflow.heat._grid_fields import EuclideanVelocity, default_tol
-from sinkflow.heat._heat_velocity import NORMALIZATIONS as EUCLIDEAN_NORMALIZATIONS, _check_eps
+from sinkflow.heat._heat_velocity import NORMALIZATIONS as EUCLIDEAN_NORMALIZATIONS
+from sinkflow.heat._heat_velocity import _check_eps
+from sinkflow.heat._references import _check_time
 from sinkflow.heat._remap import LOCAL_TOL, departure_points, full_face_velocity, remap, remap_step_limit
 
 __all__ = ["mean_field_flow", "MeanFieldResult", "EUCLIDEAN_NORMALIZATIONS", "MANIFOLDS",

@@ -19,8 +19,8 @@ Every reference shares a small protocol used by :mod:`sinkflow.heat`:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -102,14 +102,14 @@ class GaussianMixture:
         object.__setattr__(self, "_chol", chol)
 
     @classmethod
-    def gaussian(cls, mean, cov) -> "GaussianMixture":
+    def gaussian(cls, mean, cov) -> GaussianMixture:
         """A single Gaussian :math:`\\mathcal N(m, \\Sigma)` as a one-component mixture."""
         mean = np.atleast_1d(np.asarray(mean, dtype=float))
         cov = np.atleast_2d(np.asarray(cov, dtype=float))
         return cls(np.ones(1), mean[None, :], cov[None])
 
     @classmethod
-    def isotropic(cls, weights, means, variances) -> "GaussianMixture":
+    def isotropic(cls, weights, means, variances) -> GaussianMixture:
         """Mixture with covariances ``variances[k] * I``."""
         means = np.asarray(means, dtype=float)
         if means.ndim == 1:
@@ -122,7 +122,7 @@ class GaussianMixture:
     def dim(self) -> int:
         return self.means.shape[1]
 
-    def evolve(self, t: float) -> "GaussianMixture":
+    def evolve(self, t: float) -> GaussianMixture:
         r"""The exact heat solution at time ``t``: every covariance plus :math:`2tI`."""
         t = _check_time(t)
         return GaussianMixture(self.weights, self.means, self.covs + 2.0 * t * np.eye(self.dim))
@@ -238,7 +238,7 @@ class Barenblatt:
     def height(self) -> float:
         return self.A * self.time ** (-self.alpha)
 
-    def evolve(self, t: float) -> "Barenblatt":
+    def evolve(self, t: float) -> Barenblatt:
         """The solution ``t`` time units later."""
         t = _check_time(t)
         return Barenblatt(self.dim, self.time + t, self.mass, self.center)

@@ -36,15 +36,14 @@ underflowing at small temperature), :func:`sinkhorn_attention` runs :func:`sinkf
 
 from __future__ import annotations
 
-import torch
 from dataclasses import dataclass
 
+import torch
 from torch.autograd.function import once_differentiable
 
 from sinkflow._backend import compiling
 from sinkflow.attention._log_steps import _masked_softmax
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
-
 from sinkflow.attention._normalizations import sinkhorn, softmax
 
 

@@ -42,9 +42,16 @@ import math
 import torch
 import torch.nn.functional as F
 
-from sinkflow.attention._variants import AttentionVariant, _exponential, _sinkhorn, _softmax, compute_dtype, get_attention
-from sinkflow.nn._float_mask import split_bias
+from sinkflow.attention._variants import (
+    AttentionVariant,
+    _exponential,
+    _sinkhorn,
+    _softmax,
+    compute_dtype,
+    get_attention,
+)
 from sinkflow.nn._flash import ExpAttention, as4d, flash_with_lse, one_width
+from sinkflow.nn._float_mask import split_bias
 from sinkflow.nn._fused_sinkhorn import sinkhorn_passes
 
 __all__ = ["fused_available", "fused_kind", "fused_preferred", "fused_attention"]

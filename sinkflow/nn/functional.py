@@ -9,19 +9,18 @@ masks an additive ``bias`` on the scores.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from sinkflow._backend import check_finite, compiling
-
+from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.attention._variants import _sinkhorn as _builtin_sinkhorn
 from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
 from sinkflow.nn._float_mask import split_bias as _split_bias
 from sinkflow.nn._fused import fused_output, fused_preferred
-from sinkflow.attention._scores import dot_scores, gaussian_scores
 
 __all__ = ["attention_weights", "available_normalizations", "register_normalization", "scaled_attention"]
 

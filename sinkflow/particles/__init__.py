@@ -11,42 +11,80 @@ Start reading at ``_simulate.py``.
 """
 
 from sinkflow.particles._blockwise_fields import (
-    LazyField, lazy_attention_field, DEFAULT_BLOCK_BYTES, cache_block_bytes,
-)
-from sinkflow.particles._landmarks import (
-    LANDMARK_METHODS, LANDMARK_SAMPLINGS, FPS_BLOCK, landmark_indices, farthest_point_indices,
-    gaussian_coordinates,
-)
-from sinkflow.particles._lowrank_fields import (
-    NystromPositivityError, LowRankField, lowrank_attention_field,
+    DEFAULT_BLOCK_BYTES,
+    LazyField,
+    cache_block_bytes,
+    lazy_attention_field,
 )
 from sinkflow.particles._causal import causal_mask, renyi_centers
 from sinkflow.particles._dense_fields import (
-    ATTENTIONS, FieldEvaluation, attention_field, dense_limit, check_matrix, check_weights,
+    ATTENTIONS,
+    FieldEvaluation,
+    attention_field,
+    check_matrix,
+    check_weights,
+    dense_limit,
     single_thread_if_small,
 )
 from sinkflow.particles._energies import (
-    energy_0, energy_gaussian, energy_inf, energy_log_partition, energy_sphere, entropic_ot,
-    gradient_flow_error, jacobian_asymmetry,
-)
-from sinkflow.particles._integrators import (
-    ParticleField, euler_step, rk4_step, INTEGRATORS,
-)
-from sinkflow.particles._monitors import (
-    MAX_MONITOR_N, cluster_statistics, cluster_labels, MonitorContext, MonitorRecords, MONITOR_FUNCTIONS, MONITORS,
-    MONITOR_KEYS,
-)
-from sinkflow.particles._step_size import (
-    lipschitz_scale, largest_safe_step,
-)
-from sinkflow.particles._harmonic_kernels import (
-    HarmonicKernel, harmonic_kernel,
+    energy_0,
+    energy_gaussian,
+    energy_inf,
+    energy_log_partition,
+    energy_sphere,
+    entropic_ot,
+    gradient_flow_error,
+    jacobian_asymmetry,
 )
 from sinkflow.particles._harmonic_fields import (
-    HARMONIC_MIN_N, HarmonicField, HarmonicParticleField, harmonic_attention_field, harmonic_choice,
+    HARMONIC_MIN_N,
+    HarmonicField,
+    HarmonicParticleField,
+    harmonic_attention_field,
+    harmonic_choice,
+)
+from sinkflow.particles._harmonic_kernels import (
+    HarmonicKernel,
+    harmonic_kernel,
+)
+from sinkflow.particles._integrators import (
+    INTEGRATORS,
+    ParticleField,
+    euler_step,
+    rk4_step,
+)
+from sinkflow.particles._landmarks import (
+    FPS_BLOCK,
+    LANDMARK_METHODS,
+    LANDMARK_SAMPLINGS,
+    farthest_point_indices,
+    gaussian_coordinates,
+    landmark_indices,
+)
+from sinkflow.particles._lowrank_fields import (
+    LowRankField,
+    NystromPositivityError,
+    lowrank_attention_field,
+)
+from sinkflow.particles._monitors import (
+    MAX_MONITOR_N,
+    MONITOR_FUNCTIONS,
+    MONITOR_KEYS,
+    MONITORS,
+    MonitorContext,
+    MonitorRecords,
+    cluster_labels,
+    cluster_statistics,
 )
 from sinkflow.particles._simulate import (
-    simulate, Trajectory, random_particles, default_tol,
+    Trajectory,
+    default_tol,
+    random_particles,
+    simulate,
+)
+from sinkflow.particles._step_size import (
+    largest_safe_step,
+    lipschitz_scale,
 )
 
 __all__ = [

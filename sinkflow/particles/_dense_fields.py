@@ -25,14 +25,14 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
+from sinkflow.attention._normalizations import solve_sinkhorn
+from sinkflow.attention._scores import dot_scores, gaussian_scores
+from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
+from sinkflow.attention._variants import _sinkhorn, get_attention
+from sinkflow.bounds._stochasticity import marginal_errors
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.particles._causal import key_targets
-from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
-from sinkflow.attention._normalizations import solve_sinkhorn
-from sinkflow.attention._variants import _sinkhorn, get_attention
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
-from sinkflow.attention._scores import dot_scores, gaussian_scores
-from sinkflow.bounds._stochasticity import marginal_errors
 
 __all__ = ["ATTENTIONS", "FieldEvaluation", "attention_field", "dense_limit", "check_matrix", "check_weights",
            "single_thread_if_small"]

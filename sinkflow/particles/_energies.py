@@ -37,9 +37,9 @@ from __future__ import annotations
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, leading, to_torch
-from sinkflow.particles._dense_fields import attention_field, check_matrix, check_weights, single_thread_if_small
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import gaussian_scores
+from sinkflow.particles._dense_fields import attention_field, check_matrix, check_weights, single_thread_if_small
 
 __all__ = [
     "energy_0",

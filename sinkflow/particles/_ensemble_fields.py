@@ -77,7 +77,7 @@ class EnsembleField(ParticleField):
     """A :class:`ParticleField` of a batch ``(B, n, d)`` evaluated block by block (module docstring)."""
 
     _work: dict = field(default_factory=dict)  # reused buffers by name (module docstring)
-    _arena: "_Arena" = field(default_factory=lambda: _Arena())  # the numpy buffers' memory
+    _arena: _Arena = field(default_factory=lambda: _Arena())  # the numpy buffers' memory
 
     def evaluate(self, Y: torch.Tensor, init_g: torch.Tensor | None) -> FieldEvaluation:
         V = Y if self.W_V is None else Y @ self.W_V.mT

@@ -28,12 +28,23 @@ from sinkflow._backend import broadcast_shapes, check_finite, check_float, check
 from sinkflow._checks import check_choice
 from sinkflow._progress import progress_bar
 from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax, get_attention
-from sinkflow.particles._dense_fields import (DENSE_BYTES_LIMIT, check_matrix, check_weights, dense_limit,
-                                              single_thread_if_small)
+from sinkflow.particles._dense_fields import (
+    DENSE_BYTES_LIMIT,
+    check_matrix,
+    check_weights,
+    dense_limit,
+    single_thread_if_small,
+)
 from sinkflow.particles._ensemble_fields import EnsembleField, takes_ensemble
 from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
-from sinkflow.particles._monitors import (MONITOR_FUNCTIONS, MonitorContext, MonitorRecords, _as_monitor_names, _energy_kind,
-                                        _Recorder)
+from sinkflow.particles._monitors import (
+    MONITOR_FUNCTIONS,
+    MonitorContext,
+    MonitorRecords,
+    _as_monitor_names,
+    _energy_kind,
+    _Recorder,
+)
 from sinkflow.particles._step_size import _check_step_size, _lipschitz, _symmetric_psd
 from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, _solver_tol
 
@@ -152,7 +163,7 @@ class _Systems:
                     weights=None if self.a is None else self.a[b],
                     temperature=float(self.tau[b]), h=float(self.h[b]))
 
-    def part(self, lo: int, hi: int) -> "_Systems":
+    def part(self, lo: int, hi: int) -> _Systems:
         sub = object.__new__(_Systems)
         sub.batch, sub.count = (hi - lo,), hi - lo
         sub.X = self.X[lo:hi]
@@ -285,7 +296,7 @@ class _EnsembleRecorder(_Recorder):
         super().__init__(names, every, contexts)
 
     def values(self, Y, ev) -> dict:
-    
+
         if ev is None and MONITOR_FUNCTIONS["marginal_errors"] in self.functions:
             _, ev = self.field.velocity(Y)
         rows = []

@@ -272,7 +272,7 @@ class HarmonicParticleField(ParticleField):
         return v, FieldEvaluation(v, None, ev.g, ev.n_iter, ev.converged, ev.row_error, ev.column_error)
 
     @classmethod
-    def wrap(cls, field: ParticleField, kernel: HarmonicKernel) -> "HarmonicParticleField":
+    def wrap(cls, field: ParticleField, kernel: HarmonicKernel) -> HarmonicParticleField:
         """``field`` (its options, its state) evaluated through ``kernel``."""
         return cls(**{f.name: getattr(field, f.name) for f in dataclasses.fields(ParticleField)}, kernel=kernel)
 

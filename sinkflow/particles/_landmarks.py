@@ -6,6 +6,7 @@ for a flow's Nyström or segment-mean approximation.
 from __future__ import annotations
 
 import math
+
 import torch
 
 from sinkflow._backend import lift_half, squared_norms

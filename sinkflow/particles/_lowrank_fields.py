@@ -65,11 +65,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from sinkflow._backend import empty_large, exp_, exp_floor, squared_norms
-from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._inverses import _pinv_rtol
+from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._nystrom import nystromformer_attention
 from sinkflow.particles._blockwise_fields import cache_block_bytes
-from sinkflow.particles._landmarks import landmark_indices, gaussian_coordinates
+from sinkflow.particles._landmarks import gaussian_coordinates, landmark_indices
 
 __all__ = ["NystromPositivityError", "LowRankField", "lowrank_attention_field"]
 

@@ -39,13 +39,13 @@ from sinkflow._checks import check_choice, check_numpy_float
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._causal import causal_mask
 from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
-from sinkflow.particles._harmonic_fields import HarmonicParticleField, harmonic_choice
-from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
-from sinkflow.particles._integrators import ParticleField, INTEGRATORS, _integrate
 from sinkflow.particles._ensembles import is_ensemble, simulate_ensemble
+from sinkflow.particles._harmonic_fields import HarmonicParticleField, harmonic_choice
+from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
+from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
+from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _as_monitor_names, _energy_kind, _Recorder
+from sinkflow.particles._step_size import _check_step_size, _interaction_matrix, _symmetric_psd
 from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, _solver_tol, default_tol
-from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder, _as_monitor_names
-from sinkflow.particles._step_size import _interaction_matrix, _check_step_size, _symmetric_psd
 
 __all__ = ["simulate", "Trajectory", "random_particles", "default_tol"]
 

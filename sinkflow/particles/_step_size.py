@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
+
 import torch
 
 from sinkflow._backend import check_float, check_number, squared_norms, to_torch

@@ -93,7 +93,7 @@ class Trajectory:
         ``(..., n, d)``); ``()`` for one system."""
         return tuple(np.shape(self.positions)[1:-2])
 
-    def system(self, index) -> "Trajectory":
+    def system(self, index) -> Trajectory:
         """One system of an ensemble, as the :class:`Trajectory` of that system alone.
 
         Parameters

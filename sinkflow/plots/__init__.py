@@ -10,35 +10,35 @@ Start reading at ``_registry.py`` (what a figure is), ``_render.py`` (how it is 
 ``_reference.py`` (how a rerun is compared), then any topic module (``normalizations.py`` is short).
 """
 
-from sinkflow.plots._registry import (
-    FigureSpec,
-    register,
-    unregister,
-    registry,
-    get,
-    compute,
-    config_hash,
-    FORMATS,
-)
+from sinkflow.plots._animate import ParticleAnimation, animate, circle_demo
 from sinkflow.plots._reference import (
-    Tolerance,
     DEFAULT_TOLERANCE,
-    flatten_data,
+    MANIFEST_COLUMNS,
+    Tolerance,
     compare_data,
     data_checksum,
-    reference_path,
-    write_reference,
-    read_reference,
+    flatten_data,
     read_manifest,
+    read_reference,
+    reference_path,
     write_manifest,
-    MANIFEST_COLUMNS,
+    write_reference,
+)
+from sinkflow.plots._registry import (
+    FORMATS,
+    FigureSpec,
+    compute,
+    config_hash,
+    get,
+    register,
+    registry,
+    unregister,
 )
 from sinkflow.plots._render import (
     render,
     stale,
 )
 from sinkflow.plots.tables import plot_sweep
-from sinkflow.plots._animate import ParticleAnimation, animate, circle_demo
 
 __all__ = [
     "plot_sweep",

@@ -14,14 +14,15 @@ import hashlib
 import importlib
 import json
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sinkflow.plots._reference import Tolerance
 
 __all__ = ["FigureSpec", "register", "unregister", "registry", "get", "compute", "config_hash", "FORMATS"]
 
-_REGISTRY: dict[str, "FigureSpec"] = {}
+_REGISTRY: dict[str, FigureSpec] = {}
 
 #: Formats a matplotlib figure can be written in, and those written when none is asked for.
 FORMATS = ("png", "pdf", "svg")

@@ -67,8 +67,7 @@ def compute_predictions(cfg: PredictionsConfig) -> dict:
 
 
 def plot_predictions(data, cfg):
-    from sinkflow.plots.style import LABELS
-    from sinkflow.plots.style import COLORS, new_figure
+    from sinkflow.plots.style import COLORS, LABELS, new_figure
 
     fig, axes = new_figure(4, 1, width=3.2, height=3.0)
     a, b, c, d = axes[0]

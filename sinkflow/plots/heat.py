@@ -120,8 +120,7 @@ class NormalizationsConfig:
 
 
 def compute_normalizations(cfg: NormalizationsConfig) -> dict:
-    from sinkflow.heat import NORMALIZATIONS
-    from sinkflow.heat import largest_safe_dt
+    from sinkflow.heat import NORMALIZATIONS, largest_safe_dt
 
     g = mixture_1d()
     times = np.linspace(0, cfg.t_end, cfg.n_times)

@@ -19,7 +19,6 @@ import sinkflow
 from sinkflow.plots import register
 
 
-
 def mixture() -> sinkflow.GaussianMixture:
     """The non-Gaussian start: two overlapping bumps (no empty valley, so W2 reaches its n^-1/2 regime early)."""
     return sinkflow.GaussianMixture.isotropic([0.4, 0.6], [[-1.0], [0.8]], [0.3, 0.5])
@@ -149,8 +148,8 @@ def _equal_clusters_energy(k: int, beta: float) -> float:
 
 
 def compute_clusters(cfg: ClustersConfig) -> dict:
-    from sinkflow.bounds import binomial_interval
     import sinkflow.clustering as cs
+    from sinkflow.bounds import binomial_interval
     from sinkflow.heat import uniform_angles
 
     theta = uniform_angles(cfg.cells)
@@ -188,9 +187,9 @@ def compute_clusters(cfg: ClustersConfig) -> dict:
 
 def plot_clusters(data, cfg):
     from matplotlib.colors import LogNorm
-    from sinkflow.plots.style import COLORS, LABELS, new_figure
-
     from matplotlib.ticker import MaxNLocator
+
+    from sinkflow.plots.style import COLORS, LABELS, new_figure
 
     fig, axes = new_figure(3, 1, width=3.8, height=3.1)
     a, b, c = axes[0]

@@ -23,7 +23,6 @@ import sinkflow
 from sinkflow.plots import register
 
 
-
 @dataclass(frozen=True)
 class PhaseConfig:
     betas: int = 8

@@ -205,7 +205,7 @@ def _without_none(tree):
     return {k: _without_none(v) for k, v in tree.items() if v is not None}
 
 
-def _plot_column_sums(data: dict, cfg: "ColumnSumsConfig"):
+def _plot_column_sums(data: dict, cfg: ColumnSumsConfig):
     return plot_column_sums(data)
 
 

@@ -4,7 +4,6 @@ sinkflow's reports are put beside, and how a missing number is printed.
 
 from __future__ import annotations
 
-
 __all__ = ["PAPER", "SINKFORMERS"]
 
 

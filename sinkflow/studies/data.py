@@ -45,7 +45,7 @@ class Dataset:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def subset(self, index) -> "Dataset":
+    def subset(self, index) -> Dataset:
         return Dataset(self.inputs[index], self.labels[index], self.n_classes, self.name)
 
 

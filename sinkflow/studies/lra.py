@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 
 from sinkflow.datasets import LISTOPS_VOCAB, listops, listops_tokens, pathfinder, pathfinder_tokens
+from sinkflow.studies._paper_numbers import PAPER, _f
 from sinkflow.studies.data import Dataset, split
 from sinkflow.studies.models import SequenceClassifier
-from sinkflow.studies._paper_numbers import PAPER, _f
 
 __all__ = ["PAPER", "lra_data", "lra_model", "paper_comparison", "comparison_table", "SETTING_DIFFERENCES"]
 

@@ -12,7 +12,11 @@ from __future__ import annotations
 from sinkflow.studies._study_report import study_section
 from sinkflow.studies.lra import SETTING_DIFFERENCES, _contradicted, _setting, _table, paper_comparison
 from sinkflow.studies.paper_report import (
-    LEARN_TARGET, instability_page, learn_markdown, paper_setting_markdown, search_section,
+    LEARN_TARGET,
+    instability_page,
+    learn_markdown,
+    paper_setting_markdown,
+    search_section,
 )
 
 __all__ = ["report_markdown", "write_paper_report", "reproducing_page"]

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from sinkflow.nn.attention import AttentionKernel, MultiheadAttention
 from sinkflow.bounds._stochasticity import kl_to_sinkhorn
+from sinkflow.nn.attention import AttentionKernel, MultiheadAttention
 
 __all__ = ["AttentionRecorder", "StochasticitySummary", "stochasticity_summary", "instability_score",
            "update_instability"]

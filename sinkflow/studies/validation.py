@@ -66,14 +66,14 @@ import dataclasses
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 
-from sinkflow.studies.data import Dataset, digits, point_clouds, retrieval_sequences, retrieval_vocab_size, split
 from sinkflow.studies._cost import step_memory
+from sinkflow.studies.data import Dataset, digits, point_clouds, retrieval_sequences, retrieval_vocab_size, split
 from sinkflow.studies.lra import PAPER, lra_data, lra_model, paper_comparison
 from sinkflow.studies.models import PatchViT, SequenceClassifier, SetClassifier
 from sinkflow.studies.paper import machine

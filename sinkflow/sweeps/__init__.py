@@ -4,11 +4,15 @@ one tidy table. Start reading at ``_sweep.py``; the grid and its keys are in ``_
 the cache in ``_cache.py``, the executors (sequential, Dask) in ``_executors.py``.
 """
 
-from sinkflow.sweeps._points import (
-    SweepError, expand_grid, resolve_experiment, point_key,
-)
 from sinkflow.sweeps._executors import (
-    local_client, close_client,
+    close_client,
+    local_client,
+)
+from sinkflow.sweeps._points import (
+    SweepError,
+    expand_grid,
+    point_key,
+    resolve_experiment,
 )
 from sinkflow.sweeps._sweep import (
     sweep,

@@ -12,6 +12,7 @@ import uuid
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+
 import numpy as np
 
 from sinkflow.sweeps._points import MAX_RESULT_SIZE, _import_experiment

@@ -9,8 +9,8 @@ import re
 import sys
 
 from sinkflow._checks import check_number
-from sinkflow.sweeps._points import SweepError
 from sinkflow.sweeps._cache import _run_point
+from sinkflow.sweeps._points import SweepError
 
 __all__ = ["local_client", "close_client"]
 

@@ -10,8 +10,8 @@ import importlib
 import itertools
 import json
 import math
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
+
 import numpy as np
 
 __all__ = ["SweepError", "expand_grid", "resolve_experiment", "point_key"]

@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-from sinkflow.sweeps._points import expand_grid, resolve_experiment, point_key
 from sinkflow.sweeps._cache import _read_cached
-from sinkflow.sweeps._executors import _run_sequential, _run_dask, _check_executor
+from sinkflow.sweeps._executors import _check_executor, _run_dask, _run_sequential
+from sinkflow.sweeps._points import expand_grid, point_key, resolve_experiment
 
 __all__ = ["sweep"]
 

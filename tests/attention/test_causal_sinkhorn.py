@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import sinkflow
+from oracles import uniform_attention_marginal
 from sinkflow.nn import MultiheadAttention, attention_weights, scaled_attention
 from sinkflow.nn._fused_sinkhorn import sinkhorn_passes
-
-from oracles import uniform_attention_marginal
 
 N = 8
 

@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from oracles import sinkhorn_log
 
 import sinkflow.attention._kernel_sinkhorn as _kernel_sinkhorn
 import sinkflow.attention._sinkhorn_steps as steps
+from oracles import sinkhorn_log
 from sinkflow import solve_sinkhorn
 
 # float rounding of the two summation orders at a fixed n_iter, measured over these cases: float32

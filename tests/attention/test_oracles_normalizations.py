@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from oracles import sinkhorn_log, uniform_attention_marginal
 
+from oracles import sinkhorn_log, uniform_attention_marginal
 from sinkflow import asymptotic_rate, birkhoff_hopf_rate, hilbert_diameter, observed_rate, sinkhorn, solve_sinkhorn
 
 

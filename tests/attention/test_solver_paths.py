@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 import sinkflow
 import sinkflow.attention._newton as newton
+from oracles import uniform_attention_marginal
+from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._result import SinkhornWarning
 from sinkflow.attention._tolerances import attainable_error, default_tolerance
-from sinkflow.attention._normalizations import solve_sinkhorn
-from oracles import uniform_attention_marginal
 
 
 def marginal_error(K, a, b):

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import sinkflow
-import sinkflow.particles._dense_fields as dense_fields
 import sinkflow.attention._symmetric_sinkhorn as symmetric
+import sinkflow.particles._dense_fields as dense_fields
 from sinkflow.attention._symmetric_sinkhorn import fixed_symmetric, solve_symmetric
 
 

@@ -5,9 +5,9 @@ import ot
 import pytest
 import torch
 
-from sinkflow import gaussian_scores, dot_scores, solve_sinkhorn
 import sinkflow.attention._normalizations as N
 import sinkflow.attention._schedule as schedule
+from sinkflow import dot_scores, gaussian_scores, solve_sinkhorn
 
 
 def heat_scores(n=300, eps=0.005, d=1, seed=0, kind="gaussian"):

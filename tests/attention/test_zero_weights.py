@@ -8,8 +8,8 @@ import numpy as np
 import ot
 import pytest
 import torch
-from oracles import sinkhorn_log
 
+from oracles import sinkhorn_log
 from sinkflow import solve_sinkhorn
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.particles._lowrank_fields import lowrank_attention_field

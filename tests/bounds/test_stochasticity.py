@@ -6,11 +6,20 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import kl, sinkhorn_log
 
+from oracles import kl, sinkhorn_log
 from sinkflow import (
-    asymptotic_rate, birkhoff_hopf_rate, gaussian_scores, hilbert_diameter, kl_to_sinkhorn,
-    marginal_errors, observed_rate, sinkhorn, softmax, solve_sinkhorn, sorted_column_sums,
+    asymptotic_rate,
+    birkhoff_hopf_rate,
+    gaussian_scores,
+    hilbert_diameter,
+    kl_to_sinkhorn,
+    marginal_errors,
+    observed_rate,
+    sinkhorn,
+    softmax,
+    solve_sinkhorn,
+    sorted_column_sums,
 )
 
 

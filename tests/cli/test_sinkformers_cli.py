@@ -3,8 +3,7 @@
 import importlib
 import json
 
-from sinkflow.cli import build_parser
-from sinkflow.cli import sinkformers
+from sinkflow.cli import build_parser, sinkformers
 
 
 def test_arguments_and_study_targets():

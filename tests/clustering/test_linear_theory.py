@@ -14,8 +14,14 @@ from scipy.integrate import quad
 from scipy.special import iv
 
 import sinkflow
-from sinkflow.clustering import (angular_density, circle_growth_rate, count_clusters, fastest_mode,
-                                 particle_cluster_count)
+from sinkflow.clustering import (
+    angular_density,
+    circle_growth_rate,
+    count_clusters,
+    fastest_mode,
+    particle_cluster_count,
+)
+
 
 @pytest.mark.parametrize("beta", [0.5, 5.0, 12.0])
 @pytest.mark.parametrize("k", [1, 2, 4])

@@ -8,7 +8,12 @@ import pytest
 from scipy import stats
 
 from sinkflow.clustering import (
-    cluster_positions, fastest_mode, formation_time, plateau_clusters, position_error, predict_clusters,
+    cluster_positions,
+    fastest_mode,
+    formation_time,
+    plateau_clusters,
+    position_error,
+    predict_clusters,
 )
 from sinkflow.clustering.prediction_study import summarize
 

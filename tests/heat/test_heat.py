@@ -14,9 +14,9 @@ from scipy.integrate import solve_ivp
 
 import sinkflow
 from sinkflow.heat import symbolic
-from sinkflow.heat._references import Barenblatt, GaussianMixture, solve_heat_grid
 from sinkflow.heat._heat_velocity import NORMALIZATIONS
 from sinkflow.heat._limits import barycentric_map, heat_reference
+from sinkflow.heat._references import Barenblatt, GaussianMixture, solve_heat_grid
 from sinkflow.heat._rescaled_flow import heat_flow, heat_trajectory
 
 
@@ -347,6 +347,7 @@ def test_empirical_w2_1d_matches_pot_and_a_shift(n, m, rounded):
     """The numpy 1D W2 (POT is not imported for it) against POT's wasserstein_1d, ties included,
     and against the closed form of a shift: W2(u, u + c) = |c|."""
     import ot
+
     from sinkflow.heat._distances import _empirical_w2_squared_1d
 
     rng = np.random.default_rng(n + m)

@@ -10,8 +10,8 @@ import pytest
 from scipy.special import logsumexp
 
 import sinkflow
-from sinkflow.heat._references import GaussianMixture, solve_heat_grid
 from sinkflow.heat._limits import barycentric_map
+from sinkflow.heat._references import GaussianMixture, solve_heat_grid
 
 
 def velocity_oracle(x, eps, normalization):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import mask_patterns as _masks
 
+from oracles import mask_patterns as _masks
 from sinkflow.nn import MultiheadAttention, attention_weights
 
 NORMS = ["softmax", "sinkhorn", "gaussian"]
@@ -301,8 +301,8 @@ def test_factored_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter
 def test_factored_path_itself_matches_the_log_domain_oracle():
     # Called directly, so a path that always fell back to the solver could not pass unseen.
     import numpy as np
-    from oracles import sinkhorn_log
 
+    from oracles import sinkhorn_log
     from sinkflow.nn._factored_sinkhorn import _FactoredSinkhorn
 
     g = torch.Generator().manual_seed(3)

@@ -7,12 +7,12 @@ from unittest import mock
 
 import pytest
 import torch
-from oracles import mask_patterns
 
+from oracles import mask_patterns
 from sinkflow.nn import MultiheadAttention, scaled_attention
-from sinkflow.studies._cost import saved_bytes
 from sinkflow.nn._fused import fused_attention, fused_available, fused_kind, fused_preferred
 from sinkflow.nn._fused_sinkhorn import sinkhorn_passes
+from sinkflow.studies._cost import saved_bytes
 
 MASKS = ["none", "keys", "keys+queries", "causal", "random", "empty row"]
 VARIANTS = [("softmax", 1), ("sinkhorn", 1), ("gaussian", 1)]

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from oracles import sinkhorn_log
 from scipy.special import logsumexp
 
+from oracles import sinkhorn_log
 from sinkflow.nn import MultiheadAttention
 
 

@@ -4,12 +4,12 @@ through it against each system's own run."""
 import numpy as np
 import pytest
 import torch
-from oracles import sinkhorn_log
 
 import sinkflow
 import sinkflow.particles._ensemble_fields as ensemble_fields
-from sinkflow.particles._ensemble_fields import EnsembleField, takes_ensemble
+from oracles import sinkhorn_log
 from sinkflow.attention._variants import get_attention
+from sinkflow.particles._ensemble_fields import EnsembleField, takes_ensemble
 
 
 def plain_field(x, attention, W, W_V, a, tau):

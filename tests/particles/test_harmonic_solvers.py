@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow.particles import attention_field, harmonic_attention_field, harmonic_kernel
-from sinkflow.particles import _harmonic_solvers
+from sinkflow.particles import _harmonic_solvers, attention_field, harmonic_attention_field, harmonic_kernel
 from sinkflow.particles._harmonic_fields import HarmonicParticleField
 from sinkflow.particles._harmonic_kernels import _Factored
 from sinkflow.particles._harmonic_solvers import _newton_plan, passes

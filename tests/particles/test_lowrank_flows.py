@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow.particles._dense_fields import attention_field
 import sinkflow.particles._landmarks as landmarks_module
 import sinkflow.particles._lowrank_fields as lowrank_fields
+from sinkflow.particles._dense_fields import attention_field
 from sinkflow.particles._lowrank_fields import NystromPositivityError, lowrank_attention_field
 
 W = torch.tensor([[0.8, 0.2], [0.2, 0.5]], dtype=torch.float64)

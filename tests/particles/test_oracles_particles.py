@@ -8,12 +8,12 @@ temperature or a transposed matrix changes the result.
 import numpy as np
 import pytest
 import torch
-from oracles import kl, sinkhorn_log
 from scipy.special import logsumexp
 
 import sinkflow
-from sinkflow.particles._dense_fields import attention_field
+from oracles import kl, sinkhorn_log
 from sinkflow.particles._blockwise_fields import lazy_attention_field
+from sinkflow.particles._dense_fields import attention_field
 
 TAU = 0.4
 

@@ -4,11 +4,11 @@ a plain log-domain loop, and what ``Trajectory.sinkhorn_iterations`` counts."""
 import numpy as np
 import pytest
 import torch
-from oracles import sinkhorn_log
 
 import sinkflow
 import sinkflow.attention._symmetric_sinkhorn as symmetric
 import sinkflow.particles._dense_fields as dense_fields
+from oracles import sinkhorn_log
 from sinkflow.attention._symmetric_sinkhorn import solve_one, solve_symmetric
 
 

@@ -12,10 +12,23 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from sinkflow.cli import main
 from sinkflow.attention import SinkhornWarning
-from sinkflow.plots import (Tolerance, compare_data, compute, config_hash, data_checksum, flatten_data, get,
-                                     read_manifest, read_reference, reference_path, registry, render, stale)
+from sinkflow.cli import main
+from sinkflow.plots import (
+    Tolerance,
+    compare_data,
+    compute,
+    config_hash,
+    data_checksum,
+    flatten_data,
+    get,
+    read_manifest,
+    read_reference,
+    reference_path,
+    registry,
+    render,
+    stale,
+)
 
 NAMES = sorted(registry())
 

@@ -2,10 +2,9 @@
 
 import re
 
+import matplotlib
 import numpy as np
 import pytest
-
-import matplotlib
 
 matplotlib.use("Agg")
 

@@ -11,9 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from sinkflow.studies.pages import reproducing_page
+from sinkflow.studies.paper import (
+    OFFICIAL,
+    PaperSetting,
+    _register_decomposition_variants,
+    cost_rows,
+    instability_rows,
+    paper_batches,
+    paper_model,
+    paper_optimizer,
+    run_paper_setting,
+)
 from sinkflow.studies.paper_report import paper_setting_markdown
-from sinkflow.studies.paper import (OFFICIAL, PaperSetting, _register_decomposition_variants, cost_rows,
-                               instability_rows, paper_batches, paper_model, paper_optimizer, run_paper_setting)
 
 TINY = PaperSetting("listops", batch_size=2, max_length=24)
 

@@ -11,7 +11,15 @@ from scipy import stats
 
 from sinkflow.studies.data import SHAPES
 from sinkflow.studies.intervals import t_interval
-from sinkflow.studies.point_clouds import ISAB, PMA, SAB, SHAPE_CLASSES, SetTransformer, point_cloud_study, shape_classes
+from sinkflow.studies.point_clouds import (
+    ISAB,
+    PMA,
+    SAB,
+    SHAPE_CLASSES,
+    SetTransformer,
+    point_cloud_study,
+    shape_classes,
+)
 
 NORMS = [("softmax", 1), ("sinkhorn", 7)]
 

@@ -47,6 +47,7 @@ from sinkflow.studies import (
 )
 from sinkflow.studies.data import _rotations, digits, point_clouds, retrieval_sequences, split
 
+
 def test_set_classifier_is_permutation_invariant_and_clouds_are_rotated_rigidly():
     torch.manual_seed(0)
     model = SetClassifier(3, 5, dim=16, heads=2, normalization="sinkhorn", n_iter=3)

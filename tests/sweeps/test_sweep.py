@@ -69,9 +69,7 @@ def unsorted_result(x):
 @pytest.fixture(scope="module")
 def client():
     pytest.importorskip("distributed")
-    from sinkflow.sweeps._executors import local_client
-
-    from sinkflow.sweeps._executors import close_client
+    from sinkflow.sweeps._executors import close_client, local_client
 
     c = local_client(n_workers=2)
     yield c
