@@ -100,3 +100,20 @@ def test_warnings_name_the_users_line_for_one_system_and_an_ensemble():
         sinkflow.simulate(x0.astype(np.float32), "sinkhorn", h=0.01, steps=1, tol=1e-12)
     assert len(caught) == 3
     assert all(w.filename == __file__ and w.category is RuntimeWarning for w in caught)
+
+
+@pytest.mark.parametrize("kw", [{"chunked": True}, {"landmarks": 64}])  # blocks of >= 2^14 entries
+def test_the_fast_paths_switch_changes_no_number_of_a_blockwise_or_landmark_flow(kw, monkeypatch):
+    """The block-wise and landmark fields exponentiate through numpy when the switch is on (one thread),
+    through torch when it is off: the same trajectory to rounding."""
+    x0 = sinkflow.random_particles(400, 2, seed=3)
+    calls, real_exp = [], np.exp
+    monkeypatch.setattr(np, "exp", lambda *a, **k: calls.append(1) or real_exp(*a, **k))
+    runs = {}
+    for on in (True, False):
+        calls.clear()
+        with sinkflow.torch_threads(1), sinkflow.fast_paths(on):
+            runs[on] = sinkflow.simulate(x0, "sinkhorn", h=0.05, steps=3, temperature=0.5, **kw)
+        assert bool(calls) is on
+    scale = np.abs(runs[False].positions).max()
+    np.testing.assert_allclose(runs[True].positions / scale, runs[False].positions / scale, rtol=0, atol=1e-13)
