@@ -56,7 +56,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sinkflow.sweeps": ("sweep", "SweepError"),
     "sinkflow.plots": ("plot_sweep", "animate", "circle_demo", "ParticleAnimation"),
     # running a block on n torch threads (small problems; reductions split alike on every machine)
-    "sinkflow._backend": ("torch_threads",),
+    "sinkflow._backend": ("torch_threads", "fast_paths", "fast_paths_enabled"),
 }
 
 _ORIGIN = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,8 @@ import torch
 from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free, re-exported here)
 
 __all__ = ["squared_norms", "to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
-           "compiling", "require", "compute_dtype", "lift_half", "exp_floor", "exp_", "torch_threads", "broadcast_shapes",
-           "empty_large"]
+           "compiling", "require", "compute_dtype", "lift_half", "exp_floor", "exp_", "numpy_exp_applies", "torch_threads",
+           "fast_paths", "fast_paths_enabled", "broadcast_shapes", "empty_large"]
 
 
 @contextlib.contextmanager
@@ -70,47 +71,114 @@ def exp_floor(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).tiny) + 1.0
 
 
-#: Least size of a tensor :func:`exp_` hands to numpy: below it numpy's fixed cost per call (about 3.5 us:
+#: The one switch of sinkflow's speed tricks (:func:`fast_paths`): on unless the environment sets
+#: ``SINKFLOW_FAST_PATHS=0``. Off, every path computes with torch's plain operations.
+_FAST_PATHS = [os.environ.get("SINKFLOW_FAST_PATHS", "1").strip() != "0"]
+
+
+@contextlib.contextmanager
+def fast_paths(enabled: bool = True):
+    """Turn sinkflow's speed tricks on or off inside a ``with`` block (restored afterwards).
+
+    Each trick is kept only where an end-to-end run (a :func:`sinkflow.simulate` call, an ensemble,
+    a figure build) measured at least 1.2x from it, and each gives the same numbers to rounding: the
+    block-wise and landmark fields exponentiate their blocks through numpy's ``exp``, about twice as
+    fast as torch's on one thread (1.35-1.49x on a block-wise ``simulate`` at n = 8,000-20,000).
+    Off, every path takes torch's plain operations (the tests pass both ways). The environment
+    variable ``SINKFLOW_FAST_PATHS=0`` turns them off for a whole process.
+
+    Examples
+    --------
+    >>> import sinkflow
+    >>> with sinkflow.fast_paths(False):
+    ...     sinkflow.fast_paths_enabled()
+    False
+    """
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    before = _FAST_PATHS[0]
+    _FAST_PATHS[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _FAST_PATHS[0] = before
+
+
+def fast_paths_enabled() -> bool:
+    """Whether sinkflow's speed tricks are on (:func:`fast_paths`)."""
+    return _FAST_PATHS[0]
+
+
+#: Least size of a block :func:`exp_` hands to numpy: below it numpy's fixed cost per call (about 3.5 us:
 #: the error state, the view, the version counter) outweighs its faster loop (64 entries 5.4 us against
 #: torch's 2.0; 4,096 entries 7.1 against 5.3; 65,536 entries 37 against 57).
 NUMPY_EXP_MIN = 2**14
 
 
-def exp_(t: torch.Tensor) -> torch.Tensor:
-    """``t.exp_()``, through numpy's ``exp`` where that is the faster of the two; returns ``t``.
+def numpy_exp_applies(*tensors) -> bool:
+    """Whether a path may exponentiate its blocks through numpy (:func:`exp_`), decided once at its entry.
 
-    On one thread numpy's float32 and float64 ``exp`` runs about twice as fast as torch's on
-    the CPU measured (float32 0.52-0.65 against 0.94-1.34 ns an entry, AMD EPYC, every
-    ``ATEN_CPU_CAPABILITY``; docs/performance.md), and the large-n fields spend most of their
-    time there. numpy takes a plain contiguous CPU float tensor of at least ``NUMPY_EXP_MIN``
-    entries, outside autograd, torch.compile and torch.func transforms, when torch runs on one
-    thread (on more, torch's ``exp`` uses them and numpy's does not); anything else goes to
-    torch. The two agree to a relative 2.5 eps; overflow to ``inf`` and underflow to ``0``
-    are silent in both. The tensor's version counter is bumped, as by torch's own ``exp_``.
+    Yes when the speed tricks are on (:func:`fast_paths`), torch runs on one thread (on more, torch's
+    ``exp`` uses them and numpy's does not), nothing is being compiled, and every input (None skipped)
+    is a plain CPU float32 / float64 tensor that no autograd or forward-mode AD follows and that is
+    not an inference tensor outside inference mode, and that numpy can view (a tensor under a
+    ``torch.func`` transform or a tracing mode cannot be: its path then takes torch's ``exp``). Only
+    public torch API is asked.
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> from sinkflow._backend import numpy_exp_applies
+    >>> x = torch.ones(3)
+    >>> with sinkflow.torch_threads(1):
+    ...     numpy_exp_applies(x), numpy_exp_applies(x.requires_grad_())
+    (True, False)
     """
-    if _numpy_can_exp(t):
+    if not fast_paths_enabled() or compiling() or torch.get_num_threads() != 1:
+        return False
+    return all(t is None or _numpy_viewable(t) for t in tensors)
+
+
+def _numpy_viewable(t: torch.Tensor) -> bool:
+    """A plain CPU float tensor that numpy can write to without any torch machinery missing the write."""
+    from torch.autograd import forward_ad
+
+    if not (type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)):
+        return False
+    if t.requires_grad or forward_ad.unpack_dual(t).tangent is not None:
+        return False
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        return False
+    try:
+        t.numpy()  # raises for a functorch wrapper (vmap), a fake or a negative-bit tensor
+    except RuntimeError:
+        return False
+    return True
+
+
+def exp_(t: torch.Tensor, numpy: bool = False) -> torch.Tensor:
+    """``t.exp_()``, through numpy's ``exp`` when the path decided so (``numpy``, :func:`numpy_exp_applies`
+    at its entry) and ``t`` is a contiguous block of at least ``NUMPY_EXP_MIN`` entries; returns ``t``.
+
+    On one thread numpy's float32 and float64 ``exp`` runs about twice as fast as torch's on the CPU
+    measured (float32 0.52-0.65 against 0.94-1.34 ns an entry, AMD EPYC, every
+    ``ATEN_CPU_CAPABILITY``; docs/performance.md). The two agree to a relative 2.5 eps; overflow to
+    ``inf`` and underflow to ``0`` are silent in both. The tensor's version counter is bumped, as by
+    torch's own ``exp_``. A path that decided on numpy and then finds its blocks under a ``torch.func``
+    transform (which no entry check sees) raises, naming the switch, rather than compute silently wrong.
+    """
+    if not (numpy and t.numel() >= NUMPY_EXP_MIN and t.is_contiguous()):
+        return t.exp_()
+    try:
         a = t.numpy()
-        with np.errstate(over="ignore", under="ignore"):
-            np.exp(a, out=a)
-        torch.autograd.graph.increment_version(t)  # as torch's own in-place op would: a saved t is stale now
-        return t
-    return t.exp_()
-
-
-def _numpy_can_exp(t: torch.Tensor) -> bool:
-    """Whether :func:`exp_` may write ``t`` through numpy: eager, one thread, a plain large float tensor
-    that no autograd mode, transform or dispatch mode follows (each of those goes through torch's op)."""
-    if compiling() or not (t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
-                           and type(t) is torch.Tensor and t.numel() >= NUMPY_EXP_MIN and t.is_contiguous()):
-        return False
-    if t.requires_grad or t.is_neg() or (t.is_inference() and not torch.is_inference_mode_enabled()):
-        return False
-    try:  # torch.func transforms, dispatch modes (make_fx, functionalize), forward-mode AD: torch's op
-        followed = (torch._C._are_functorch_transforms_active() or torch._C._len_torch_dispatch_stack() > 0
-                    or torch.autograd.forward_ad._current_level >= 0)
-    except AttributeError:  # a torch without these probes: take torch's op
-        return False
-    return not followed and torch.get_num_threads() == 1
+    except RuntimeError as error:  # a functorch wrapper or a fake tensor has no numpy view
+        raise RuntimeError("this path exponentiates through numpy (sinkflow.fast_paths), which a torch.func "
+                           "transform or a tracing mode cannot follow: run it inside "
+                           "`with sinkflow.fast_paths(False):`") from error
+    with np.errstate(over="ignore", under="ignore"):
+        np.exp(a, out=a)
+    torch.autograd.graph.increment_version(t)  # as torch's own in-place op would: a saved t is stale now
+    return t
 
 
 #: Tensors of at least this many bytes go on transparent huge pages (:func:`empty_large`): one 2 MiB page.

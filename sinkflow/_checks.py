@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_number", "check_seed", "check_choice", "check_numpy_float", "check_index"]
+__all__ = ["check_number", "check_seed", "check_choice", "check_numpy_float", "check_index", "warn_caller"]
 
 
 def _is_torch(value: Any, cls: str) -> bool:
@@ -138,3 +138,19 @@ def check_index(index: Any, shape: tuple, name: str) -> tuple:
     if len(index) != len(shape) or not all(-b <= i < b for i, b in zip(index, shape)):
         raise ValueError(f"{name}={index} is not a multi-index of the batch shape {shape}")
     return tuple(int(i) % b for i, b in zip(index, shape))
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointed at the caller's line: the first frame outside the sinkflow package.
+
+    A warning then names the user's call (``simulate(...)`` in their script or notebook) however deep
+    in the package it was raised, without a ``stacklevel`` counted by hand at each call site.
+    """
+    import os
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level, frame = 2, sys._getframe(1)  # stacklevel 2 is warn_caller's caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=level)

@@ -18,7 +18,15 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow._backend import HUGE_PAGE_BYTES, broadcast_shapes, check_number, empty_large, exp_, leading
+from sinkflow._backend import (
+    HUGE_PAGE_BYTES,
+    broadcast_shapes,
+    check_number,
+    empty_large,
+    exp_,
+    leading,
+    numpy_exp_applies,
+)
 from sinkflow.heat._landmark_errors import nystrom_spectral_error
 
 RNG = np.random.default_rng(2026)
@@ -289,17 +297,18 @@ def test_empty_large_buffers_are_private_writable_tensors(shape, dtype):
     assert view.tolist() == [1.0] * min(3, view.numel()) and bool((b == 2.0).all())
 
 
-EXP_CASES = {"numpy": (1, 30_001, 1), "two threads": (2, 30_001, 1), "strided view": (1, 30_001, 2),
-             "small": (1, 1_001, 1)}
+EXP_CASES = {"numpy": (1, 30_001, 1, True), "two threads": (2, 30_001, 1, True),
+             "strided view": (1, 30_001, 2, True), "small": (1, 1_001, 1, True), "switched off": (1, 30_001, 1, False)}
 
 
 @pytest.mark.parametrize("case", EXP_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_exp_in_place_is_torchs_exp(dtype, case, monkeypatch):
-    """numpy's exp for a large contiguous tensor on one thread, torch's otherwise (two threads, a strided
-    view, a small tensor): torch's values within 4 eps relative, the same overflow to inf, underflow to 0
-    and NaN; in place, its version counter bumped."""
-    threads, size, step = EXP_CASES[case]
+    """numpy's exp for a large contiguous block of a path that decided on numpy at its entry (one thread,
+    fast paths on), torch's otherwise (two threads, the switch off: decided against; a strided view, a
+    small block): torch's values within 4 eps relative, the same overflow to inf, underflow to 0 and NaN;
+    in place, its version counter bumped."""
+    threads, size, step, on = EXP_CASES[case]
     calls, real_exp = [], np.exp
     monkeypatch.setattr(np, "exp", lambda *a, **k: calls.append(1) or real_exp(*a, **k))
     base = torch.linspace(-800.0, 800.0, size, dtype=dtype)
@@ -307,9 +316,9 @@ def test_exp_in_place_is_torchs_exp(dtype, case, monkeypatch):
     expected = torch.exp(base)
     t = base.repeat_interleave(step)[::step] if step > 1 else base.clone()
     version, ptr = t._version, t.data_ptr()
-    with sinkflow.torch_threads(threads), warnings.catch_warnings():
+    with sinkflow.torch_threads(threads), sinkflow.fast_paths(on), warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = exp_(t)
+        out = exp_(t, numpy_exp_applies(t))
     assert len(calls) == (case == "numpy")
     assert out is t and t.data_ptr() == ptr and t._version > version
     normal = torch.isfinite(expected) & (expected >= torch.finfo(dtype).tiny)
@@ -319,43 +328,72 @@ def test_exp_in_place_is_torchs_exp(dtype, case, monkeypatch):
 
 
 def test_exp_in_place_compiles_in_one_graph():
-    """Under torch.compile(fullgraph=True) exp_ is torch's op: one graph, no break on the thread probe."""
+    """Under torch.compile(fullgraph=True) a path decides on torch's op: one graph, no break."""
     x = torch.linspace(-3.0, 3.0, 2**15)
     with sinkflow.torch_threads(1):
-        got = torch.compile(lambda v: exp_(v * 2.0) + 1.0, fullgraph=True, backend="eager")(x)
+        got = torch.compile(lambda v: exp_(v * 2.0, numpy_exp_applies(v)) + 1.0, fullgraph=True, backend="eager")(x)
     torch.testing.assert_close(got, torch.exp(x * 2.0) + 1.0)
 
 
-def test_exp_in_place_leaves_transforms_and_inference_tensors_to_torch():
-    """Under torch.func.vmap, forward-mode AD and for an inference tensor outside inference mode, torch's op
-    runs (its result, its error), never numpy on a tensor it does not own."""
+def test_the_entry_decides_against_numpy_under_transforms_and_for_inference_tensors():
+    """Under torch.func.vmap, grad, jvp, forward-mode AD and for an inference tensor outside inference mode,
+    the entry check says torch, so the path computes torch's result (and its tangent, its error)."""
     x = torch.linspace(-3.0, 3.0, 2 * 2**15, dtype=torch.float64).reshape(2, -1)
+
+    def path(v):  # a path: decides at its entry, then exponentiates its block
+        block = v * 1.0
+        return exp_(block, numpy_exp_applies(v))
+
     with sinkflow.torch_threads(1):
-        torch.testing.assert_close(torch.func.vmap(lambda v: exp_(v * 1.0))(x), torch.exp(x))
-        _, tangent = torch.func.jvp(lambda v: exp_(v * 1.0), (x,), (torch.ones_like(x),))
+        assert numpy_exp_applies(x)
+        torch.testing.assert_close(torch.func.vmap(path)(x), torch.exp(x))
+        torch.testing.assert_close(torch.func.grad(lambda v: path(v).sum())(x[0]), torch.exp(x[0]))
+        _, tangent = torch.func.jvp(path, (x,), (torch.ones_like(x),))
         torch.testing.assert_close(tangent, torch.exp(x))
         with torch.autograd.forward_ad.dual_level():
-            dual = exp_(torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)) * 1.0)
+            dual = path(torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)))
             torch.testing.assert_close(torch.autograd.forward_ad.unpack_dual(dual).tangent, torch.exp(x))
         with torch.inference_mode():
             frozen = torch.zeros(2**15)
+        assert not numpy_exp_applies(frozen)
         with pytest.raises(RuntimeError, match="[Ii]nference"):
-            exp_(frozen)
+            exp_(frozen, numpy_exp_applies(frozen))
+
+
+def test_a_path_that_chose_numpy_fails_loudly_under_a_transform_it_did_not_see():
+    """A block under vmap that its path's entry did not see (numpy decided from unbatched inputs) raises,
+    naming the switch, instead of computing without the transform."""
+    x = torch.linspace(-3.0, 3.0, 2 * 2**15, dtype=torch.float64).reshape(2, -1)
+    with sinkflow.torch_threads(1), pytest.raises(RuntimeError, match="fast_paths"):
+        torch.func.vmap(lambda v: exp_(v * 1.0, True))(x)
+    with sinkflow.torch_threads(1), sinkflow.fast_paths(False):
+        torch.testing.assert_close(torch.func.vmap(lambda v: exp_(v * 1.0, numpy_exp_applies(v)))(x), torch.exp(x))
 
 
 def test_exp_in_place_keeps_autograd_honest():
-    """Under autograd torch's exp_ (its gradient); a tensor saved for a backward pass and then exponentiated
-    is reported stale, as with torch's own in-place op."""
+    """Under autograd the entry says torch (its gradient); a tensor saved for a backward pass and then
+    exponentiated through numpy is reported stale, as with torch's own in-place op."""
     w = torch.randn(2**15, dtype=torch.float64, requires_grad=True)
     with sinkflow.torch_threads(1):
-        y = exp_(w * 1.0)
+        assert not numpy_exp_applies(w)
+        y = exp_(w * 1.0, numpy_exp_applies(w))
         y.sum().backward()
         assert torch.allclose(w.grad, torch.exp(w.detach()), rtol=1e-15, atol=0)
         saved = torch.randn(2**15, dtype=torch.float64)
         loss = (w * saved).sum()
-        exp_(saved)
+        exp_(saved, numpy_exp_applies(saved))
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
+
+
+def test_the_fast_paths_switch_is_checked_and_restored():
+    with pytest.raises(TypeError, match="enabled"):
+        with sinkflow.fast_paths("no"):
+            pass
+    before = sinkflow.fast_paths_enabled()
+    with sinkflow.fast_paths(not before):
+        assert sinkflow.fast_paths_enabled() is (not before)
+    assert sinkflow.fast_paths_enabled() is before
 
 
 # --------------------------------------------------------------------------- tol = 0

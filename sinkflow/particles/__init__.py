@@ -1,7 +1,10 @@
 """Tokens as particles: the attention vector field and the flows it drives.
 
 ``_simulate.py`` has :func:`simulate` (a residual attention layer is an explicit Euler
-step), with its integrators (``_integrators.py``), monitors (``_monitors.py``) and step-size
+step): its keywords are checked once into small settings objects, and the evaluation path of the
+field is chosen once, in one place, and recorded on the trajectory (``_settings.py``); one system
+runs in ``_system.py``, an ensemble in ``_ensembles.py`` (batched, or system by system through the
+same ``run_system``), with its integrators (``_integrators.py``), monitors (``_monitors.py``) and step-size
 guard (``_step_size.py``); the field on particles is evaluated densely
 (``_dense_fields.py``), block by block without an ``n x n`` matrix
 (``_blockwise_fields.py``) or with ``m`` Nyström landmarks in ``O(n m)``

@@ -24,7 +24,17 @@ from typing import Any
 
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, exp_, exp_floor, from_torch, leading, to_torch
+from sinkflow._backend import (
+    check_finite,
+    check_float,
+    check_number,
+    exp_,
+    exp_floor,
+    from_torch,
+    leading,
+    numpy_exp_applies,
+    to_torch,
+)
 
 __all__ = ["LazyField", "lazy_attention_field", "DEFAULT_BLOCK_BYTES", "cache_block_bytes"]
 
@@ -189,6 +199,7 @@ class _Passes:
         self.safe = 3.0 * finfo.tiny / finfo.eps * n
         spread = float(self.log_a.max() - self.log_a.min()) if n else 0.0
         self.row_shift_ok = spread < 0.5 * math.log(finfo.max)
+        self.numpy_exp = numpy_exp_applies(S.left, S.right, self.V1, self.log_a)  # decided once per field
 
     def _times_values(self, E):
         """``E @ [V, 1]``: one matrix-vector product per column for few columns (2-5x faster), else one product."""
@@ -202,7 +213,7 @@ class _Passes:
 
     def _exp(self, T, clamp):
         """``exp`` of a block in place; arguments below the exp floor clamped there first when ``clamp``."""
-        return exp_(T.clamp_min_(self.lt) if clamp else T)
+        return exp_(T.clamp_min_(self.lt) if clamp else T, self.numpy_exp)
 
     def row(self, g, f_prev=None, full=True):
         """Row normalization: new ``f``, and with ``full`` the velocity and weighted column sums (else None:
@@ -260,7 +271,7 @@ class _Passes:
         for i0, i1 in self._blocks():
             T = self.S.block(left, i0, i1, bias)
             m_new = torch.maximum(m, T.amax(0))
-            s = s * torch.exp(m - m_new) + exp_(T.sub_(m_new[None, :]).clamp_min_(self.lt)).sum(0)
+            s = s * torch.exp(m - m_new) + exp_(T.sub_(m_new[None, :]).clamp_min_(self.lt), self.numpy_exp).sum(0)
             m = m_new
         return self.log_a - (m + torch.log(s))
 

@@ -24,10 +24,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from sinkflow._backend import broadcast_shapes, check_finite, check_float, check_number, from_torch, leading
-from sinkflow._checks import check_choice
+from sinkflow._backend import broadcast_shapes, check_finite, check_float, from_torch, leading
 from sinkflow._progress import progress_bar
-from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax, get_attention
+from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax
 from sinkflow.particles._dense_fields import (
     DENSE_BYTES_LIMIT,
     check_matrix,
@@ -41,12 +40,13 @@ from sinkflow.particles._monitors import (
     MONITOR_FUNCTIONS,
     MonitorContext,
     MonitorRecords,
-    _as_monitor_names,
     _energy_kind,
     _Recorder,
 )
+from sinkflow.particles._settings import EvaluationPath, FlowSettings
 from sinkflow.particles._step_size import _check_step_size, _lipschitz, _symmetric_psd
-from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, _solver_tol
+from sinkflow.particles._system import run_system
+from sinkflow.particles._trajectory import Trajectory, _check_positions
 
 __all__ = ["is_ensemble", "simulate_ensemble"]
 
@@ -101,48 +101,32 @@ def _flat(t, batch, tail):
     return t.expand(batch + tail).reshape((-1,) + tail)
 
 
-def simulate_ensemble(x0, attention, W_Q, W_K, W_V, h, steps, *, single, **options):
-    """:func:`sinkflow.simulate` for a batch of systems (see the module docstring); ``single`` is the
-    single-system :func:`sinkflow.simulate` that the systems the batched flow cannot take go through."""
-    steps = _checked_options(options, steps)
-    X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, options["weights"])
+def simulate_ensemble(x0, variant, W_Q, W_K, W_V, weights, temperature, h, steps: int,
+                      settings: FlowSettings) -> Trajectory:
+    """:func:`sinkflow.simulate` for a batch of systems (see the module docstring), its keywords checked
+    into ``settings`` and its attention resolved to ``variant``."""
+    X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
     check_float(X, "x0")
     if X.ndim < 2:
         raise ValueError(f"x0 must have shape (..., n, d), got {tuple(X.shape)}")
     n, d = X.shape[-2:]
     mats = {name: check_matrix(M, name, d, X, batched=True) for name, M in (("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V))}
-    a = check_weights(options.pop("weights"), X, batched=True)
-    tau = _positive_per_system(options.pop("temperature"), "temperature", X)
+    a = check_weights(weights, X, batched=True)
+    tau = _positive_per_system(temperature, "temperature", X)
     hs = _positive_per_system(h, "h", X)
     parts = [("x0", X.shape[:-2])] + [(k, M.shape[:-2]) for k, M in mats.items() if M is not None]
     parts += [("weights", a.shape[:-1])] if a is not None else []
     batch = _batch_shape(parts + [("temperature", tau.shape), ("h", hs.shape)])
     check_finite(X.detach(), "x0")
-    _check_positions(X, options["manifold"], batched=True)
+    _check_positions(X, settings.manifold, batched=True)
     systems = _Systems(X, mats, a, tau, hs, batch)
-    variant = get_attention(attention)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, *mats.values()))
-    causal = options.pop("causal")
-    if causal is not False:  # causal flows (and a bad flag, which simulate names) run system by system
-        traj = _system_by_system(single, systems, attention, steps, {**options, "causal": causal})
-    elif grad or not _batchable(variant, systems, options):
-        traj = _system_by_system(single, systems, attention, steps, options)
+    why_not = "gradients are tracked" if grad else _not_batched(variant, systems, settings)
+    if why_not is None:
+        traj = _in_batches(systems, variant, steps, settings)
     else:
-        traj = _in_batches(systems, variant, steps, options)
+        traj = _system_by_system(systems, variant, steps, settings, why_not)
     return _shaped(traj, systems, numpy_out, tau.ndim > 0, hs.ndim > 0)
-
-
-def _checked_options(options, steps) -> int:
-    """The single-system checks of the options a batched flow uses itself; ``steps`` checked."""
-    check_choice(options["manifold"], "manifold", MANIFOLDS)
-    check_choice(options["integrator"], "integrator", INTEGRATORS)
-    options["monitors"] = _as_monitor_names(options["monitors"])
-    options["n_iter"] = check_number(options["n_iter"], "n_iter (Sinkhorn half-iterations)", integer=True,
-                                     positive=True, allow_none=True)
-    for name in ("monitor_every", "save_every", "max_iter"):
-        options[name] = check_number(options[name], name, integer=True, positive=True)
-    options["cluster_tol"] = check_number(options["cluster_tol"], "cluster_tol", positive=True)
-    return check_number(steps, "steps", integer=True, positive=True, allow_zero=True)
 
 
 class _Systems:
@@ -157,11 +141,14 @@ class _Systems:
         self.tau, self.h = _flat(tau, batch, ()), _flat(hs, batch, ())
 
     def one(self, b: int) -> dict:
-        """The inputs of system ``b`` as :func:`sinkflow.simulate` takes them."""
-        pick = lambda M: M if M is None or M.ndim == 2 else M[b]
-        return dict(x0=self.X[b], **{k: pick(M) for k, M in self.mats.items()},
-                    weights=None if self.a is None else self.a[b],
-                    temperature=float(self.tau[b]), h=float(self.h[b]))
+        """The inputs of system ``b`` as :func:`~sinkflow.particles._system.run_system` takes them."""
+
+        def pick(M):
+            return M if M is None or M.ndim == 2 else M[b]
+
+        Wq, Wk, Wv = (pick(self.mats[k]) for k in ("W_Q", "W_K", "W_V"))
+        return dict(X=self.X[b], Wq=Wq, Wk=Wk, Wv=Wv, a=None if self.a is None else self.a[b],
+                    tau=float(self.tau[b]), h=float(self.h[b]))
 
     def part(self, lo: int, hi: int) -> _Systems:
         sub = object.__new__(_Systems)
@@ -181,35 +168,45 @@ def _interaction(systems):
     return (Wq if Wq is not None else eye).mT @ (Wk if Wk is not None else eye)
 
 
-def _batchable(variant, systems, options) -> bool:
-
-    if variant.normalize not in _BATCHED or options["landmarks"] is not None or options["chunked"]:
-        return False
+def _not_batched(variant, systems, settings: FlowSettings) -> str | None:
+    """Why the systems cannot run as one batched tensor flow (None when they can)."""
+    asked, solver = settings.evaluation, settings.solver
+    if variant.normalize not in _BATCHED:
+        return f"attention {variant.name!r} has no batched flow"
+    if asked.causal or asked.landmarks is not None or asked.chunked:
+        return "causal, landmarks or chunked asked for"
     if systems.X.shape[-2] > dense_limit(systems.X.dtype):
-        return False
-    return not (variant.normalize is _sinkhorn and options["n_iter"] is None and not _symmetric_psd(_interaction(systems)))
+        return "one n x n matrix would exceed the dense budget"
+    if variant.normalize is _sinkhorn and solver.n_iter is None and not _symmetric_psd(_interaction(systems)):
+        return "Sinkhorn to tolerance with a W_Q^T W_K that is not symmetric positive semi-definite"
+    return None
 
 
-def _system_by_system(simulate, systems, attention, steps, options):
-    """Each system through the single-system :func:`sinkflow.simulate`; the trajectories stacked."""
-    progress = options.pop("progress")
-    runs = [simulate(attention=attention, steps=steps, progress=False, **systems.one(b), **options)
-            for b in progress_bar(range(systems.count), enabled=progress, desc="systems", unit="system")]
+def _system_by_system(systems, variant, steps, settings: FlowSettings, why: str):
+    """Each system through the single-system flow; the trajectories stacked."""
+    quiet = replace(settings, recording=replace(settings.recording, progress=False))
+    bar = progress_bar(range(systems.count), enabled=settings.recording.progress, desc="systems", unit="system")
+    runs = [run_system(variant=variant, steps=steps, settings=quiet, **systems.one(b)) for b in bar]
     first = runs[0]
-    stack = lambda key: np.stack([getattr(r, key) for r in runs], axis=1)
+
+    def stack(key):
+        return np.stack([getattr(r, key) for r in runs], axis=1)
+
     return replace(first, times=stack("times"), positions=torch.stack([torch.as_tensor(r.positions) for r in runs], 1),
                    monitors=MonitorRecords({k: np.stack([r.monitors[k] for r in runs], 1) for k in first.monitors}),
                    monitor_times=stack("monitor_times"), sinkhorn_iterations=stack("sinkhorn_iterations"),
                    converged=np.array([r.converged for r in runs]), temperature=systems.tau.cpu().numpy(),
-                   h=systems.h.cpu().numpy(), weights=None if systems.a is None else systems.a)
+                   h=systems.h.cpu().numpy(), weights=None if systems.a is None else systems.a,
+                   evaluation=EvaluationPath(first.evaluation.name,
+                                             f"system by system: {why}; the first system's: {first.evaluation.reason}"))
 
 
-def _in_batches(systems, variant, steps, options):
+def _in_batches(systems, variant, steps, settings: FlowSettings):
     """The batched flow, in chunks of systems that fit the dense budget; the chunks concatenated."""
     n = systems.X.shape[-2]
     per_system = 6 * n * n * systems.X.element_size()  # the scores, the kernel and their temporaries
     size = max(1, min(systems.count, DENSE_BYTES_LIMIT // per_system))
-    chunks = [_chunk(systems.part(lo, min(lo + size, systems.count)), variant, steps, dict(options))
+    chunks = [_chunk(systems.part(lo, min(lo + size, systems.count)), variant, steps, settings)
               for lo in range(0, systems.count, size)]
     if len(chunks) == 1:
         return chunks[0]
@@ -222,36 +219,38 @@ def _in_batches(systems, variant, steps, options):
                    temperature=cat("temperature", 0), h=cat("h", 0), weights=systems.a)
 
 
-def _chunk(systems, variant, steps, options):
+def _chunk(systems, variant, steps, settings: FlowSettings):
     """One batched flow of ``systems`` (a :class:`Trajectory` with a flat batch dimension)."""
-    X, o = systems.X.detach().clone(), options
+    X, solver, keep = systems.X.detach().clone(), settings.solver, settings.recording
     W = _interaction(systems)
     one_tau = bool((systems.tau == systems.tau[0]).all())
     tau = float(systems.tau[0]) if one_tau else 1.0
     W_scores = W if one_tau else _fold(W, systems)
     one_h = bool((systems.h == systems.h[0]).all())
     h = float(systems.h[0]) if one_h else systems.h.to(X.dtype)[:, None, None]
-    _warn_step_size(X, W, systems, variant, o["integrator"])
-    sphere, symmetric, errors = o["manifold"] == "sphere", _symmetric_psd(W), "marginal_errors" in o["monitors"]
-    kind = EnsembleField if takes_ensemble(variant, o["n_iter"], symmetric, errors, X) else ParticleField
-    field = kind(variant, W_scores, systems.mats["W_V"], o["n_iter"], systems.a, tau,
-                 _solver_tol(o["tol"], X.dtype), o["max_iter"], False, None,
-                 o["n_iter"] is None if o["warm_start"] is None else bool(o["warm_start"]), sphere,
-                 errors, symmetric=symmetric, stages=4 if o["integrator"] == "rk4" else 1)
-    record = _EnsembleRecorder(o["monitors"], o["monitor_every"], _contexts(field, variant, W, systems, o))
+    _warn_step_size(X, W, systems, variant, settings.integrator)
+    symmetric, errors = _symmetric_psd(W), "marginal_errors" in keep.monitors
+    in_cache = takes_ensemble(variant, solver.n_iter, symmetric, errors, X)
+    field = (EnsembleField if in_cache else ParticleField)(
+        variant, W_scores, systems.mats["W_V"], solver.n_iter, systems.a, tau, solver.tol_for(X.dtype),
+        solver.max_iter, False, None, solver.warm_start, settings.sphere, errors, symmetric=symmetric,
+        stages=settings.stages)
+    record = _EnsembleRecorder(keep.monitors, keep.monitor_every, _contexts(field, variant, W, systems, settings))
     with single_thread_if_small(X.shape[-2] * math.isqrt(systems.count), X.device):
-        run = _integrate(field, X, INTEGRATORS[o["integrator"]], h, steps, record, o["save_every"], o["progress"],
-                         variant.name, fixed_count=o["n_iter"] is not None)
+        run = _integrate(field, X, INTEGRATORS[settings.integrator], h, steps, record, keep.save_every, keep.progress,
+                         variant.name, fixed_count=solver.n_iter is not None)
     hs = systems.h.cpu().numpy()
     monitor_steps = np.array(record.times)
+    how = "evaluated block by block in cache" if in_cache else "dense"
     return Trajectory(
         times=run.steps[:, None] * hs, positions=run.positions,
         monitors=MonitorRecords({k: v.reshape(len(v), -1) for k, v in record.arrays().items()}),
         monitor_times=monitor_steps[:, None] * hs,
         sinkhorn_iterations=run.iterations if variant.normalization == "sinkhorn" else np.zeros_like(run.iterations),
         converged=np.broadcast_to(run.converged, (systems.count,)).copy(), attention=variant.name,
-        integrator=o["integrator"], manifold=o["manifold"], h=hs, n_iter=o["n_iter"],
-        temperature=systems.tau.cpu().numpy(), weights=systems.a)
+        integrator=settings.integrator, manifold=settings.manifold, h=hs, n_iter=solver.n_iter,
+        temperature=systems.tau.cpu().numpy(), weights=systems.a,
+        evaluation=EvaluationPath("batched", f"the systems as one tensor flow, {how}"))
 
 
 def _fold(W, systems):
@@ -268,23 +267,23 @@ def _warn_step_size(X, W, systems, variant, integrator):
     L = _lipschitz(X, W, systems.mats["W_V"], systems.tau.to(torch.float64))
     worst = int(torch.argmax(systems.h * L))
     one = systems.one(worst)
-    pick = lambda M: M if M is None or M.ndim == 2 else M[worst]
-    _check_step_size(one["h"], X[worst], pick(W), pick(systems.mats["W_V"]), one["temperature"], variant, integrator)
+    W_worst = W if W is None or W.ndim == 2 else W[worst]
+    _check_step_size(one["h"], X[worst], W_worst, one["Wv"], one["tau"], variant, integrator)
 
 
-def _contexts(field, variant, W, systems, options):
+def _contexts(field, variant, W, systems, settings: FlowSettings):
     """The monitors' context of each system."""
 
-    d, sphere = systems.X.shape[-1], options["manifold"] == "sphere"
+    d, sphere = systems.X.shape[-1], settings.sphere
     kind = _energy_kind(variant, sphere)
     eye = torch.eye(d, dtype=torch.float64, device=systems.X.device)
     W64 = eye if W is None else W.detach().to(torch.float64)
     out = []
-    for b in range(systems.count if options["monitors"] else 0):
+    for b in range(systems.count if settings.recording.monitors else 0):
         tau = float(systems.tau[b])
         a = None if systems.a is None else systems.a[b].detach().to(torch.float64)
         out.append(MonitorContext(SimpleNamespace(temperature=tau), kind, (W64 if W64.ndim == 2 else W64[b]) / tau,
-                                  None if a is None else a / a.sum(), options["manifold"], options["cluster_tol"]))
+                                  None if a is None else a / a.sum(), settings.manifold, settings.recording.cluster_tol))
     return field, out
 
 

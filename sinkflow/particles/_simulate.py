@@ -34,18 +34,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sinkflow._backend import check_number, check_seed, from_torch, leading
-from sinkflow._checks import check_choice, check_numpy_float
+from sinkflow._backend import check_number, check_seed, leading
+from sinkflow._checks import check_numpy_float
 from sinkflow.attention._variants import get_attention
-from sinkflow.particles._causal import causal_mask
-from sinkflow.particles._dense_fields import check_matrix, check_weights, dense_limit, single_thread_if_small
+from sinkflow.particles._dense_fields import check_matrix, check_weights
 from sinkflow.particles._ensembles import is_ensemble, simulate_ensemble
-from sinkflow.particles._harmonic_fields import HarmonicParticleField, harmonic_choice
-from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
-from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
-from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _as_monitor_names, _energy_kind, _Recorder
-from sinkflow.particles._step_size import _check_step_size, _interaction_matrix, _symmetric_psd
-from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, _solver_tol, default_tol
+from sinkflow.particles._settings import checked_settings
+from sinkflow.particles._system import run_system
+from sinkflow.particles._trajectory import MANIFOLDS, Trajectory, _check_positions, default_tol
 
 __all__ = ["simulate", "Trajectory", "random_particles", "default_tol"]
 
@@ -198,6 +194,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     Returns
     -------
     Trajectory
+        Its ``evaluation`` says how the field was evaluated (dense, block-wise, landmarks, harmonic, or
+        batched for an ensemble) and why: the path is chosen once per call, before the first step.
 
     Raises
     ------
@@ -237,82 +235,17 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
     ((11, 2, 3, 8, 2), (2, 3))
     """
     check_numpy_float(x0, "x0")
-    if is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h):
-        return simulate_ensemble(
-            x0, attention, W_Q, W_K, W_V, h, steps, n_iter=n_iter, weights=weights, integrator=integrator,
-            manifold=manifold, temperature=temperature, monitors=monitors, monitor_every=monitor_every,
-            save_every=save_every, warm_start=warm_start, chunked=chunked, landmarks=landmarks,
-            landmark_seed=landmark_seed, landmark_sampling=landmark_sampling, tol=tol, max_iter=max_iter,
-            cluster_tol=cluster_tol, progress=progress, causal=causal, single=simulate)
-    X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
-    check_choice(manifold, "manifold", MANIFOLDS)
-    _check_positions(X, manifold)
-    n, d = X.shape
-    variant = get_attention(attention)
-    check_choice(integrator, "integrator", INTEGRATORS)
-    check_choice(landmark_sampling, "landmark_sampling", LANDMARK_SAMPLINGS)
+    settings = checked_settings(
+        integrator=integrator, manifold=manifold, n_iter=n_iter, tol=tol, max_iter=max_iter, warm_start=warm_start,
+        chunked=chunked, landmarks=landmarks, landmark_seed=landmark_seed, landmark_sampling=landmark_sampling,
+        causal=causal, monitors=monitors, monitor_every=monitor_every, save_every=save_every,
+        cluster_tol=cluster_tol, progress=progress)
     steps = check_number(steps, "steps", integer=True, positive=True, allow_zero=True)
-    temperature = check_number(temperature, "temperature", positive=True)
-    n_iter = check_number(n_iter, "n_iter (Sinkhorn half-iterations)", integer=True, positive=True, allow_none=True)
-    monitor_every = check_number(monitor_every, "monitor_every", integer=True, positive=True)
-    save_every = check_number(save_every, "save_every", integer=True, positive=True)
-    landmarks = check_number(landmarks, "landmarks", integer=True, positive=True, allow_none=True)
-    landmark_seed = check_seed(landmark_seed, "landmark_seed")
-    max_iter = check_number(max_iter, "max_iter", integer=True, positive=True)
-    cluster_tol = check_number(cluster_tol, "cluster_tol", positive=True)
-    monitors = _as_monitor_names(monitors)
-    Wq, Wk, Wv = (check_matrix(M, name, d, X) for M, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
-    W = _interaction_matrix(Wq, Wk, d, X)
-    a = check_weights(weights, X)
-    tracks_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, Wq, Wk, Wv))
-    X = X.clone() if tracks_grad else X.detach().clone()
-    sphere = manifold == "sphere"
-    harmonic = None if chunked is not None or tracks_grad or causal is True else harmonic_choice(
-        X, variant, W, Wv, a, float(temperature), _solver_tol(tol, X.dtype), sphere, landmarks)
-    if chunked is None:
-        chunked = n > dense_limit(X.dtype) and landmarks is None and harmonic is None
-    if tracks_grad and (chunked or landmarks is not None):
-        raise ValueError("gradients through simulate need the dense evaluation (chunked=False, no landmarks)")
-    _check_monitors_fit(monitors, n)
-    tau = float(temperature)
-    _check_step_size(h, X, W, Wv, tau, variant, integrator)
-    if landmarks is not None:
-        landmarks = _flow_landmarks(X, landmarks, variant.landmark_method, W, tau, landmark_sampling, landmark_seed)
-    field = ParticleField(variant, W, Wv, n_iter, a, tau, _solver_tol(tol, X.dtype), max_iter, bool(chunked), landmarks,
-                          n_iter is None if warm_start is None else bool(warm_start), sphere,
-                          "marginal_errors" in monitors, symmetric=_symmetric_psd(W),
-                          stages=4 if integrator == "rk4" else 1,
-                          mask=causal_mask(n, X.device) if _check_flag(causal, "causal") else None)
-    field = field if harmonic is None else HarmonicParticleField.wrap(field, harmonic)
-    # energy monitors use W / tau (the bilinear form of the scores)
-    W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).detach().to(torch.float64)
-    a64 = None if a is None else a.detach().to(torch.float64) / a.detach().to(torch.float64).sum()
-    record = _Recorder(monitors, monitor_every,
-                       MonitorContext(field, _energy_kind(variant, sphere), W_energy, a64, manifold, cluster_tol))
-    with single_thread_if_small(n, X.device):
-        run = _integrate(field, X, INTEGRATORS[integrator], float(h), steps, record, save_every, progress,
-                         variant.name, fixed_count=n_iter is not None)
-    return Trajectory(
-        times=run.steps * float(h), positions=from_torch(run.positions, numpy_out),
-        monitors=record.arrays(),
-        monitor_times=np.array(record.times) * float(h),
-        sinkhorn_iterations=run.iterations if variant.normalization == "sinkhorn" else np.zeros(steps, dtype=int),
-        converged=run.converged, attention=variant.name, integrator=integrator, manifold=manifold, h=float(h),
-        n_iter=None if n_iter is None else int(n_iter), temperature=tau,
-        weights=from_torch(a, numpy_out), chunked=bool(chunked),
-        landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks),
-        harmonic_order=None if harmonic is None else harmonic.order)
-
-
-def _check_flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-
-def _check_monitors_fit(monitors, n):
-    dense_monitors = [m for m in monitors if m != "marginal_errors"]
-    if dense_monitors and n > MAX_MONITOR_N:
-        raise ValueError(f"monitors {dense_monitors} evaluate n x n float64 matrices; n={n} is too large "
-                         f"(n <= {MAX_MONITOR_N}); 'marginal_errors' works at any n")
+    variant = get_attention(attention)
+    if is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h):
+        return simulate_ensemble(x0, variant, W_Q, W_K, W_V, weights, temperature, h, steps, settings)
+    X, numpy_out = leading(x0, "x0", W_Q, W_K, W_V, weights)
+    _check_positions(X, manifold)
+    Wq, Wk, Wv = (check_matrix(M, name, X.shape[1], X) for M, name in ((W_Q, "W_Q"), (W_K, "W_K"), (W_V, "W_V")))
+    tau = float(check_number(temperature, "temperature", positive=True))
+    return run_system(X, variant, Wq, Wk, Wv, check_weights(weights, X), tau, h, steps, settings, numpy_out)

@@ -5,12 +5,11 @@ the largest step without overshoot for Euler and RK4, and the warning when a ste
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
 from sinkflow._backend import check_float, check_number, squared_norms, to_torch
-from sinkflow._checks import check_choice
+from sinkflow._checks import check_choice, warn_caller
 from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import check_matrix
 from sinkflow.particles._integrators import INTEGRATORS
@@ -89,11 +88,11 @@ def _check_step_size(h, X, W, Wv, tau, variant, integrator):
     h = check_number(h, "h", positive=True)
     limit = _safe_step(X, W, Wv, tau, variant, integrator)
     if h > limit:
-        warnings.warn(f"step h={float(h):g} exceeds the largest safe step h = {limit:.3g} of attention="
+        warn_caller(f"step h={float(h):g} exceeds the largest safe step h = {limit:.3g} of attention="
                       f"{variant.name!r} ({integrator}) at temperature={tau:g} (2/L for Euler, 2.78/L for RK4, with "
                       f"the Lipschitz estimate L ~ {2.0 / limit if integrator == 'euler' else 2.78 / limit:.3g} of "
                       "sinkflow.particles.lipschitz_scale; sinkflow.particles.largest_safe_step): the steps may "
-                      "overshoot", RuntimeWarning, stacklevel=3)
+                      "overshoot", RuntimeWarning)
 
 
 def _symmetric_psd(W) -> bool:

@@ -4,7 +4,6 @@ ensemble: the manifolds, the Sinkhorn tolerance of a dtype, positions on the sph
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -12,7 +11,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, squared_norms
-from sinkflow._checks import check_index
+from sinkflow._checks import check_index, warn_caller
 
 __all__ = ["MANIFOLDS", "Trajectory", "default_tol"]
 
@@ -59,6 +58,11 @@ class Trajectory:
         Truncation order (:math:`K` on the circle, :math:`L` on :math:`S^2`) of the exact fast
         harmonic field, when :func:`simulate` chose it (:func:`sinkflow.particles.harmonic_attention_field`);
         a step whose smallest row this order does not certify runs at the guaranteed order.
+    evaluation : EvaluationPath or None
+        How the field was evaluated and why, chosen once before the first step: ``evaluation.name`` is
+        ``"dense"``, ``"block-wise"``, ``"landmarks"``, ``"harmonic"`` or, for the systems of an ensemble
+        run as one tensor flow, ``"batched"``; ``evaluation.reason`` says what decided it
+        (``print(traj.evaluation)``).
     """
 
     times: np.ndarray
@@ -77,6 +81,7 @@ class Trajectory:
     chunked: bool = False
     landmarks: int | None = None
     harmonic_order: int | None = None
+    evaluation: Any = None
 
     @property
     def final(self):
@@ -217,8 +222,8 @@ def _solver_tol(tol, dtype) -> float:
         return floor
     tol = float(check_number(tol, "tol", positive=True))
     if dtype != torch.float64 and tol < floor:
-        warnings.warn(f"tol={tol:g} is below what {dtype} Sinkhorn solves reach; using {floor:.2g} "
-                      "(pass float64 particles for tighter solves)", RuntimeWarning, stacklevel=3)
+        warn_caller(f"tol={tol:g} is below what {dtype} Sinkhorn solves reach; using {floor:.2g} "
+                      "(pass float64 particles for tighter solves)", RuntimeWarning)
         return floor
     return tol
 

@@ -119,7 +119,7 @@ def test_the_flow_is_the_general_solvers_flow(monkeypatch, manifold, integrator)
     x0 = sinkflow.random_particles(20, 2, seed=9, manifold=manifold)
     kwargs = dict(h=0.05, steps=12, manifold=manifold, integrator=integrator, temperature=0.2)
     fast = {k: sinkflow.simulate(x0, "sinkhorn", n_iter=k, **kwargs) for k in (None, 3)}
-    monkeypatch.setattr("sinkflow.particles._simulate._symmetric_psd", lambda W: False)
+    monkeypatch.setattr("sinkflow.particles._system._symmetric_psd", lambda W: False)
     general = {k: sinkflow.simulate(x0, "sinkhorn", n_iter=k, **kwargs) for k in (None, 3)}
     np.testing.assert_allclose(fast[None].positions, general[None].positions, rtol=0, atol=1e-9)  # both to 1e-10
     np.testing.assert_allclose(fast[3].positions, general[3].positions, rtol=0, atol=1e-13)

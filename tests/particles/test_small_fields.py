@@ -74,7 +74,7 @@ def test_a_fixed_count_flow_spread_far_in_the_plane_is_the_general_solvers():
     kw = dict(h=0.05, steps=50, temperature=0.2, n_iter=3)
     fast = sinkflow.simulate(x0, "sinkhorn", **kw)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("sinkflow.particles._simulate._symmetric_psd", lambda W: False)
+        mp.setattr("sinkflow.particles._system._symmetric_psd", lambda W: False)
         general = sinkflow.simulate(x0, "sinkhorn", **kw)
     scale = np.abs(general.positions).max(axis=(1, 2))[:, None, None]
     np.testing.assert_allclose(fast.positions / scale, general.positions / scale, rtol=0, atol=1e-11)
