@@ -313,3 +313,14 @@ def test_the_summary_module_loads_nothing_heavy():
             "print(sorted(m for m in ('torch', 'matplotlib', 'scipy', 'pandas', 'xarray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_array_descriptions_name_library_dtype_device_and_grad():
+    from sinkflow._summary import as_numpy, describe_array
+
+    assert describe_array(np.zeros(2)) == "numpy float64"
+    assert describe_array(torch.zeros(2, dtype=torch.bfloat16)) == "torch bfloat16"
+    assert describe_array(torch.zeros(2, device="meta")) == "torch float32 on meta"  # a GPU shows as cuda:0
+    assert describe_array(torch.zeros(2, requires_grad=True)) == "torch float32, requires grad"
+    half = as_numpy(torch.ones(2, dtype=torch.bfloat16, requires_grad=True))
+    assert half.dtype == np.float32 and half.tolist() == [1.0, 1.0]
