@@ -45,6 +45,7 @@ from sinkflow._backend import (
     require,
     to_torch,
 )
+from sinkflow._summary import Summarized, describe_array, shape_text
 from sinkflow.attention._inverses import (
     _check_gamma,
     _check_inverse,
@@ -155,9 +156,12 @@ def _gather_rows(x, idx):
 
 
 # --------------------------------------------------------------------------- Skyformer Nyström
-@dataclass(frozen=True)
-class NystromFactors:
+@dataclass(frozen=True, repr=False)
+class NystromFactors(Summarized):
     r"""Low-rank factors :math:`\tilde C = L\, W\, R` of a Nyström approximation.
+
+    Its ``repr`` gives the factors' shapes, the rank ``m``, the inverse and the landmarks (indices
+    or segment means), never their entries.
 
     Attributes
     ----------
@@ -186,6 +190,15 @@ class NystromFactors:
     def apply(self, V):
         """:math:`\\tilde C V = L (W (R V))` in O(n m d_v + m^2 d_v)."""
         return self.left @ (self.core @ (self.right @ V))
+
+    def _facts(self):
+        left, right = tuple(self.left.shape), tuple(self.right.shape)
+        batch = f" (batch {shape_text(left[:-2])})" if len(left) > 2 else ""
+        head = (f"m = {left[-1]} landmarks: factors of a {left[-2]} x {right[-1]} matrix{batch}, "
+                f"{describe_array(self.left)}")
+        landmarks = "segment means" if self.indices is None else f"indices {shape_text(self.indices.shape)}"
+        return head, [[("left", shape_text(left)), ("core", shape_text(self.core.shape)), ("right", shape_text(right))],
+                      [("inverse", self.inverse), ("landmarks", landmarks)]]
 
 
 def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator, lift, init="official"):

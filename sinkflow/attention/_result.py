@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from sinkflow._summary import Summarized, describe_array, number, shape_text
+
 __all__ = ["SinkhornWarning", "SinkhornResult"]
 
 
@@ -20,9 +22,22 @@ class SinkhornWarning(UserWarning):
     """
 
 
-@dataclass(frozen=True)
-class SinkhornResult:
+@dataclass(frozen=True, repr=False)
+class SinkhornResult(Summarized):
     """Everything a Sinkhorn solve knows, returned instead of printed.
+
+    Its ``repr`` is a short summary (shape, dtype, converged or not, the marginal error against
+    ``tol``, the half-iterations), never the matrices; in Jupyter the same facts show as a table.
+
+    Examples
+    --------
+    >>> import torch, sinkflow
+    >>> res = sinkflow.solve_sinkhorn(torch.randn(5, 5, dtype=torch.float64))
+    >>> res  # doctest: +ELLIPSIS
+    <SinkhornResult> attention 5 x 5, torch float64
+      converged: marginal error ... <= tol ...; n_iter: ... half-iterations
+    >>> "<table" in res._repr_html_()
+    True
 
     Attributes
     ----------
@@ -66,3 +81,15 @@ class SinkhornResult:
     def plan(self):
         """The transport plan ``a_i K_ij`` (computed on demand)."""
         return self.a[..., :, None] * self.attention
+
+    def _facts(self):
+        head = f"attention {shape_text(np.shape(self.attention))}, {describe_array(self.attention)}"
+        if self.converged:
+            state = ("converged", f"marginal error {number(self.marginal_error)} <= tol {number(self.tol)}")
+        else:
+            state = ("NOT converged", f"marginal error {number(self.marginal_error)} > tol {number(self.tol)}")
+        facts = [state, ("n_iter", f"{self.n_iter} half-iterations")]
+        stages = int(np.count_nonzero(np.diff(np.asarray(self.scales, dtype=float)))) + 1 if np.size(self.scales) else 1
+        if stages > 1:
+            facts.append(("epsilon scaling", f"{stages} stages"))
+        return head, [facts]

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from sinkflow._checks import check_number, check_seed
+from sinkflow._summary import Summarized, number
 from sinkflow.attention._inverses import _check_gamma, _check_inverse, _check_iter, _iterative_inverse, _pinv_rtol
 from sinkflow.attention._kernelized import _check_pair, _kernel, _stack
 from sinkflow.attention._nystrom import sample_landmarks
@@ -69,9 +70,12 @@ def _lifted64(Q, K):
     return _kernel(x, x, q.shape[-1]).numpy(), q.shape[0], q.shape[-1]
 
 
-@dataclass(frozen=True, eq=False)
-class NystromErrors:
+@dataclass(frozen=True, eq=False, repr=False)
+class NystromErrors(Summarized):
     """Errors of repeated landmark draws.
+
+    Its ``repr`` summarizes the draws (mean and worst error, relative to :math:`\\|C\\|_2`, the
+    lifted eigenvalues); the per-draw arrays stay attributes.
 
     Attributes
     ----------
@@ -93,6 +97,16 @@ class NystromErrors:
     norm_Cbar: float
     landmarks: int
     inverse: str
+
+    def _facts(self):
+        errors = np.asarray(self.errors, dtype=float)
+        head = f"{errors.size} draws of m={self.landmarks} landmarks ({self.inverse})"
+        return head, [
+            [("||C - C~||_2", f"mean {number(errors.mean())}, max {number(errors.max())}"),
+             ("relative", f"{number(errors.mean() / self.norm_C)} of ||C||_2 = {number(self.norm_C)}")],
+            [("lifted E = Cbar - Cbar~", f"lambda_max mean {number(np.nanmean(self.lifted_max))}, "
+                                         f"lambda_min min {number(np.nanmin(self.lifted_min))}")],
+        ]
 
 
 def _errors_from_lifted(Cbar, n_q, m, trials, inverse, n_iter, gamma, rng, method, progress, lifted=True):
@@ -179,9 +193,14 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
                          spectral_norm(Cbar, symmetric=True, method=method), m, inverse)
 
 
-@dataclass(frozen=True, eq=False)
-class NystromCheck:
+@dataclass(frozen=True, eq=False, repr=False)
+class NystromCheck(Summarized):
     r"""The theorem checked on one's own ``Q, K``: observed error against what it promises.
+
+    ``repr(check)`` is a short verdict: the measured error beside :math:`\lambda`, whether the
+    bound held in the draws *and* whether the theorem applies at this ``m`` (a bound that holds
+    where the theorem does not apply confirms nothing), and the Loewner checks.
+    :meth:`summary` is the full report (what ``sinkflow nystrom-check`` prints).
 
     Attributes
     ----------
@@ -230,7 +249,9 @@ class NystromCheck:
     min_lifted_eigenvalue : float
         Smallest :math:`\lambda_{min}(\bar C - \tilde{\bar C})` over the draws.
     bound_holds : bool
-        ``failure_rate <= delta``: the promised event was observed at this ``m``.
+        ``failure_rate <= delta``: the promised event was observed at this ``m``. Read it with
+        ``theorem_applies``: below ``m_required`` the theorem promises nothing, and the bound
+        holding (or not) says nothing about the theorem.
     consistent : bool
         False only if the theorem applies and the interval lies entirely above ``delta``
         (a refutation of the theorem at this confidence).
@@ -268,8 +289,57 @@ class NystromCheck:
     consistent: bool
     errors: np.ndarray = field(repr=False)
 
+    _summary_hint = ".summary(): the full report (d_stat, beta*, failure-rate interval)"
+
+    def _facts(self):
+        head = (f"n_q={self.n_queries}, n_k={self.n_keys}, p={self.dim}; m={self.landmarks} landmarks "
+                f"({self.inverse}), {self.trials} draws")
+        if self.theorem_applies:
+            theorem = f"theorem applies: m = {self.landmarks} >= {self.m_required} required landmarks"
+        else:
+            theorem = (f"theorem does not apply: m = {self.landmarks} < {self.m_required} required landmarks, "
+                       "it promises nothing here")
+        held = f"error <= lambda in {self.trials - self.failures}/{self.trials} draws (needs >= {1 - self.delta:.0%})"
+        verdict = f"{'holds' if self.bound_holds else 'FAILS'}, {held}"
+        if not self.consistent:
+            verdict += f"; THEOREM REFUTED at {self.confidence:.0%} confidence"
+        return head, [
+            [("||C - C~||_2", f"{number(self.observed_error)} mean, {number(self.max_error)} max"),
+             ("lambda = eps ||C||_2", f"{number(self.lam)} (eps {number(self.eps)})")],
+            [("bound", verdict)],
+            [("", f"({theorem})")],
+            [("Loewner", f"Cbar~ <= Cbar in all draws: {self.loewner_lower}; Cbar <= Cbar~ + lambda I failed in "
+                         f"{self.loewner_failures}/{self.trials}")],
+        ]
+
     def summary(self) -> str:
-        """A few human-readable lines (what the CLI prints)."""
+        """The full report in a few human-readable lines (what ``sinkflow nystrom-check`` prints).
+
+        Returns
+        -------
+        str
+            Sizes, :math:`\\|C\\|_2`, the observed error (mean, max, relative), :math:`\\lambda`,
+            :math:`d_{stat}` and :math:`\\beta^\\star`, the landmarks the theorem requires and whether
+            it applies, the failure rate with its interval, the Loewner checks and the verdict.
+            ``repr(check)`` is the short form of the same verdict.
+
+        Examples
+        --------
+        >>> import numpy as np, sinkflow
+        >>> Q, K = 0.5 * np.random.default_rng(0).normal(size=(2, 32, 8))
+        >>> check = sinkflow.nystrom_check(Q, K, landmarks=16, trials=5)
+        >>> print(check.summary())  # doctest: +ELLIPSIS
+        kernelized attention: n_q=32, n_k=32, p=8; Nyström (pinv) with m=16 landmarks, 5 draws
+        ...
+        bound ...: error <= lambda in .../5 draws (needs >= 90%)
+        >>> print(check)  # doctest: +ELLIPSIS
+        <NystromCheck> n_q=32, n_k=32, p=8; m=16 landmarks (pinv), 5 draws
+          ||C - C~||_2: ... mean, ... max; lambda = eps ||C||_2: ... (eps 0.1)
+          bound: ...
+          (theorem does not apply: m = 16 < ... required landmarks, it promises nothing here)
+          Loewner: ...
+          .summary(): the full report (d_stat, beta*, failure-rate interval)
+        """
         lo, hi = self.failure_ci
         verdict = "holds" if self.bound_holds else "fails"
         applies = "m >= m required: the theorem applies" if self.theorem_applies else \

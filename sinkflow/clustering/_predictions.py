@@ -21,6 +21,7 @@ import numpy as np
 
 from sinkflow._backend import from_torch, to_torch
 from sinkflow._checks import check_choice, check_number
+from sinkflow._summary import Summarized, number
 from sinkflow.clustering._linear_theory import (
     _smooth,
     angular_density,
@@ -34,9 +35,12 @@ __all__ = ["ClusterPrediction", "predict_clusters", "cluster_positions", "positi
            "sphere_plateau_clusters", "mode_history", "cluster_centers", "sphere_mode_maxima"]
 
 
-@dataclass(frozen=True)
-class ClusterPrediction:
+@dataclass(frozen=True, repr=False)
+class ClusterPrediction(Summarized):
     """Result of :func:`predict_clusters`.
+
+    Its ``repr`` states the predicted count, the seeded count, the formation time and the
+    positions (the first few, in radians).
 
     Attributes
     ----------
@@ -58,6 +62,15 @@ class ClusterPrediction:
     amplitude: float
     formation_time: float
     seeded_count: int
+
+    def _facts(self):
+        shown = ", ".join(number(p) for p in self.positions[:6]) + (", ..." if len(self.positions) > 6 else "")
+        seeded = "the same" if self.seeded_count == self.count else f"{self.seeded_count} (initial amplitudes count)"
+        return f"k* = {self.count} clusters on the circle", [
+            [("seeded count", seeded), ("formation time", number(self.formation_time)),
+             ("amplitude |mu_k*(0)|", number(self.amplitude))],
+            [("positions (rad)", shown)],
+        ]
 
 
 def _angles(x) -> np.ndarray:

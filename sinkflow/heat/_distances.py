@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sinkflow._checks import check_number, check_seed
+from sinkflow._summary import Summarized, number, span
 
 __all__ = ["W2Result", "wasserstein2", "grid_quantiles", "wasserstein2_to_grid", "MomentErrors", "moment_errors", "kde_l1",
            "fit_loglog_slope", "ConvergenceStudy", "convergence_study"]
@@ -124,9 +125,9 @@ def _empirical_w2_squared_1d(u: np.ndarray, v: np.ndarray) -> float:
     return float((np.diff(levels, prepend=0.0) * (qu - qv) ** 2).sum())
 
 
-@dataclass(frozen=True)
-class W2Result:
-    """A Wasserstein-2 distance with its context.
+@dataclass(frozen=True, repr=False)
+class W2Result(Summarized):
+    """A Wasserstein-2 distance with its context (its ``repr``: the value, the method, the floor).
 
     Attributes
     ----------
@@ -145,6 +146,10 @@ class W2Result:
     floor: float | None
     method: str
     n_reference: int
+
+    def _facts(self):
+        head = f"W2 = {number(self.value)} ({self.method}, {self.n_reference} reference points)"
+        return head, [[("Monte-Carlo floor", number(self.floor))]] if self.floor is not None else []
 
 
 def wasserstein2(particles, reference, *, n_reference: int | None = None, floor: bool = False, seed=0) -> W2Result:
@@ -205,9 +210,9 @@ def wasserstein2(particles, reference, *, n_reference: int | None = None, floor:
     return W2Result(value, fl, "emd", m)
 
 
-@dataclass(frozen=True)
-class MomentErrors:
-    """Errors of the first two moments.
+@dataclass(frozen=True, repr=False)
+class MomentErrors(Summarized):
+    """Errors of the first two moments (its ``repr``: both, in one line).
 
     Attributes
     ----------
@@ -219,6 +224,10 @@ class MomentErrors:
 
     mean: float
     covariance: float
+
+    def _facts(self):
+        return (f"mean error {number(self.mean)}, covariance error {number(self.covariance)} "
+                "(relative Frobenius)"), []
 
 
 def moment_errors(particles, reference=None, *, mean=None, covariance=None) -> MomentErrors:
@@ -304,9 +313,11 @@ def fit_loglog_slope(x, y) -> tuple[float, float]:
     return float(slope), float(intercept)
 
 
-@dataclass(frozen=True)
-class ConvergenceStudy:
+@dataclass(frozen=True, repr=False)
+class ConvergenceStudy(Summarized):
     """Errors over a parameter sweep and seeds, with the fitted log-log order.
+
+    Its ``repr`` states the fitted slope with its interval, the sweep and the range of the errors.
 
     Attributes
     ----------
@@ -333,6 +344,13 @@ class ConvergenceStudy:
     @property
     def mean_errors(self) -> np.ndarray:
         return np.exp(np.log(self.errors).mean(1))
+
+    def _facts(self):
+        lo, hi = self.slope_ci
+        values, errors = np.asarray(self.values), np.asarray(self.errors)
+        head = (f"slope {number(self.slope)} (95% interval {number(lo)} to {number(hi)}) over "
+                f"{values.size} values x {errors.shape[-1]} seeds")
+        return head, [[("values", span(values)), ("seed-mean errors", span(self.mean_errors))]]
 
 
 def convergence_study(values, error: Callable[[float, int], float], seeds=(0, 1, 2)) -> ConvergenceStudy:

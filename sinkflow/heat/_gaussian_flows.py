@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sinkflow._checks import check_choice, check_number
+from sinkflow._summary import Summarized, number
 
 __all__ = ["GAUSSIAN_NORMALIZATIONS", "GAUSSIAN_SCORES", "AffineField", "GaussianMomentFlow",
            "gaussian_attention_field", "gaussian_moment_flow"]
@@ -60,9 +61,12 @@ class AffineField:
         return np.asarray(x, dtype=float) @ self.matrix.T + self.offset
 
 
-@dataclass(frozen=True)
-class GaussianMomentFlow:
+@dataclass(frozen=True, repr=False)
+class GaussianMomentFlow(Summarized):
     """Means and covariances of a Gaussian carried by the mean-field attention flow.
+
+    Its ``repr`` states the attention, the times, the final mean and covariance spectrum and the
+    ODE solve, never the arrays.
 
     Attributes
     ----------
@@ -94,6 +98,17 @@ class GaussianMomentFlow:
     def final(self) -> tuple[np.ndarray, np.ndarray]:
         """The mean and covariance at the last time."""
         return self.means[-1], self.covs[-1]
+
+    def _facts(self):
+        times, (mean, cov) = np.asarray(self.times, dtype=float), self.final
+        head = (f"{times.size} times x d = {mean.shape[-1]}: {self.normalization} attention ({self.scores} scores, "
+                f"{self.heads} head{'s' * (self.heads != 1)}), temperature {number(self.temperature)}")
+        shown = ", ".join(number(v) for v in mean[:4]) + (", ..." if mean.size > 4 else "")
+        eig = np.linalg.eigvalsh((cov + cov.T) / 2)
+        return head, [[("t", f"{number(times[0])} to {number(times[-1])}"), ("final mean", f"[{shown}]"),
+                       ("final covariance eigenvalues", f"{number(eig[0])} to {number(eig[-1])}")],
+                      [("ODE", f"DOP853, rtol {number(self.rtol)}, atol {number(self.atol)}, "
+                               f"{self.n_evaluations} evaluations")]]
 
 
 # ----------------------------------------------------------------------------------------

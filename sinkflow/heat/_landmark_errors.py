@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_number, check_seed
+from sinkflow._summary import Summarized, number, span
 from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._nystrom import nystrom_factors
 from sinkflow.heat._references import GaussianMixture
@@ -51,9 +52,12 @@ from sinkflow.particles._step_size import lipschitz_scale
 __all__ = ["LandmarkFlowErrors", "landmark_flow_errors", "nystrom_spectral_error", "heat_variance_errors"]
 
 
-@dataclass(frozen=True)
-class LandmarkFlowErrors:
+@dataclass(frozen=True, repr=False)
+class LandmarkFlowErrors(Summarized):
     """Result of :func:`landmark_flow_errors` (arrays indexed by landmark count, then time).
+
+    Its ``repr`` states the landmark counts and the ranges of the errors over them (at the final
+    time for the deviation and its estimate), never the arrays.
 
     Attributes
     ----------
@@ -81,6 +85,14 @@ class LandmarkFlowErrors:
     lipschitz_estimate: float
     energy: np.ndarray
     energy_exact: np.ndarray
+
+    def _facts(self):
+        m = np.asarray(self.landmarks)
+        head = f"{m.size} landmark counts (m = {span(m).replace(' to ', '..')}) x {np.size(self.times)} times"
+        return head, [[("spectral error", span(self.spectral_error)), ("field error", span(self.field_error))],
+                      [("final deviation", span(np.asarray(self.deviation)[:, -1])),
+                       ("its estimate", span(np.asarray(self.bound_estimate)[:, -1])),
+                       ("Lipschitz estimate", number(self.lipschitz_estimate))]]
 
 
 def nystrom_spectral_error(x, landmarks, W=None, temperature: float = 1.0, seed: int = 0,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sinkflow._summary import Summarized, number
 from sinkflow.attention._normalizations import softmax, solve_sinkhorn
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.heat._heat_velocity import _check_eps, _check_normalization
@@ -100,9 +101,11 @@ def heat_reference(initial, t: float, normalization: str = "sinkhorn"):
     return initial.evolve(factor * t)
 
 
-@dataclass(frozen=True)
-class BarycentricMapResult:
+@dataclass(frozen=True, repr=False)
+class BarycentricMapResult(Summarized):
     r"""Barycentric map of a density on a 1D grid, rescaled to compare with its limit.
+
+    Its ``repr`` states the normalization, :math:`\varepsilon`, the grid and the interior error.
 
     Attributes
     ----------
@@ -127,6 +130,12 @@ class BarycentricMapResult:
     error: float
     eps: float
     normalization: str
+
+    def _facts(self):
+        head = (f"{self.normalization}, eps {number(self.eps)}: on {np.size(self.grid)} grid points "
+                f"({int(np.count_nonzero(self.interior))} interior)")
+        return head, [[("error", f"max |rescaled - target| = {number(self.error)} on the interior"),
+                       ("scale", number(self.scale))]]
 
 
 def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", *, tol: float = 1e-9) -> BarycentricMapResult:

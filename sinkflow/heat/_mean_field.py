@@ -43,6 +43,7 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, from_torch, to_torch
 from sinkflow._checks import check_choice, check_number
+from sinkflow._summary import Summarized, describe_array, number, shape_text
 from sinkflow.heat._circle_field import circle_field
 from sinkflow.heat._distances import equispaced_centres
 from sinkflow.heat._grid_fields import EuclideanVelocity, default_tol
@@ -65,9 +66,12 @@ MASS_TOL = 1e-4
 BOUNDARY_TOL = 1e-4
 
 
-@dataclass(frozen=True)
-class MeanFieldResult:
+@dataclass(frozen=True, repr=False)
+class MeanFieldResult(Summarized):
     """Densities of the mean-field equation at the requested times, with the solver's diagnostics.
+
+    Its ``repr`` states the densities' shape, the equation and scheme, the steps and the
+    diagnostics (mass, positivity, boundary; Sinkhorn convergence), never the densities.
 
     Attributes
     ----------
@@ -117,6 +121,23 @@ class MeanFieldResult:
     sinkhorn_iterations: np.ndarray
     max_marginal_error: float
     converged: bool
+
+    def _facts(self):
+        head = (f"densities {shape_text(np.shape(self.densities))}, {describe_array(self.densities)}, "
+                f"{self.normalization} on {self.manifold}, {self.scheme} scheme")
+        times = np.asarray(self.times, dtype=float)
+        run = [("t", f"{number(times[0])} to {number(times[-1])} ({times.size} snapshots)")]
+        run += [(name, number(value)) for name, value in (("eps", self.eps), ("temperature", self.temperature))
+                if value is not None]
+        run.append(("steps", f"{self.n_steps} (dt {number(self.dt_min)} to {number(self.dt_max)})"))
+        checks = [("mass error", number(self.mass_error)), ("min density", number(self.min_density)),
+                  ("boundary mass", number(self.boundary_mass))]
+        sinkhorn = []
+        if np.size(self.sinkhorn_iterations) and np.any(self.sinkhorn_iterations):
+            sinkhorn = [("Sinkhorn", "converged" if self.converged else "NOT converged"),
+                        ("max marginal error", number(self.max_marginal_error)),
+                        ("iterations per step", number(np.mean(self.sinkhorn_iterations)))]
+        return head, [run, checks, sinkhorn]
 
     @property
     def final(self):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sinkflow._checks import check_number, check_seed
+from sinkflow._summary import Summarized, number, shape_text
 
 __all__ = ["GaussianMixture", "Barenblatt", "GridHeatSolution", "solve_heat_grid"]
 
@@ -265,9 +266,12 @@ class Barenblatt:
         return np.asarray(self.center) + self.radius * np.sqrt(s)[:, None] * u
 
 
-@dataclass(frozen=True)
-class GridHeatSolution:
+@dataclass(frozen=True, repr=False)
+class GridHeatSolution(Summarized):
     """Heat solution on a uniform grid, with its error control.
+
+    Its ``repr`` states the grid, the times and the error controls (:attr:`error_bound` and its
+    three terms), never the density.
 
     Attributes
     ----------
@@ -304,6 +308,14 @@ class GridHeatSolution:
     def mesh(self) -> np.ndarray:
         """Grid points as an array of shape ``(*grid_shape, d)``."""
         return np.stack(np.meshgrid(*self.axes, indexing="ij"), axis=-1)
+
+    def _facts(self):
+        times = np.asarray(self.times, dtype=float)
+        head = (f"density {shape_text(np.shape(self.density))} on a {len(self.axes)}-D grid, "
+                f"t = {number(times.min())} to {number(times.max())} ({times.size} times)")
+        return head, [[("error bound", number(self.error_bound)),
+                       ("", f"periodization {number(self.periodization_error)} + boundary mass "
+                            f"{number(self.boundary_mass)} + spectral tail {number(self.spectral_tail)}")]]
 
 
 def _uniform_axis(ax, i) -> tuple[np.ndarray, float]:

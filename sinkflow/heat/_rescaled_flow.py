@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_number, check_seed, from_torch
+from sinkflow._summary import Summarized, describe_array, number
 from sinkflow.heat._heat_velocity import _check_eps, _default_tol, _heat_layer, _positions, _velocity
 from sinkflow.heat._references import _check_time
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
@@ -57,9 +58,12 @@ from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 __all__ = ["HeatFlowResult", "heat_trajectory", "heat_flow", "largest_safe_dt"]
 
 
-@dataclass(frozen=True)
-class HeatFlowResult:
+@dataclass(frozen=True, repr=False)
+class HeatFlowResult(Summarized):
     """Snapshots of a rescaled attention flow.
+
+    Its ``repr`` states the snapshots' shape, the normalization, :math:`\\varepsilon`, the steps and
+    (for Sinkhorn) the convergence, worst marginal error and iterations, never the positions.
 
     Attributes
     ----------
@@ -100,6 +104,21 @@ class HeatFlowResult:
     def final(self):
         """Positions at the last snapshot time."""
         return self.positions[-1]
+
+    def _facts(self):
+        shape = np.shape(self.positions)
+        times = np.asarray(self.times, dtype=float)
+        head = (f"{shape[0]} snapshots x {shape[-2]} particles x {shape[-1]} coordinates, "
+                f"{describe_array(self.positions)}, {self.normalization}")
+        run = [("eps", number(self.eps)), ("t", f"{number(times[0])} to {number(times[-1])}"),
+               ("steps", f"{self.n_steps} (dt <= {number(self.dt)})")]
+        sinkhorn = []
+        if self.normalization == "sinkhorn" or np.any(self.sinkhorn_iterations):
+            sinkhorn = [("Sinkhorn", "converged" if self.converged else "NOT converged"),
+                        ("max marginal error", number(self.max_marginal_error)),
+                        ("iterations per step", number(np.mean(self.sinkhorn_iterations))
+                         if np.size(self.sinkhorn_iterations) else "none")]
+        return head, [run, sinkhorn]
 
 
 def _check_steps(times, dt) -> tuple[np.ndarray, float]:

@@ -20,10 +20,13 @@ renders the identity.
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Any
 
 import sympy as sp
+
+from sinkflow._summary import Summarized
 
 __all__ = [
     "SymbolicCheck", "heat_kernel_solves_heat", "barenblatt_solves_porous_medium",
@@ -34,9 +37,12 @@ x, y, t, eps, s = sp.symbols("x y t varepsilon s", positive=True)
 X = sp.Symbol("x", real=True)
 
 
-@dataclass(frozen=True)
-class SymbolicCheck:
+@dataclass(frozen=True, repr=False)
+class SymbolicCheck(Summarized):
     """An identity derived with sympy.
+
+    Its ``repr`` says whether the identity holds and shows it (shortened); in Jupyter the table
+    comes with the identity typeset (:meth:`latex`).
 
     Attributes
     ----------
@@ -63,6 +69,20 @@ class SymbolicCheck:
 
     def _repr_latex_(self) -> str:
         return f"$${self.latex()}$$"
+
+    def _facts(self):
+        def short(expr, width=90):
+            text = str(expr)
+            return text if len(text) <= width else text[:width - 3] + "..."
+
+        facts = [[("identity", short(f"{self.lhs} = {self.rhs}"))],
+                 [("residual", short(self.residual, 60))]]
+        if self.details:
+            facts[1].append(("details", short(", ".join(map(str, self.details)), 60)))
+        return f"{self.name}: {'holds' if self.holds else 'does NOT hold'}", facts
+
+    def _html_extra(self) -> str:
+        return f"<div>{html.escape(self._repr_latex_())}</div>"
 
 
 def _check(name, lhs, rhs, details=None) -> SymbolicCheck:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
+from sinkflow._summary import Summarized, describe_array, number, shape_text
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
@@ -114,9 +115,13 @@ def dense_limit(dtype: torch.dtype) -> int:
     return int(math.isqrt(DENSE_BYTES_LIMIT // itemsize))
 
 
-@dataclass(frozen=True)
-class FieldEvaluation:
-    """One evaluation of the field: velocity plus what the monitors need (torch tensors)."""
+@dataclass(frozen=True, repr=False)
+class FieldEvaluation(Summarized):
+    """One evaluation of the field: velocity plus what the monitors need (torch tensors).
+
+    Its ``repr`` states the shapes, the Sinkhorn iterations and convergence and the marginal
+    errors, never the tensors.
+    """
 
     velocity: torch.Tensor
     attention: torch.Tensor | None  # the n x n matrix, None when evaluated block-wise
@@ -125,6 +130,15 @@ class FieldEvaluation:
     converged: bool
     row_error: float
     column_error: float
+
+    def _facts(self):
+        head = f"velocity {shape_text(self.velocity.shape)}, {describe_array(self.velocity)}"
+        attention = "not formed (block-wise)" if self.attention is None else shape_text(self.attention.shape)
+        return head, [[("attention", attention), ("n_iter", str(self.n_iter)),
+                       ("converged", str(bool(self.converged)))],
+                      [("row error", number(self.row_error) if math.isfinite(self.row_error) else "not measured"),
+                       ("column error",
+                        number(self.column_error) if math.isfinite(self.column_error) else "not measured")]]
 
 
 def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: torch.Tensor | None, *,

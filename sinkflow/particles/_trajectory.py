@@ -12,15 +12,22 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, squared_norms
 from sinkflow._checks import check_index, warn_caller
+from sinkflow._summary import Summarized, as_numpy, describe_array, number, png_data_uri, span
 
 __all__ = ["MANIFOLDS", "Trajectory", "default_tol"]
 
 MANIFOLDS = ("euclidean", "sphere")
 
 
-@dataclass(frozen=True)
-class Trajectory:
+@dataclass(frozen=True, repr=False)
+class Trajectory(Summarized):
     """A simulated particle flow.
+
+    It summarizes itself: ``repr(traj)`` (what a Jupyter cell or the terminal shows) is a few
+    lines (shapes, attention, integrator, steps and time span, Sinkhorn convergence and
+    iterations, evaluation, monitors), never the arrays; in Jupyter the same facts show as a
+    table beside a still of the start and end positions (:meth:`_repr_html_`). For analysis,
+    :meth:`to_xarray` (positions) and :meth:`to_dataframe` (monitors).
 
     Attributes
     ----------
@@ -183,6 +190,200 @@ class Trajectory:
         from sinkflow.particles._draw import plot_trajectory
 
         return plot_trajectory(self, ax, paths=paths, cluster_tol=cluster_tol, system=system)
+
+    # ------------------------------------------------------------------ summaries (sinkflow._summary)
+    def _evaluation(self) -> str:
+        """How the field was evaluated: the recorded :attr:`evaluation` (every :func:`sinkflow.simulate` run
+        records it), else, for a trajectory built by hand, read from ``harmonic_order``, ``landmarks``
+        and ``chunked``."""
+        if self.evaluation is not None:
+            return str(self.evaluation)
+        if self.harmonic_order is not None:
+            return f"harmonic (order {self.harmonic_order})"
+        if self.landmarks is not None:
+            return f"landmarks (m = {self.landmarks})"
+        return "chunked (block-wise)" if self.chunked else "dense"
+
+    def _sinkhorn_facts(self) -> list[tuple[str, str]]:
+        """Iterations per step, the solves' stopping rule and convergence, the worst error if known."""
+        its = np.asarray(self.sinkhorn_iterations)
+        if self.attention != "sinkhorn" and not its.any():
+            return []
+        if self.n_iter is not None:
+            facts = [("Sinkhorn", f"n_iter = {self.n_iter} per solve (fixed)")]
+        else:
+            ok = np.asarray(self.converged, dtype=bool)
+            state = "converged" if ok.all() else (f"NOT converged in {int((~ok).sum())}/{ok.size} systems"
+                                                  if ok.ndim else "NOT converged")
+            facts = [("Sinkhorn", f"to tolerance, {state}")]
+        worst = getattr(self, "marginal_error", None)
+        if worst is None and "row_error" in self.monitors:
+            worst = max(float(np.nanmax(self.monitors[k])) for k in ("row_error", "column_error") if k in self.monitors)
+        if worst is not None:
+            facts.append(("worst marginal error", number(worst)))
+        if its.size:
+            per_step = its.reshape(len(its), -1)
+            facts.append(("iterations per step", f"{number(per_step.mean())} (max {int(per_step.max())})"))
+        return facts
+
+    def _facts(self):
+        shape = tuple(np.shape(self.positions))
+        n_saved, n, d = shape[0], shape[-2], shape[-1]
+        batch = self.batch_shape
+        systems = f" x {int(np.prod(batch))} systems {batch}" if batch else ""
+        head = (f"{n_saved} state{'s' * (n_saved != 1)}{systems} x {n} tokens x {d} coordinates, "
+                f"{describe_array(self.positions)}, {self.manifold}")
+        times = np.asarray(self.times, dtype=float).reshape(len(self.times), -1)
+        t0, t1 = (times[0].min(), span(times[-1]).replace(" to ", "..")) if times.size else (0.0, "0")
+        flow = [("attention", self.attention), ("temperature", span(self.temperature)),
+                ("integrator", self.integrator), ("h", span(self.h)),
+                ("steps", f"{self.steps} (t = {number(t0)} to {t1})")]
+        rest = [("evaluation", self._evaluation()),
+                ("weights", "uniform" if self.weights is None else "given")]
+        if self.monitors:
+            rest.append(("monitors", f"{', '.join(self.monitors)} at {len(self.monitor_times)} times"))
+        return head, [flow, self._sinkhorn_facts(), rest]
+
+    def _html_extra(self) -> str:
+        return f'<img src="{self._still_png()}" alt="start (grey) and end positions" style="margin-top:4px">'
+
+    def _still_png(self, size: float = 2.2, dpi: int = 60, max_points: int = 2000) -> str:
+        """A small PNG (a data URI) of the start (grey) and end positions (the first system of an
+        ensemble; the first two coordinates), drawn on a bare :class:`matplotlib.figure.Figure`: no
+        pyplot, no change of matplotlib's global state."""
+        import io
+
+        from matplotlib.figure import Figure
+
+        first = (0,) * len(self.batch_shape)
+        start = as_numpy(self.positions[(0, *first)]).astype(float)
+        end = as_numpy(self.positions[(-1, *first)]).astype(float)
+        keep = np.linspace(0, len(end) - 1, min(len(end), max_points)).astype(int)
+        start, end = start[keep], end[keep]
+        if start.shape[-1] == 1:  # a line: the coordinate against zero
+            start, end = np.pad(start, ((0, 0), (0, 1))), np.pad(end, ((0, 0), (0, 1)))
+        fig = Figure(figsize=(size, size), dpi=dpi)
+        ax = fig.add_axes((0.03, 0.03, 0.94, 0.94))
+        if self.manifold == "sphere":
+            angle = np.linspace(0, 2 * np.pi, 200)
+            ax.plot(np.cos(angle), np.sin(angle), color="0.85", lw=0.8)
+        ax.scatter(start[:, 0], start[:, 1], s=5, color="0.7", linewidths=0)
+        ax.scatter(end[:, 0], end[:, 1], s=9, color="#1f77b4", linewidths=0)
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi)
+        return png_data_uri(buffer.getvalue())
+
+    # ------------------------------------------------------------------ analysis
+    def _system_dims(self) -> list[str]:
+        batch = self.batch_shape
+        return ["system"] if len(batch) == 1 else [f"system_{i}" for i in range(len(batch))]
+
+    def to_xarray(self):
+        """The saved positions as a labelled :class:`xarray.DataArray` (``pip install 'sinkflow[analysis]'``).
+
+        Returns
+        -------
+        xarray.DataArray
+            ``positions`` (numpy, detached and copied to the CPU; half precisions as float32) with
+            dims ``("time", [system...], "token", "coordinate")``: an ensemble's batch dimensions
+            are ``"system"`` (one) or ``"system_0", "system_1", ...``. Coordinates: ``time`` (the
+            saved times) and ``step`` (their step counts, ``times / h``); with a ``h`` per system
+            the times differ by system, so ``time`` is then a coordinate over ``("time", system...)``
+            and ``step`` alone indexes the time axis. Attributes: ``attention``, ``manifold``,
+            ``integrator`` (strings), ``n_iter`` (an int, or ``"to tolerance"``), ``steps``, and
+            ``h`` and ``temperature`` when shared by every system; per-system values of ``h``,
+            ``temperature`` and ``converged`` are coordinates over the system dims.
+
+        Raises
+        ------
+        ImportError
+            xarray is not installed (the ``analysis`` extra).
+
+        Examples
+        --------
+        >>> import sinkflow
+        >>> x0 = sinkflow.random_particles(8, 2, seed=0, manifold="sphere")
+        >>> da = sinkflow.simulate(x0, "softmax", manifold="sphere", steps=4).to_xarray()
+        >>> da.dims, da.shape, da.attrs["attention"], da.attrs["n_iter"]
+        (('time', 'token', 'coordinate'), (5, 8, 2), 'softmax', 'to tolerance')
+        >>> float(da.time[-1])
+        0.4
+        """
+        try:
+            import xarray as xr
+        except ImportError as err:
+            raise ImportError("Trajectory.to_xarray needs xarray: pip install 'sinkflow[analysis]' "
+                              "(or pip install xarray)") from err
+        system_dims = self._system_dims() if self.batch_shape else []
+        dims = ["time", *system_dims, "token", "coordinate"]
+        times = np.asarray(self.times, dtype=float)
+        first_h = float(np.asarray(self.h, dtype=float).ravel()[0])  # the steps are shared by every system
+        steps = np.rint(times.reshape(len(times), -1)[:, 0] / first_h).astype(int)
+        coords = {"step": ("time", steps)}
+        coords["time"] = ("time", times) if times.ndim == 1 else (["time", *system_dims], times)
+        attrs = {"attention": str(self.attention), "manifold": str(self.manifold), "integrator": str(self.integrator),
+                 "n_iter": "to tolerance" if self.n_iter is None else int(self.n_iter), "steps": self.steps}
+        for name, value in (("h", self.h), ("temperature", self.temperature), ("converged", self.converged)):
+            if np.ndim(value) == 0:
+                if name != "converged":
+                    attrs[name] = float(value)
+            else:
+                coords[name] = (system_dims, np.asarray(value))
+        if np.ndim(self.converged) == 0:
+            attrs["converged"] = int(bool(self.converged))  # netCDF attributes hold no booleans
+        return xr.DataArray(as_numpy(self.positions), dims=dims, coords=coords, attrs=attrs, name="positions")
+
+    def to_dataframe(self):
+        """The recorded monitors as a tidy (long) :class:`pandas.DataFrame` (``pip install 'sinkflow[analysis]'``).
+
+        One row per monitor time, system and monitor key: ``len(monitor_times) x systems x len(monitors)``
+        rows, in that order (time first, then system, then key).
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``time``, then ``system`` (an ensemble with one batch dimension) or
+            ``system_0, system_1, ...`` (several; none for one system), then ``monitor`` (the key,
+            e.g. ``"energy"``, ``"cluster_count"``) and ``value`` (float; integer monitors such as
+            ``cluster_count`` are exact in it). ``df.pivot_table(index="time", columns="monitor",
+            values="value")`` gives one column per monitor.
+
+        Raises
+        ------
+        ImportError
+            pandas is not installed (the ``analysis`` extra).
+
+        Examples
+        --------
+        >>> import sinkflow
+        >>> x0 = sinkflow.random_particles(8, 2, seed=0, manifold="sphere")
+        >>> traj = sinkflow.simulate(x0, "softmax", manifold="sphere", steps=4, monitors=["energy", "clusters"])
+        >>> df = traj.to_dataframe()
+        >>> list(df.columns), len(df), sorted(set(df.monitor))
+        (['time', 'monitor', 'value'], 15, ['cluster_count', 'cluster_fraction', 'energy'])
+        """
+        try:
+            import pandas as pd
+        except ImportError as err:
+            raise ImportError("Trajectory.to_dataframe needs pandas: pip install 'sinkflow[analysis]' "
+                              "(or pip install pandas)") from err
+        batch = self.batch_shape
+        system_dims = self._system_dims() if batch else []
+        keys = list(self.monitors)
+        T = len(self.monitor_times)
+        grid = np.indices((T, *batch, len(keys))).reshape(len(batch) + 2, -1)  # time, systems..., key (C order)
+        times = np.broadcast_to(np.asarray(self.monitor_times, dtype=float).reshape((T,) + (1,) * len(batch)
+                                if np.ndim(self.monitor_times) == 1 else (T, *batch)), (T, *batch))
+        values = np.stack([np.asarray(self.monitors[k], dtype=float).reshape(T, *batch) for k in keys], -1) \
+            if keys else np.zeros((T, *batch, 0))
+        columns = {"time": times[tuple(grid[:-1])]}
+        columns.update({name: grid[1 + i] for i, name in enumerate(system_dims)})
+        columns["monitor"] = np.asarray(keys, dtype=object)[grid[-1]] if keys else np.zeros(0, dtype=object)
+        columns["value"] = values.reshape(-1)
+        return pd.DataFrame(columns)
 
 
 def default_tol(dtype: torch.dtype) -> float:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sinkflow._summary import Summarized, number, span
 from sinkflow.bounds._stochasticity import kl_to_sinkhorn
 from sinkflow.nn.attention import AttentionKernel, MultiheadAttention
 
@@ -79,9 +80,11 @@ class AttentionRecorder:
         return False
 
 
-@dataclass(frozen=True)
-class StochasticitySummary:
+@dataclass(frozen=True, repr=False)
+class StochasticitySummary(Summarized):
     """Doubly-stochasticity of a batch of square attention matrices (means over the batch).
+
+    Its ``repr`` states the three deviations and the range of the sorted column sums.
 
     With a mask, each matrix is measured on its ``n'`` admissible rows and ``m'`` admissible
     columns (those with an admissible entry) against sinkflow's masked marginals: rows sum
@@ -105,6 +108,12 @@ class StochasticitySummary:
     row_deviation: float
     kl: float
     sorted_column_sums: np.ndarray
+
+    def _facts(self):
+        sums = np.asarray(self.sorted_column_sums, dtype=float)
+        head = (f"column deviation {number(self.column_deviation)}, row deviation {number(self.row_deviation)}, "
+                f"KL {number(self.kl)}")
+        return head, [[("sorted column sums", f"{sums.size} columns, {span(sums)} of their target")]]
 
 
 def stochasticity_summary(K: torch.Tensor, with_kl: bool = True, *, mask: torch.Tensor | None = None) -> StochasticitySummary:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sinkflow._summary import Summarized, number
 from sinkflow.studies.data import Dataset
 from sinkflow.studies.tracking import AttentionRecorder, instability_score, stochasticity_summary, update_instability
 
@@ -70,9 +71,12 @@ class TrainConfig:
     progress: bool = False
 
 
-@dataclass(frozen=True)
-class TrainingHistory:
+@dataclass(frozen=True, repr=False)
+class TrainingHistory(Summarized):
     """Per-epoch records; index 0 is the initialization, index ``e`` is after epoch ``e``.
+
+    Its ``repr`` states the epochs, the final loss and accuracies and the attention's
+    doubly-stochasticity at the start and the end, never the arrays.
 
     Attributes
     ----------
@@ -102,6 +106,22 @@ class TrainingHistory:
     sorted_column_sums: np.ndarray
     instability: np.ndarray
     update_instability: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def _facts(self):
+        epochs = len(self.loss) - 1
+
+        def last(a):
+            return number(np.asarray(a)[-1]) if np.size(a) else "none"
+
+        def ends(a):
+            return f"{number(np.asarray(a)[0])} -> {number(np.asarray(a)[-1])}" if np.size(a) else "none"
+
+        seconds = f"{number(np.mean(self.epoch_time))} s" if np.size(self.epoch_time) else "none"
+        return f"{epochs} epoch{'s' * (epochs != 1)}", [
+            [("final loss", last(self.loss)), ("train accuracy", last(self.train_accuracy)),
+             ("test accuracy", last(self.test_accuracy))],
+            [("column deviation", ends(self.column_deviation)), ("time per epoch", seconds)],
+        ]
 
     def as_dict(self) -> dict:
         """JSON-ready dict of lists (NaN, e.g. no attention matrix to track, becomes None)."""
