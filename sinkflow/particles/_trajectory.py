@@ -70,6 +70,20 @@ class Trajectory(Summarized):
         ``"dense"``, ``"block-wise"``, ``"landmarks"``, ``"harmonic"`` or, for the systems of an ensemble
         run as one tensor flow, ``"batched"``; ``evaluation.reason`` says what decided it
         (``print(traj.evaluation)``).
+
+    Examples
+    --------
+    >>> import sinkflow
+    >>> x0 = sinkflow.random_particles(16, 2, seed=0, manifold="sphere")
+    >>> traj = sinkflow.simulate(x0, "sinkhorn", manifold="sphere", temperature=0.5, steps=20)
+    >>> traj  # doctest: +ELLIPSIS
+    <Trajectory> 21 states x 16 tokens x 2 coordinates, numpy float64, sphere
+      attention: sinkhorn; temperature: 0.5; integrator: euler; h: 0.1; steps: 20 (t = 0 to 2)
+      Sinkhorn: to tolerance, converged; iterations per step: ... (max ...)
+      evaluation: dense (one n x n matrix fits the dense budget of 512 MiB); weights: uniform
+    >>> page = traj._repr_html_()   # what Jupyter shows: the same facts in a table, and a still
+    >>> "<table" in page, "data:image/png;base64," in page
+    (True, True)
     """
 
     times: np.ndarray
