@@ -62,19 +62,30 @@ def _predicted_steps(history, tol, window=None):
     """Half-steps still needed to reach ``tol`` at the rate read off the error history.
 
     Read every ``window`` half-steps from the best error of the last two windows (over-relaxed
-    errors oscillate): ``inf`` when there was no progress at all, ``None`` between readings.
+    errors oscillate): ``inf`` when there was no progress at all (or the error is not a number,
+    or ``tol <= 0``, which no geometric rate reaches), ``None`` between readings and when the
+    earlier window holds no finite positive error to read a rate from (an error that overflowed
+    to ``inf`` at the start of a stage); ``0`` when the error fell to 0 or underflowed the ratio.
+    Only a finite rate strictly below 1 and two positive errors reach ``math.log``.
     """
     window = window or _RATE_WINDOW
     k = len(history)
     if k < 2 * window or k % window:
         return None
     now, before = min(history[-window:]), min(history[-2 * window:-window])
-    if now >= before:
+    if not (math.isfinite(before) and before > 0):
+        return None
+    if not now < before:  # no progress, or now is NaN / inf
         return math.inf
+    if not (tol > 0):
+        return math.inf
+    ratio = now / before
+    if ratio <= 0:  # now == 0, or a ratio below the smallest subnormal
+        return 0.0
     # The log of the rate per half-step, not the log of its window-th root: a ratio within
     # 1e-15 of 1 has a root that rounds to 1 (log 0). now < before keeps the ratio below 1.
-    log_rate = math.log(now / before) / window
-    return math.log(tol / now) / log_rate
+    log_rate = math.log(ratio) / window
+    return max(0.0, (math.log(tol) - math.log(now)) / log_rate)
 
 
 def _max_over_batch(e: torch.Tensor) -> torch.Tensor:
