@@ -45,7 +45,16 @@ class SinkhornResult(Summarized):
         The normalized matrix :math:`K` (rows sum to 1, :math:`a^T K = b`).
     f, g : arrays, shapes (..., n) and (..., m)
         Log potentials, :math:`K = \\exp(f_i + C_{ij} + g_j)`. Entries of queries (keys)
-        excluded by the mask are 0.
+        excluded by the mask are 0. They have a gauge: :math:`(f + c, g - c)` gives the same
+        :math:`K`, so compare potentials in a fixed gauge. In optimal-transport terms (cost
+        :math:`C^{OT} = -\\varepsilon C`, plan :math:`a_i K_{ij} = a_i b_j
+        e^{(F_i + G_j - C^{OT}_{ij})/\\varepsilon}`, the convention of geomloss and POT) the
+        potentials are :math:`F = \\varepsilon (f + c)` and :math:`G = \\varepsilon (g - \\log b - c)`;
+        the balanced gauge :math:`\\langle a, F\\rangle = \\langle b, G\\rangle` fixes :math:`c`, and in
+        it transposition swaps them: :math:`F` of the solve of :math:`(C, a, b)` is :math:`G` of
+        the solve of :math:`(C^T, b, a)`. The raw ``f`` and ``g`` do not swap (``f`` normalizes
+        rows of :math:`K` to 1, ``g`` its columns to ``b``: they differ by a constant and
+        :math:`\\log b`, 1.04 on geomloss's 2 x 2 symmetry case).
     n_iter : int
         Half-iterations performed (all epsilon-scaling stages counted).
     converged : bool

@@ -34,12 +34,14 @@ needed. Only the lower tail is needed, so even :math:`\log(2n/\delta)` would do.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from sinkflow._backend import exp_floor
 from sinkflow._checks import check_number, check_seed
 from sinkflow._summary import Summarized, number
 from sinkflow.attention._inverses import _check_gamma, _check_inverse, _check_iter, _iterative_inverse, _pinv_rtol
@@ -65,9 +67,31 @@ def _lifted64(Q, K):
     q, k, _ = _check_pair(Q, K)
     if q.ndim != 2 or k.ndim != 2:
         raise ValueError(f"the bound checks take one head: Q (n_q, p) and K (n_k, p), got {tuple(q.shape)} and {tuple(k.shape)}")
+    for name, t, what in (("Q", q, "query"), ("K", k, "key")):
+        if t.shape[0] == 0 or t.shape[1] == 0:
+            raise ValueError(f"{name} must hold at least one {what} of dimension p >= 1, got shape {tuple(t.shape)}")
     q, k = q.detach().cpu().double(), k.detach().cpu().double()
     x = _stack(q, k)
     return _kernel(x, x, q.shape[-1]).numpy(), q.shape[0], q.shape[-1]
+
+
+def _clamp_artefact(Cbar, scale):
+    r"""A message when the kernel's float64 underflow clamp is not negligible next to ``scale``, else None.
+
+    :func:`sinkflow.attention._kernelized._kernel` floors the exp argument at ``exp_floor`` (one unit above
+    log of the smallest normal), so an entry whose true value underflows reads :math:`e^{floor}` instead.
+    The clamped entries perturb :math:`\bar C` by at most ``sqrt(count) e^{floor}`` in spectral norm; next
+    to a ``scale`` (:math:`\lambda`, or :math:`\|C\|_2`) within a factor 1e6 of it, errors and verdicts
+    are decided by the clamp, not by the data.
+    """
+    floor = math.exp(exp_floor(torch.float64))
+    count = int((Cbar <= floor * (1 + 1e-9)).sum())
+    if count == 0 or math.sqrt(count) * floor <= 1e-6 * scale:
+        return None
+    return (f"Q and K underflow the kernel: {count} of the {Cbar.size} entries of exp(-|x - y|^2 / (2 sqrt p)) are "
+            f"below float64's smallest normal and read as the clamp e^{math.log(floor):.1f} = {floor:.2g}, not "
+            f"negligible next to {scale:.3g}, so the errors (and any verdict) would be clamp artefacts; scale Q and K "
+            "down (the kernel's length scale is (4 p)^(1/4))")
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -83,7 +107,9 @@ class NystromErrors(Summarized):
         :math:`\\|C - \\tilde C\\|_2` per draw.
     lifted_min, lifted_max : ndarray (trials,)
         Extreme eigenvalues of :math:`E = \\bar C - \\tilde{\\bar C}` per draw
-        (:math:`\\lambda_{max} = \\|E\\|_2` when :math:`E \\succeq 0`).
+        (:math:`\\lambda_{max} = \\|E\\|_2` when :math:`E \\succeq 0`; in float64 :math:`\\lambda_{min}` may
+        be negative by rounding, up to about ``1e-8 * norm_Cbar``, and then
+        :math:`\\|E\\|_2 = \\max(\\lambda_{max}, -\\lambda_{min})`).
     norm_C, norm_Cbar : float
         :math:`\\|C\\|_2` and :math:`\\|\\bar C\\|_2`.
     landmarks : int
@@ -173,12 +199,24 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
 
     Examples
     --------
+    A block is no larger than the whole: ``errors <= max(lifted_max, -lifted_min)`` (:math:`\|E\|_2`, up to
+    the rounding of the norms, ~1e-15 relative). :math:`E \succeq 0` holds in exact arithmetic only; in
+    float64 the pseudo-inverse leaves :math:`\lambda_{min}(E)` negative by up to about ``1e-8 * norm_Cbar``
+    (see ``loewner_tol`` of :func:`nystrom_check`), so ``errors <= lifted_max`` holds to that tolerance,
+    not exactly: the seeded draws below have :math:`|\lambda_{min}|` of the size of :math:`\lambda_{max}`.
+
     >>> import numpy as np, sinkflow
-    >>> rng = np.random.default_rng(0)
-    >>> Q, K = rng.normal(size=(2, 32, 8))
-    >>> res = sinkflow.nystrom_errors(Q, K, 16, trials=3)
-    >>> bool((res.errors <= res.lifted_max + 1e-12).all())   # a block is no larger than the whole
+    >>> r = np.random.default_rng(3)
+    >>> Q, K = 0.05 * r.normal(size=(12, 1)), 0.05 * r.normal(size=(10, 1))
+    >>> res = sinkflow.nystrom_errors(Q, K, 17, trials=5, seed=0)
+    >>> whole = np.maximum(res.lifted_max, -res.lifted_min)   # ||E||_2
+    >>> bool((res.errors <= whole * (1 + 1e-12)).all())
     True
+    >>> bool((res.errors <= res.lifted_max + 1e-8 * res.norm_Cbar).all())   # E >= 0 up to rounding
+    True
+
+    Warns (``RuntimeWarning``) when ``Q`` and ``K`` underflow the kernel so far that the errors are
+    artefacts of its float64 clamp (:func:`nystrom_check` then raises).
     """
     from sinkflow.attention._nystrom import _as_count
 
@@ -188,8 +226,12 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     Cbar, n_q, _ = _lifted64(Q, K)
     _check_landmarks_fit(m, Cbar.shape[0], inverse)
     rng = np.random.default_rng(check_seed(seed))
+    norm_C = spectral_norm(Cbar[:n_q, n_q:], method=method)
+    artefact = _clamp_artefact(Cbar, norm_C)
+    if artefact:
+        warnings.warn(artefact, RuntimeWarning, stacklevel=2)
     errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma), rng, method, progress)
-    return NystromErrors(errs, lows, highs, spectral_norm(Cbar[:n_q, n_q:], method=method),
+    return NystromErrors(errs, lows, highs, norm_C,
                          spectral_norm(Cbar, symmetric=True, method=method), m, inverse)
 
 
@@ -429,6 +471,9 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
     norm_C = spectral_norm(Cbar[:n_q, n_q:], method=method)
     norm_Cbar = spectral_norm(Cbar, symmetric=True, method=method)
     lam = float(eps) * norm_C
+    artefact = _clamp_artefact(Cbar, lam)
+    if artefact:
+        raise ValueError(artefact + "; no verdict is given")
     lev = ridge_leverage_scores(Cbar, lam)
     d_stat, beta = float(lev.sum()), beta_star(lev)
     m_req = landmarks_required(d_stat, beta, N, delta, constant)
@@ -474,6 +519,9 @@ def smallest_sufficient_landmarks(Q, K, eps: float = 0.1, delta: float = 0.1, tr
     _check_inverse(inverse)
     eps, delta, seed = check_number(eps, "eps", positive=True), _check_fraction(delta, "delta"), check_seed(seed)
     lam = float(eps) * spectral_norm(Cbar[:n_q, n_q:], method=method)
+    artefact = _clamp_artefact(Cbar, lam)
+    if artefact:
+        raise ValueError(artefact + "; no landmark count is given")
     m_max = 8 * Cbar.shape[0] if m_max is None else check_number(m_max, "m_max", integer=True, positive=True)
 
     def ok(m):

@@ -49,7 +49,11 @@ _DENSE_LIMIT = 1024
 
 def _np64(A, name="A"):
     if isinstance(A, torch.Tensor):
+        if A.is_complex():
+            raise TypeError(f"{name} must be real, got a tensor of dtype {A.dtype}")
         A = A.detach().cpu().double().numpy()
+    if np.iscomplexobj(A):
+        raise TypeError(f"{name} must be real, got a complex array")
     a = np.asarray(A, dtype=np.float64)
     if a.ndim != 2:
         raise ValueError(f"{name} must be a matrix, got shape {a.shape}")
@@ -142,6 +146,9 @@ def ridge_leverage_scores(Cbar, lam: float, method: str = "cholesky") -> np.ndar
     :math:`l_i = 1 - \lambda [(\bar C + \lambda I)^{-1}]_{ii}` and the inverse Cholesky factor;
     ``"eigh"`` uses the eigendecomposition (a reference, ~10x slower).
 
+    Raises ``numpy.linalg.LinAlgError`` (a ``ValueError``) naming ``Cbar`` when it is not positive
+    semi-definite (the Cholesky factor of :math:`\bar C + \lambda I` does not exist).
+
     Examples
     --------
     >>> import numpy as np, sinkflow
@@ -152,13 +159,22 @@ def ridge_leverage_scores(Cbar, lam: float, method: str = "cholesky") -> np.ndar
 
     a = _np64(Cbar, "Cbar")
     lam = float(check_number(lam, "lam", positive=True))
+    if a.shape[0] != a.shape[1] or a.shape[0] == 0:
+        raise ValueError(f"Cbar must be a non-empty square (PSD kernel) matrix, got shape {a.shape}")
     if method == "eigh":
         w, U = np.linalg.eigh(a)
         w = np.clip(w, 0.0, None)
         return (U * U) @ (w / (w + lam))
     if method != "cholesky":
         raise ValueError(f"method must be 'cholesky' or 'eigh', got {method!r}")
-    L = scipy.linalg.cholesky(a + lam * np.eye(a.shape[0]), lower=True, check_finite=False)
+    try:
+        L = scipy.linalg.cholesky(a + lam * np.eye(a.shape[0]), lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        low = float(np.linalg.eigvalsh(0.5 * (a + a.T))[0])
+        raise np.linalg.LinAlgError(
+            f"Cbar must be positive semi-definite (a kernel matrix): Cbar + lam I is not positive definite, Cbar's "
+            f"smallest eigenvalue is {low:.3g} <= -lam = {-lam:.3g}; ridge leverage scores are defined for PSD "
+            "matrices only") from None
     Linv, info = scipy.linalg.lapack.dtrtri(L, lower=1)
     if info != 0:
         raise np.linalg.LinAlgError(f"triangular inverse failed (info={info})")
@@ -186,7 +202,17 @@ def beta_star(leverage) -> float:
     >>> sinkflow.beta_star([0.5, 0.75])   # 1.25 / (2 * 0.75)
     0.8333333333333334
     """
-    lev = np.asarray(leverage, dtype=np.float64)
+    lev = np.asarray(leverage)
+    if lev.dtype.kind not in "iuf":
+        raise TypeError(f"leverage must be an array of real leverage scores, got dtype {lev.dtype}")
+    lev = lev.astype(np.float64)
+    if lev.ndim != 1 or lev.size == 0:
+        raise ValueError(f"leverage must be a non-empty 1-D array of scores, got shape {lev.shape}")
+    if not np.isfinite(lev).all():
+        raise ValueError("leverage has non-finite entries")
+    if not lev.max() > 0:
+        raise ValueError(f"leverage must have a positive score (all are <= 0, max {lev.max():g}): beta* = "
+                         "d_stat / (N max l_i) is then undefined")
     return float(lev.sum() / (lev.size * lev.max()))
 
 

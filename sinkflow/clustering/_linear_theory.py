@@ -22,6 +22,7 @@ how many clusters particles from a near-uniform start form before they merge.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy.special import ive
@@ -57,6 +58,12 @@ def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
     3
     """
     rate, beta = _scaled_rate(k, beta, normalization)
+    k = np.asarray(k, dtype=float)
+    if np.any((rate == 0) & (k > 0)):
+        first = int(k[rate == 0].min()) if k.ndim else int(k)
+        warnings.warn(f"circle_growth_rate: the rate of mode k={first} at beta={beta:g} underflows float64 (I_k(beta) "
+                      f"below {np.finfo(float).tiny:.1e} e^beta) and is returned as 0; its true value is positive",
+                      RuntimeWarning, stacklevel=2)
     if normalization == "unnormalized":
         if beta > _LOG_MAX:
             raise OverflowError(f"the unnormalized growth rate carries e^beta, beyond float64 for beta > {_LOG_MAX:.1f} "
@@ -66,6 +73,7 @@ def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
 
 
 _LOG_MAX = math.log(np.finfo(float).max)  # 709.78: e^beta overflows float64 beyond
+_BETA_MAX = 2.0 ** 30  # scipy.special.ive(k, beta) is NaN from about here on
 
 
 def _scaled_rate(k, beta, normalization):
@@ -73,9 +81,10 @@ def _scaled_rate(k, beta, normalization):
     if normalization not in CIRCLE_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
     beta = float(check_number(beta, "beta", positive=True))
-    k = np.asarray(k, dtype=float)
-    if np.any(k < 1) or np.any(k != np.round(k)):
-        raise ValueError("k must be a positive integer (k = 0 is the mass, which does not grow)")
+    k = _check_modes(k, "k", " (k = 0 is the mass, which does not grow)")
+    if beta > _BETA_MAX:
+        raise ValueError(f"beta must be at most 2^30 = {_BETA_MAX:.4g} (scipy.special.ive, the Bessel functions "
+                         f"behind the rates, returns NaN beyond), got {beta:g}")
     ik = ive(k, beta)  # scaled by e^-beta: the ratios are exact
     if normalization == "unnormalized":
         return k ** 2 * ik / beta, beta
@@ -83,8 +92,23 @@ def _scaled_rate(k, beta, normalization):
     return k ** 2 * ik / (i0 if normalization == "softmax" else i0 + ik) / beta, beta
 
 
+def _check_modes(k, name: str, why: str = "") -> np.ndarray:
+    """Mode numbers: integers >= 1 (a scalar or an array of them, of any integer or integral-float dtype), as floats."""
+    arr = np.asarray(k)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be a positive integer or an array of them, got {k!r:.80}")
+    arr = arr.astype(float)
+    if not np.isfinite(arr).all() or np.any(arr < 1) or np.any(arr != np.round(arr)):
+        raise ValueError(f"{name} must be a positive integer{why}, got {k!r:.80}")
+    return arr
+
+
 def fastest_mode(beta: float, normalization: str = "softmax", k_max: int | None = None) -> int:
     r"""The mode :math:`k^*(\beta) = \arg\max_k \lambda_k` (:func:`circle_growth_rate`).
+
+    Searched over :math:`1 \le k \le` ``k_max``, by default :math:`4\sqrt{\max(\beta, 1)} + 4`: beyond
+    it the rates only fall (their maximum is near :math:`\sqrt{2\beta}`), so a larger ``k_max`` searches
+    no further than the default.
 
     Examples
     --------
@@ -92,7 +116,9 @@ def fastest_mode(beta: float, normalization: str = "softmax", k_max: int | None 
     >>> [fastest_mode(b) for b in (1.0, 5.0, 20.0)], fastest_mode(5.0, "sinkhorn")
     ([1, 3, 6], 4)
     """
-    k_max = k_max or int(4 * math.sqrt(max(float(beta), 1.0))) + 4
+    beta = float(check_number(beta, "beta", positive=True))
+    default = int(4 * math.sqrt(min(max(beta, 1.0), _BETA_MAX))) + 4
+    k_max = default if k_max is None else min(check_number(k_max, "k_max", integer=True, positive=True), default)
     rates = np.atleast_1d(_scaled_rate(np.arange(1, k_max + 1), beta, normalization)[0])  # any beta: no e^beta
     return int(np.argmax(rates)) + 1
 
@@ -168,7 +194,18 @@ def _circulant_apply(column: np.ndarray, a: np.ndarray) -> np.ndarray:
 
 
 def formation_time(beta: float, n: int, normalization: str = "softmax") -> float:
-    r"""Time for the fastest mode to grow from the i.i.d. noise level :math:`n^{-1/2}` to O(1): :math:`\log\sqrt n / \lambda_{k^*}`."""
+    r"""Time for the fastest mode to grow from the i.i.d. noise level :math:`n^{-1/2}` to O(1): :math:`\log\sqrt n / \lambda_{k^*}`.
+
+    ``n`` is the number of particles (an integer >= 1: the Fourier amplitudes of ``n`` i.i.d. uniform
+    angles are of order :math:`n^{-1/2}`; ``n = 1`` gives 0).
+
+    Examples
+    --------
+    >>> from sinkflow.clustering import formation_time
+    >>> round(formation_time(5.0, 256), 3)
+    4.061
+    """
+    n = check_number(n, "n", integer=True, positive=True)
     k = fastest_mode(beta, normalization)
     return math.log(math.sqrt(n)) / circle_growth_rate(k, beta, normalization)
 
@@ -259,10 +296,12 @@ def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
     if normalization not in CIRCLE_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
     beta = float(check_number(beta, "beta", positive=True))
-    l = np.asarray(l)
-    if np.any(l < 1) or np.any(l != np.round(l)):
-        raise ValueError("l must be a positive integer")
-    il, i0 = spherical_in(l.astype(int), beta), spherical_in(0, beta)
-    c = {"unnormalized": 1.0, "softmax": 1 / i0, "sinkhorn": 1 / (i0 + il)}[normalization]
-    rate = l * (l + 1) * il * c / beta
+    l = _check_modes(l, "l")
+    with np.errstate(over="ignore", invalid="ignore"):
+        il, i0 = spherical_in(l.astype(int), beta), spherical_in(0, beta)
+        c = {"unnormalized": 1.0, "softmax": 1 / i0, "sinkhorn": 1 / (i0 + il)}[normalization]
+        rate = l * (l + 1) * il * c / beta
+    if not np.isfinite(rate).all():
+        raise OverflowError(f"sphere_growth_rate: the Bessel functions i_l(beta) overflow float64 at beta={beta:g} "
+                            "(past about 700)")
     return float(rate) if rate.ndim == 0 else rate

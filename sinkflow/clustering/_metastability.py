@@ -68,11 +68,21 @@ def dwell_times(times, counts) -> list[tuple[int, float]]:
 
 def _pair_weights(beta, m_a, m_b, delta, normalization):
     """``P_AB + P_BA`` of two point clusters ``delta`` apart (module docstring)."""
-    q = math.exp(-beta * (1 - math.cos(delta)))
+    return 1.0 / _scaled_inverse_weights(beta, m_a, m_b, delta, normalization, 0.0)
+
+
+def _scaled_inverse_weights(beta, m_a, m_b, delta, normalization, log_q0):
+    """``q0 / (P_AB + P_BA)`` with ``log q0 = log_q0``, formed from ``log q`` so that no ``q`` under- or overflows.
+
+    ``q0`` is the smallest ``q`` of the integration (the widest separation): the ratio is then at most of
+    order 1 where the dwell accumulates, and the dwell is its integral times ``1 / q0 = e^{-log_q0}``.
+    """
+    log_q = -beta * (1 - math.cos(delta))
     if normalization == "softmax":
-        return m_b * q / (m_a + m_b * q) + m_a * q / (m_b + m_a * q)
-    u = np.exp(_symmetric_scaling(np.log([[1.0, q], [q, 1.0]]), np.array([m_a, m_b])))
-    return (m_a + m_b) * u[0] * u[1] * q
+        q = math.exp(log_q)
+        return math.exp(log_q0 - log_q) / (m_b / (m_a + m_b * q) + m_a / (m_b + m_a * q))
+    s = _symmetric_scaling(np.array([[0.0, log_q], [log_q, 0.0]]), np.array([m_a, m_b]))
+    return math.exp(log_q0 - log_q - s[0] - s[1]) / (m_a + m_b)
 
 
 def two_cluster_dwell(beta: float, masses, separation: float, normalization: str = "softmax", *,
@@ -80,7 +90,15 @@ def two_cluster_dwell(beta: float, masses, separation: float, normalization: str
     r"""Time two point clusters of ``masses`` ``separation`` rad apart take to come within ``end`` rad.
 
     The reduced equation :math:`\dot\Delta = -\sin\Delta\,(P_{AB} + P_{BA})` of the module docstring,
-    integrated exactly (quadrature of :math:`d\Delta/\dot\Delta` in :math:`\log(\pi - \Delta)`).
+    integrated exactly (quadrature of :math:`d\Delta/\dot\Delta` in :math:`\log(\pi - \Delta)`, with the
+    factor :math:`e^{\beta(1 - \cos\Delta_0)}` of the widest separation taken out, so that no weight
+    under- or overflows).
+
+    Raises
+    ------
+    OverflowError
+        The dwell is beyond float64 (it grows like :math:`e^{2\beta}`: past :math:`\beta \approx 355` near
+        antipodal); the message gives its natural logarithm.
 
     Examples
     --------
@@ -94,18 +112,38 @@ def two_cluster_dwell(beta: float, masses, separation: float, normalization: str
 
     beta = float(check_number(beta, "beta", positive=True))
     check_choice(normalization, "normalization", ("softmax", "sinkhorn"))
-    m_a, m_b = (float(m) for m in masses)
-    if not (0 < m_a and 0 < m_b):
-        raise ValueError(f"masses must be two positive numbers, got {masses!r}")
-    if not 0 < end < separation < math.pi:
+    m = np.asarray(masses)
+    if m.dtype.kind not in "iuf":
+        raise TypeError(f"masses must be two positive numbers, got {masses!r:.80}")
+    if m.shape != (2,) or not np.isfinite(m).all() or not (m > 0).all():
+        raise ValueError(f"masses must be exactly two positive finite numbers (the two clusters), got {masses!r:.80}")
+    m_a, m_b = (float(v) for v in m)
+    separation = float(check_number(separation, "separation", positive=True))
+    end = float(check_number(end, "end", positive=True))
+    if not end < separation < math.pi:
         raise ValueError(f"need 0 < end < separation < pi, got end={end}, separation={separation}")
+    log_q0 = -beta * (1 - math.cos(separation))
 
-    def integrand(log_eta):  # d(log eta) with eta = pi - Delta
+    def integrand(log_eta):  # d(log eta) with eta = pi - Delta, times q0
         eta = math.exp(log_eta)
-        return eta / (math.sin(eta) * _pair_weights(beta, m_a, m_b, math.pi - eta, normalization))
+        return eta / math.sin(eta) * _scaled_inverse_weights(beta, m_a, m_b, math.pi - eta, normalization, log_q0)
 
     lo, hi = math.log(math.pi - separation), math.log(math.pi - end)
-    return float(quad(integrand, lo, hi, limit=200, points=[0.5 * math.log(1 / beta)] if lo < -0.5 * math.log(beta) < hi else None)[0])
+    kink = 0.5 * math.log(1 / beta)
+    scaled = quad(integrand, lo, hi, limit=200, points=[kink] if lo < kink < hi else None)[0]
+    if not scaled > 0:  # the scaled integrand underflowed off its peak: only where e^{-log_q0} alone is huge
+        raise OverflowError(f"two_cluster_dwell: the dwell at beta={beta:g} (separation={separation:g}) carries "
+                            f"the factor e^(beta (1 - cos separation)) = e^{-log_q0:.4g}, beyond float64 "
+                            f"(e^{_LOG_MAX:.1f})")
+    log_dwell = math.log(scaled) - log_q0
+    if log_dwell > _LOG_MAX:
+        raise OverflowError(f"two_cluster_dwell: the dwell at beta={beta:g} (separation={separation:g}) is "
+                            f"e^{log_dwell:.1f}, beyond float64 (e^{_LOG_MAX:.1f}); it grows like e^(2 beta): "
+                            "take a smaller beta, or compare log-times")
+    return float(scaled * math.exp(-log_q0))
+
+
+_LOG_MAX = math.log(np.finfo(float).max)
 
 
 def _point_velocity(x, masses, beta, normalization):

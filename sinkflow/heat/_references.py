@@ -291,6 +291,13 @@ class GridHeatSolution(Summarized):
         Relative size of the initial density's Fourier coefficients in the top tenth of
         the frequencies: a small value means the grid resolves the initial density, and
         the FFT multiplication is then exact to this order.
+    sampling_error : float
+        Estimated error from sampling the initial data on the grid (what a jump or a kink
+        costs, which the three controls above miss), in the max norm relative to
+        :math:`\\max|\\rho_0|`, largest over the times: for rough data (``spectral_tail``
+        above 1e-6), twice the difference between this solve and the same solve from every
+        other grid point; 0 for resolved data. Where the data is rough and the kernel
+        narrower than twice the spacing, the trivial bound, with a warning.
     """
 
     axes: tuple
@@ -299,11 +306,18 @@ class GridHeatSolution(Summarized):
     periodization_error: float
     boundary_mass: float
     spectral_tail: float
+    sampling_error: float = 0.0
 
     @property
     def error_bound(self) -> float:
-        """A pessimistic total error indicator (sum of the three controls)."""
-        return self.periodization_error + self.boundary_mass + self.spectral_tail
+        """A pessimistic total error indicator: the sum of the four controls.
+
+        For data of height about 1 it bounds the max-norm error at the grid points (measured:
+        box data, 1 on :math:`|x| \\le 1`, at :math:`t = 0.01` on 41 / 161 / 641 points of
+        :math:`[-4, 4]`: 7.6 / 2.3 / 2.3 times the error, the coarsest through the trivial
+        bound; smooth Gaussian data: about 1e-12, set by ``tol``, against errors of 1e-15).
+        """
+        return self.periodization_error + self.boundary_mass + self.spectral_tail + self.sampling_error
 
     def mesh(self) -> np.ndarray:
         """Grid points as an array of shape ``(*grid_shape, d)``."""
@@ -318,8 +332,16 @@ class GridHeatSolution(Summarized):
                             f"{number(self.boundary_mass)} + spectral tail {number(self.spectral_tail)}")]]
 
 
+def _real_array(x, name: str) -> np.ndarray:
+    """``x`` as a float64 array; TypeError naming ``name`` unless its entries are real numbers."""
+    arr = np.asarray(x) if x is not None else np.asarray(None)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be real numbers, got {x!r:.60} (dtype {arr.dtype})")
+    return arr.astype(float)
+
+
 def _uniform_axis(ax, i) -> tuple[np.ndarray, float]:
-    ax = np.asarray(ax, dtype=float)
+    ax = _real_array(ax, f"grid axis {i}")
     if ax.ndim != 1 or ax.size < 8:
         raise ValueError(f"grid axis {i} must be a 1D array with at least 8 points, got shape {ax.shape}")
     h = np.diff(ax)
@@ -338,14 +360,20 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
 
     Error control: the result reports (i) the periodization bound, (ii) the initial mass
     on the boundary cells (data that does not vanish at the edge of the grid is truncated),
-    (iii) the spectral tail of the initial data (resolution). For data resolved by the
-    grid the method is spectrally accurate: the only error is the trigonometric
-    interpolation of :math:`\rho_0`, which the heat multiplier damps further.
+    (iii) the spectral tail of the initial data (resolution), (iv) for rough data (a jump,
+    a kink) the sampling error, estimated against the same solve from every other grid
+    point (:attr:`GridHeatSolution.sampling_error`). For data resolved by the grid the
+    method is spectrally accurate: the only error is the trigonometric interpolation of
+    :math:`\rho_0`, which the heat multiplier damps further.
+
+    The padding grows like :math:`\sqrt{t}`: a padded grid beyond :math:`2^{27}` points is
+    refused before anything is allocated (``ValueError`` naming ``times`` and the grid).
 
     Parameters
     ----------
     initial : array of the grid's shape, or callable
-        Initial density values on the grid, or a function of points of shape (N, d).
+        Initial density values on the grid, or a function of points of shape (N, d); real
+        (complex values are refused: solve the real and imaginary parts separately).
     axes : sequence of 1 or 2 uniform increasing 1D arrays
         Grid coordinates.
     times : float or array of floats >= 0
@@ -373,7 +401,7 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
     parsed = [_uniform_axis(ax, i) for i, ax in enumerate(axes)]
     axes = tuple(p[0] for p in parsed)
     steps = [p[1] for p in parsed]
-    times = np.atleast_1d(np.asarray(times, dtype=float))
+    times = np.atleast_1d(_real_array(times, "times"))
     if times.ndim != 1 or times.size == 0:
         raise ValueError("times must be a float or a 1D array of floats")
     for t in times:
@@ -383,11 +411,17 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
     shape = tuple(ax.size for ax in axes)
     if callable(initial):
         pts = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
-        rho0 = np.asarray(initial(pts), dtype=float).reshape(shape)
+        rho0 = np.asarray(initial(pts))
+        what = "initial (its values on the grid)"
     else:
-        rho0 = np.asarray(initial, dtype=float)
-        if rho0.shape != shape:
-            raise ValueError(f"initial values must have the grid's shape {shape}, got {rho0.shape}")
+        rho0 = np.asarray(initial)
+        what = "initial"
+    if np.iscomplexobj(rho0) or rho0.dtype.kind not in "biuf":
+        raise TypeError(f"{what} must be real, got dtype {rho0.dtype}: the heat solution of a complex density is "
+                        "two real solves (real and imaginary parts) if you mean it")
+    rho0 = rho0.astype(float).reshape(shape) if callable(initial) else rho0.astype(float)
+    if rho0.shape != shape:
+        raise ValueError(f"initial values must have the grid's shape {shape}, got {rho0.shape}")
     if not np.all(np.isfinite(rho0)):
         raise ValueError("initial density has non-finite values")
     cell = float(np.prod(steps))
@@ -403,25 +437,106 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
     from scipy.special import erfcinv
 
     z = float(math.sqrt(2) * erfcinv(tol / max(d, 1)))
-    tmax = float(times.max())
-    pads = [int(math.ceil(z * math.sqrt(2 * tmax) / h)) + 1 for h in steps]
-    padded = np.pad(rho0, [(p, p) for p in pads])
+    _check_padded_size(shape, steps, z, float(times.max()))
     periodization_error = float(d * math.erfc(z / math.sqrt(2)))
+    out, spectral_tail = _fft_heat(rho0, steps, times, z)
+    sampling_error = _sampling_error(rho0, steps, times, z, out, spectral_tail)
+    return GridHeatSolution(axes=axes, times=times, density=out, periodization_error=periodization_error,
+                            boundary_mass=boundary_mass, spectral_tail=spectral_tail, sampling_error=sampling_error)
+
+
+#: Largest zero-padded grid :func:`solve_heat_grid` allocates (points): 2^27 float64 values are 1 GiB, and a
+#: solve holds about six arrays of that size (the padded data, its spectrum, the multiplier, one time's result).
+_MAX_PADDED_POINTS = 2 ** 27
+
+
+def _pads(steps, z, tmax):
+    return [int(math.ceil(z * math.sqrt(2 * tmax) / h)) + 1 for h in steps]
+
+
+def _check_padded_size(shape, steps, z, tmax):
+    """Refuse, before allocating, a padded grid beyond :data:`_MAX_PADDED_POINTS` (naming ``times`` and the grid)."""
+    padded = [s + 2 * (math.ceil(z * math.sqrt(2.0) * math.sqrt(tmax) / h) + 1) if z * math.sqrt(tmax) / h < 1e150
+              else math.inf for s, h in zip(shape, steps, strict=True)]  # floats past 1e150: no int of an infinity
+    points = math.prod(padded)
+    if points > _MAX_PADDED_POINTS:
+        grid = " x ".join(f"{p:.3g}" for p in padded)
+        raise ValueError(
+            f"times: the largest time {tmax:g} needs the grid {shape} (spacing {', '.join(f'{h:g}' for h in steps)}) "
+            f"zero-padded to {grid} points (about {points * 48 / 2**30:.3g} GiB), so that the heat kernel's tail "
+            f"(width sqrt(2t) = {math.sqrt(2.0) * math.sqrt(tmax):.3g}) does not wrap around; refusing beyond "
+            f"{_MAX_PADDED_POINTS:.3g} points. Take a shorter time, a coarser grid, or a closed form "
+            "(GaussianMixture.evolve)")
+
+
+def _fft_heat(rho0, steps, times, z):
+    """``rho0 * G_{2t}`` on the grid for each time (zero-padded FFT), and the spectral tail of ``rho0``."""
+    d = rho0.ndim
+    pads = _pads(steps, z, float(times.max()))
+    padded = np.pad(rho0, [(p, p) for p in pads])
     F = np.fft.rfftn(padded) if d > 1 else np.fft.rfft(padded)
     freqs = []
-    for i, (h, p) in enumerate(zip(steps, pads)):
+    for i, h in enumerate(steps):
         npad = padded.shape[i]
-        f = 2 * math.pi * (np.fft.rfftfreq(npad, h) if i == d - 1 else np.fft.fftfreq(npad, h))
-        freqs.append(f)
+        freqs.append(2 * math.pi * (np.fft.rfftfreq(npad, h) if i == d - 1 else np.fft.fftfreq(npad, h)))
     xi2 = sum(np.meshgrid(*[f ** 2 for f in freqs], indexing="ij")) if d > 1 else freqs[0] ** 2
     absF = np.abs(F)
     top = np.sqrt(xi2) >= 0.9 * math.sqrt(xi2.max())
     spectral_tail = float(absF[top].max() / (absF.max() or 1.0))
-    out = np.empty((times.size,) + shape)
-    crop = tuple(slice(p, p + s) for p, s in zip(pads, shape))
+    out = np.empty((times.size,) + rho0.shape)
+    crop = tuple(slice(p, p + s) for p, s in zip(pads, rho0.shape, strict=True))
     for k, t in enumerate(times):
         G = F * np.exp(-xi2 * t)
         sol = np.fft.irfftn(G, s=padded.shape, axes=tuple(range(d))) if d > 1 else np.fft.irfft(G, n=padded.shape[0])
         out[k] = sol[crop]
-    return GridHeatSolution(axes=axes, times=times, density=out, periodization_error=periodization_error,
-                            boundary_mass=boundary_mass, spectral_tail=spectral_tail)
+    return out, spectral_tail
+
+
+#: Spectral tail above which the data counts as rough (not resolved by the grid: a jump, a kink, a spike).
+_ROUGH_TAIL = 1e-6
+
+
+def _sampling_error(rho0, steps, times, z, out, spectral_tail):
+    r"""Sampling error of rough grid data (a jump, a kink), relative to ``max |rho0|``, largest over ``times``.
+
+    0 for data the grid resolves (``spectral_tail`` <= :data:`_ROUGH_TAIL`): they converge spectrally, and
+    the spectral tail is their control.
+
+    The same solve from every other grid point (each of the :math:`2^d` sub-lattices of twice the spacing)
+    is compared with the solution at those points: with an error that at least halves with the spacing
+    (first order, the rate of a jump; resolved data converge spectrally), the difference bounds the
+    error of the fine solve, taken twice for the pre-asymptotic grids. Where the data is rough
+    (``spectral_tail`` > :data:`_ROUGH_TAIL`) and the heat kernel, of width :math:`\sqrt{2t}`, is narrower
+    than the sub-lattice spacing, the comparison says nothing: a warning, and the trivial bound
+    :math:`(\max|
+ho_t| + \max|
+ho_0|) / \max|
+ho_0|` (the exact solution obeys the maximum principle).
+    """
+    import itertools
+    import warnings
+
+    scale = float(np.abs(rho0).max())
+    if scale == 0 or spectral_tail <= _ROUGH_TAIL:
+        return 0.0  # resolved data converge spectrally: the spectral tail is their control
+    worst, unresolved = 0.0, []
+    for k, t in enumerate(times):
+        if t == 0:
+            continue  # the density is the data itself at the grid points
+        if spectral_tail > _ROUGH_TAIL and 2 * max(steps) > math.sqrt(2 * t):
+            unresolved.append(float(t))
+            worst = max(worst, (float(np.abs(out[k]).max()) + scale) / scale)
+    coarse = [2 * h for h in steps]
+    for offset in itertools.product((0, 1), repeat=rho0.ndim):
+        sub = tuple(slice(o, None, 2) for o in offset)
+        coarse_out, _ = _fft_heat(rho0[sub], coarse, times, z)
+        diff = np.abs(coarse_out - out[(slice(None),) + sub]).reshape(times.size, -1).max(axis=1)
+        worst = max(worst, 2 * float(diff.max()) / scale)
+    if unresolved:
+        warnings.warn(f"solve_heat_grid: the initial data is rough on this grid (spectral tail {spectral_tail:.2g}) "
+                      f"and the heat kernel at t = {min(unresolved):g} (width sqrt(2t) = "
+                      f"{math.sqrt(2 * min(unresolved)):.3g}) is narrower than twice the grid spacing "
+                      f"{max(steps):.3g}: the sampling error cannot be estimated there, and error_bound falls back to "
+                      "the trivial bound (max|rho_t| + max|rho_0|) / max|rho_0|; refine the grid", UserWarning,
+                      stacklevel=3)
+    return worst
