@@ -82,8 +82,8 @@ def mean_field_rows(eps: float) -> None:
         for scheme in ("semi_lagrangian", "explicit"):
             n = sinkflow.mean_field_flow(rho_c, th, [0.05], normalization=norm, temperature=0.2, manifold="circle",
                                          scheme=scheme).n_steps
-            first, each = _step_costs(lambda k: sinkflow.mean_field_flow(rho_c, th, [0.05 * k], normalization=norm,
-                                                                         temperature=0.2, manifold="circle", scheme=scheme))
+            first, each = _step_costs(lambda k, norm=norm, scheme=scheme: sinkflow.mean_field_flow(
+                rho_c, th, [0.05 * k], normalization=norm, temperature=0.2, manifold="circle", scheme=scheme))
             print(f"| mean field circle {norm}, beta = 5, {scheme} | 1,024 angles | {n} per 0.05 | - | {first:.0f} | "
                   f"{each:.1f} per 0.05 of time | - |", flush=True)
 

@@ -285,7 +285,7 @@ def exp_seconds(count, shape=(4096, 256), library="torch"):
         buf.fill_(-3.0)
     t2 = _clocks()
     scale = count / (rounds * buf.numel())
-    return tuple(((b - a) - (c - b)) * scale for a, b, c in zip(t0, t1, t2))
+    return tuple(((b - a) - (c - b)) * scale for a, b, c in zip(t0, t1, t2, strict=True))
 
 
 EXPS = ("torch", "numpy")
@@ -295,7 +295,7 @@ def _floor_runs(label, count, shapes):
     """The floor rows of ``count`` exponentials, ``"{label}: {library} exp"`` for torch's and numpy's, each
     the faster over ``shapes``; the floor ``label`` itself is the faster of the two (:func:`floor_rows`)."""
     def fastest(library):
-        return lambda: tuple(map(min, zip(*(exp_seconds(count, shape, library) for shape in shapes))))
+        return lambda: tuple(map(min, zip(*(exp_seconds(count, shape, library) for shape in shapes), strict=True)))
     return {f"{label}: {library} exp": (None, None, fastest(library)) for library in EXPS}
 
 
@@ -383,13 +383,13 @@ def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000)
     runs = {**_exact_runs(exact_n), **_landmark_runs((landmark_n // 10, landmark_n))}
     times = {k: [] for k in runs}
     for _ in range(repeats):
-        for k, (n, floor, fn) in runs.items():
+        for k, (_n, floor, fn) in runs.items():
             t0 = _clocks()
             out = fn()
-            times[k].append(out if floor is None else tuple(b - a for a, b in zip(t0, _clocks())))
+            times[k].append(out if floor is None else tuple(b - a for a, b in zip(t0, _clocks(), strict=True)))
     med = {k: tuple(statistics.median(t[c] for t in v) for c in (0, 1)) for k, v in times.items()}
     floors = {floor: [med[f"{floor}: {library} exp"] for library in EXPS] for _, floor, _ in runs.values() if floor}
-    med.update({floor: tuple(map(min, zip(*by_library))) for floor, by_library in floors.items()})
+    med.update({floor: tuple(map(min, zip(*by_library, strict=True))) for floor, by_library in floors.items()})
     print(f"\nFloors on {cpu_description()}\nfloat32, d={D}, 1 thread, medians of {repeats} interleaved; "
           f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
     print("| floor | exponentials | torch exp, wall (s) | numpy exp, wall (s) | torch / numpy |")

@@ -233,7 +233,7 @@ def _uniform_circle_start(seed: int, n: int) -> np.ndarray:
     return np.stack([np.cos(theta), np.sin(theta)], 1)
 
 
-def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
+def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):  # noqa: E741  # public parameter name
     r"""Linear growth rate of the zonal harmonic :math:`P_l(\langle x, e\rangle)` around the uniform law on :math:`S^2`.
 
     The sphere in :math:`d = 3` (:func:`sinkflow.simulate`, ``manifold="sphere"``, :math:`Q = K = V = I`):
@@ -259,10 +259,10 @@ def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
     if normalization not in CIRCLE_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
     beta = float(check_number(beta, "beta", positive=True))
-    l = np.asarray(l)
-    if np.any(l < 1) or np.any(l != np.round(l)):
+    degree = np.asarray(l)
+    if np.any(degree < 1) or np.any(degree != np.round(degree)):
         raise ValueError("l must be a positive integer")
-    il, i0 = spherical_in(l.astype(int), beta), spherical_in(0, beta)
+    il, i0 = spherical_in(degree.astype(int), beta), spherical_in(0, beta)
     c = {"unnormalized": 1.0, "softmax": 1 / i0, "sinkhorn": 1 / (i0 + il)}[normalization]
-    rate = l * (l + 1) * il * c / beta
+    rate = degree * (degree + 1) * il * c / beta
     return float(rate) if rate.ndim == 0 else rate

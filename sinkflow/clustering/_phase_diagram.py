@@ -168,7 +168,7 @@ def _join(parts):
             x, a, _ = _compact(p.x, p.a, math.cos(MERGE_ANGLE), width)
             p = _Pool(p.ids, x, a, p.t, p.h)
         padded.append(p)
-    return _Pool(*(torch.cat(v) for v in zip(*((p.ids, p.x, p.a, p.t, p.h) for p in padded))))
+    return _Pool(*(torch.cat(v) for v in zip(*((p.ids, p.x, p.a, p.t, p.h) for p in padded), strict=True)))
 
 
 def _clustering_times(x0: torch.Tensor, run: _Run) -> torch.Tensor:

@@ -173,8 +173,8 @@ def markdown_sphere(runs) -> str:
         counts, maxima = [r["count"] for r in rs], [r["mode_maxima"] for r in rs]
         lines.append(f"| {beta:g} | {rs[0]['l_star']} | {rates[1] / rates[0]:.3f} | {len(rs)} | "
                      f"{', '.join(map(str, counts))} | {', '.join(map(str, maxima))} | "
-                     f"{_share(sum(c == m for c, m in zip(counts, maxima)), len(rs))} | "
-                     f"{_share(sum(c <= m for c, m in zip(counts, maxima)), len(rs))} |")
+                     f"{_share(sum(c == m for c, m in zip(counts, maxima, strict=True)), len(rs))} | "
+                     f"{_share(sum(c <= m for c, m in zip(counts, maxima, strict=True)), len(rs))} |")
     return "\n".join(lines)
 
 

@@ -133,7 +133,7 @@ def _conditional_mean(m, S, A, normalization, scores):
 def _affine(m, S, heads_A, W_V, drift, normalization, scores) -> AffineField:
     B = np.zeros_like(S) if drift is None else drift.copy()
     c = np.zeros_like(m)
-    for A, V in zip(heads_A, W_V):
+    for A, V in zip(heads_A, W_V, strict=True):
         M, off = _conditional_mean(m, S, A, normalization, scores)
         B += V @ M
         c += V @ off
@@ -191,7 +191,7 @@ def _check_heads(W_Q, W_K, W_V, temperature, heads, d):
     Q = _stack(W_Q, "W_Q", heads, None, d)
     K = _stack(W_K, "W_K", heads, Q.shape[1], d)
     V = _stack(W_V, "W_V", heads, d, d)
-    return [q.T @ k / tau for q, k in zip(Q, K)], V, heads, tau
+    return [q.T @ k / tau for q, k in zip(Q, K, strict=True)], V, heads, tau
 
 
 def _check_drift(drift, d):

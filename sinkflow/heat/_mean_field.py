@@ -174,7 +174,7 @@ def _rate(field, rho, w, s):
     """Right-hand side, Courant rate (sum_k max|v_k| / dx_k) and Sinkhorn diagnostics."""
     v, info = field(w, s)
     rhs = sum(flux_divergence(rho, vk, k, field.spacings[k], field.periodic) for k, vk in enumerate(v))
-    courant = sum(float(vk.abs().max()) / dx for vk, dx in zip(v, field.spacings))
+    courant = sum(float(vk.abs().max()) / dx for vk, dx in zip(v, field.spacings, strict=True))
     if not math.isfinite(courant):
         raise FloatingPointError(f"the {field.normalization} velocity left the floating range; "
                                  "use float64 or a smaller temperature / larger eps")

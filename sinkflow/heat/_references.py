@@ -397,7 +397,7 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
     periodization_error = float(d * math.erfc(z / math.sqrt(2)))
     F = np.fft.rfftn(padded) if d > 1 else np.fft.rfft(padded)
     freqs = []
-    for i, (h, p) in enumerate(zip(steps, pads)):
+    for i, (h, _p) in enumerate(zip(steps, pads, strict=True)):
         npad = padded.shape[i]
         f = 2 * math.pi * (np.fft.rfftfreq(npad, h) if i == d - 1 else np.fft.fftfreq(npad, h))
         freqs.append(f)
@@ -406,7 +406,7 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
     top = np.sqrt(xi2) >= 0.9 * math.sqrt(xi2.max())
     spectral_tail = float(absF[top].max() / (absF.max() or 1.0))
     out = np.empty((times.size,) + shape)
-    crop = tuple(slice(p, p + s) for p, s in zip(pads, shape))
+    crop = tuple(slice(p, p + s) for p, s in zip(pads, shape, strict=True))
     for k, t in enumerate(times):
         G = F * np.exp(-xi2 * t)
         sol = np.fft.irfftn(G, s=padded.shape, axes=tuple(range(d))) if d > 1 else np.fft.irfft(G, n=padded.shape[0])

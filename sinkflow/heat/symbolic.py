@@ -85,7 +85,7 @@ def heat_kernel_solves_heat(dim: int = 1) -> SymbolicCheck:
     xs = sp.symbols(f"x1:{dim + 1}", real=True)
     ms = sp.symbols(f"m1:{dim + 1}", real=True)
     v = sigma2 + 2 * t
-    rho = (2 * sp.pi * v) ** sp.Rational(-dim, 2) * sp.exp(-sum((xi - mi) ** 2 for xi, mi in zip(xs, ms)) / (2 * v))
+    rho = (2 * sp.pi * v) ** sp.Rational(-dim, 2) * sp.exp(-sum((xi - mi) ** 2 for xi, mi in zip(xs, ms, strict=True)) / (2 * v))
     lhs = sp.diff(rho, t)
     rhs = sum(sp.diff(rho, xi, 2) for xi in xs)
     res = sp.simplify((lhs - rhs) / rho)  # divide by the positive Gaussian: a polynomial identity

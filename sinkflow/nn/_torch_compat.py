@@ -61,9 +61,9 @@ def nested_forward(mha, query, key, value, key_padding_mask, query_padding_mask,
         padded.setdefault(id(t), torch.nested.to_padded_tensor(t, 0.0))
     q, k, v = padded[id(query)], padded[id(key)], padded[id(value)]
     lengths = [torch.tensor([s.shape[0] for s in t.unbind()], device=q.device) for t in (query, key)]
-    pads = [torch.arange(p.shape[1], device=q.device) >= n[:, None] for p, n in zip((q, k), lengths)]
+    pads = [torch.arange(p.shape[1], device=q.device) >= n[:, None] for p, n in zip((q, k), lengths, strict=True)]
     out, weights = mha(q, k, v, key_padding_mask=pads[1], query_padding_mask=pads[0], **kwargs)
-    out = torch.nested.as_nested_tensor([o[:n] for o, n in zip(out, lengths[0].tolist())], layout=query.layout)
+    out = torch.nested.as_nested_tensor([o[:n] for o, n in zip(out, lengths[0].tolist(), strict=True)], layout=query.layout)
     return out, weights
 
 
@@ -166,6 +166,6 @@ def upgrade_state_dict(state_dict, prefix: str, packed: bool) -> None:
     if packed:
         state_dict[prefix + "in_proj_weight"] = torch.cat(weights)
     else:
-        state_dict.update({f"{prefix}{p}_proj_weight": w for p, w in zip("qkv", weights)})
+        state_dict.update({f"{prefix}{p}_proj_weight": w for p, w in zip("qkv", weights, strict=True)})
     if prefix + "q_proj.bias" in state_dict:
         state_dict[prefix + "in_proj_bias"] = torch.cat([state_dict.pop(f"{prefix}{p}_proj.bias") for p in "qkv"])

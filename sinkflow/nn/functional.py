@@ -136,7 +136,7 @@ def _empty_attention(q, k, v, need_weights):
 
 def check_inputs(tensors, names) -> None:
     """ValueError naming the first input that holds NaN or inf, on every path (each tensor checked once)."""
-    for i, (t, name) in enumerate(zip(tensors, names)):
+    for i, (t, name) in enumerate(zip(tensors, names, strict=True)):
         if not any(t is u for u in tensors[:i]):
             check_finite(t.detach(), name)
 

@@ -125,7 +125,10 @@ def panels(runs: dict, system=None, stacklevel: int = 3) -> tuple[dict, int]:
     :data:`MAX_PANELS` in all (one row per ensemble when there are several), with a warning
     when some are left out.
     """
-    named = lambda label, index: f"{label} [{', '.join(map(str, index))}]"
+
+    def named(label, index):
+        return f"{label} [{', '.join(map(str, index))}]"
+
     if system is not None:
         return {named(label, check_index(system, traj.batch_shape, "system")): traj.system(system)
                 for label, traj in runs.items()}, len(runs)

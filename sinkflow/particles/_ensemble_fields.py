@@ -162,7 +162,7 @@ class EnsembleField(ParticleField):
         """:func:`_general_fallback` on a block's unconverged systems, written into ``P`` and ``results``."""
         K, *solved = _general_fallback(_tensor(C), _tensor(a), self.tol, self.max_iter, _tensor(K),
                                        *(_tensor(r) for r in results))
-        for out, value in zip(results, solved):
+        for out, value in zip(results, solved, strict=True):
             out[...] = _host(value)
         _matmul(_host(K), V, P)
 

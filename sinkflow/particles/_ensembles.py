@@ -158,7 +158,10 @@ class _Systems:
 
     def one(self, b: int) -> dict:
         """The inputs of system ``b`` as :func:`sinkflow.simulate` takes them."""
-        pick = lambda M: M if M is None or M.ndim == 2 else M[b]
+
+        def pick(M):
+            return M if M is None or M.ndim == 2 else M[b]
+
         return dict(x0=self.X[b], **{k: pick(M) for k, M in self.mats.items()},
                     weights=None if self.a is None else self.a[b],
                     temperature=float(self.tau[b]), h=float(self.h[b]))
@@ -196,7 +199,10 @@ def _system_by_system(simulate, systems, attention, steps, options):
     runs = [simulate(attention=attention, steps=steps, progress=False, **systems.one(b), **options)
             for b in progress_bar(range(systems.count), enabled=progress, desc="systems", unit="system")]
     first = runs[0]
-    stack = lambda key: np.stack([getattr(r, key) for r in runs], axis=1)
+
+    def stack(key):
+        return np.stack([getattr(r, key) for r in runs], axis=1)
+
     return replace(first, times=stack("times"), positions=torch.stack([torch.as_tensor(r.positions) for r in runs], 1),
                    monitors=MonitorRecords({k: np.stack([r.monitors[k] for r in runs], 1) for k in first.monitors}),
                    monitor_times=stack("monitor_times"), sinkhorn_iterations=stack("sinkhorn_iterations"),
@@ -213,7 +219,10 @@ def _in_batches(systems, variant, steps, options):
               for lo in range(0, systems.count, size)]
     if len(chunks) == 1:
         return chunks[0]
-    cat = lambda key, axis=1: np.concatenate([getattr(c, key) for c in chunks], axis=axis)
+
+    def cat(key, axis=1):
+        return np.concatenate([getattr(c, key) for c in chunks], axis=axis)
+
     first = chunks[0]
     return replace(first, positions=torch.cat([c.positions for c in chunks], 1),
                    monitors=MonitorRecords({k: np.concatenate([c.monitors[k] for c in chunks], 1) for k in first.monitors}),
@@ -268,7 +277,10 @@ def _warn_step_size(X, W, systems, variant, integrator):
     L = _lipschitz(X, W, systems.mats["W_V"], systems.tau.to(torch.float64))
     worst = int(torch.argmax(systems.h * L))
     one = systems.one(worst)
-    pick = lambda M: M if M is None or M.ndim == 2 else M[worst]
+
+    def pick(M):
+        return M if M is None or M.ndim == 2 else M[worst]
+
     _check_step_size(one["h"], X[worst], pick(W), pick(systems.mats["W_V"]), one["temperature"], variant, integrator)
 
 
@@ -314,9 +326,14 @@ def _at(value, b):
 def _shaped(traj, systems, numpy_out, tau_batched, h_batched):
     """The flat batch of a trajectory reshaped to the ensemble's batch shape."""
     batch = systems.batch
-    per_time = lambda v: v.reshape(v.shape[:1] + batch + v.shape[2:])
+
+    def per_time(v):
+        return v.reshape(v.shape[:1] + batch + v.shape[2:])
+
+    def times(v):
+        return per_time(v) if h_batched else v[:, 0]  # one time axis for a common h
+
     weights = None if systems.a is None else systems.a.reshape(batch + systems.a.shape[-1:])
-    times = lambda v: per_time(v) if h_batched else v[:, 0]  # one time axis for a common h
     return replace(
         traj, positions=from_torch(per_time(traj.positions), numpy_out), times=times(traj.times),
         monitors=MonitorRecords({k: per_time(v) for k, v in traj.monitors.items()}), monitor_times=times(traj.monitor_times),

@@ -119,9 +119,9 @@ def _sphere_degrees(L: int) -> np.ndarray:
     return np.concatenate([np.concatenate([[s], np.repeat(np.arange(1, L - s + 1) + s, 2)]) for s in range(L + 1)])
 
 
-def _sphere_row(L: int, l: int, m: int, sine: int) -> int:
+def _sphere_row(L: int, degree: int, m: int, sine: int) -> int:
     """Row of :math:`Y_{lm}` (its ``sin m phi`` part when ``sine``) in the order of :func:`_sphere_degrees`."""
-    s = l - m
+    s = degree - m
     return s * (2 * L + 2 - s) + (0 if m == 0 else 2 * m - 1 + sine)
 
 
@@ -138,8 +138,8 @@ def _legendre_fourier(L: int) -> np.ndarray:
     points = 4 * (L + 1)
     theta = 2 * np.pi * np.arange(points) / points
     sin, cos = np.sin(theta), np.cos(theta)
-    l = np.arange(L + 1)
-    keep = (l[None, :] <= l[:, None]) & ((l[:, None] - l[None, :]) % 2 == 0)  # [l, k]
+    degrees = np.arange(L + 1)
+    keep = (degrees[None, :] <= degrees[:, None]) & ((degrees[:, None] - degrees[None, :]) % 2 == 0)  # [l, k]
     out = np.zeros((L + 1, L + 1, L + 1))
     diagonal = np.full(points, 1 / math.sqrt(4 * math.pi))
     for m in range(L + 1):
@@ -189,8 +189,8 @@ def _sphere_plan(L: int, dtype: torch.dtype = torch.float64, device: torch.devic
             if m == 0 and sine:
                 continue
             Dp[g] = coefficients[m]
-            fp += [g * (L + 1) + l for l in range(m, L + 1)]
-            rp += [_sphere_row(L, l, m, sine) for l in range(m, L + 1)]
+            fp += [g * (L + 1) + degree for degree in range(m, L + 1)]
+            rp += [_sphere_row(L, degree, m, sine) for degree in range(m, L + 1)]
         parity[rp], position[rp] = p, fp
         D.append(torch.tensor(Dp, dtype=dtype, device=device))
         flat.append(torch.tensor(fp, device=device))

@@ -270,7 +270,8 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
         carry = (expect is not None and done + 1 >= expect) or (len(errs) >= 2 and errs[-1] ** 3 <= tol * errs[-2] ** 2)
         state = {"err": 0.0, "positive": True}
 
-        def step(i0, i1, S):
+        # bound now (``P.sweep`` calls it before the loop moves on): this iteration's values
+        def step(i0, i1, S, *, u=u, u_next=u_next, M=M, t=t, carried=carried, carry=carry, state=state):
             E[i0:i1] = S[0]
             state["err"] += float((a[i0:i1] * abs(u[i0:i1] * S[0] - 1)).sum())
             if carried:

@@ -61,7 +61,7 @@ def compute_snapshots(cfg: SnapshotConfig) -> dict:
     data["axis2d"] = ax
     data["pdf1d"] = np.stack([g1.evolve(t).pdf(grid) for t in cfg.times])
     data["pdf2d"] = np.stack([g2.evolve(t).pdf(mesh).reshape(ax.size, ax.size) for t in cfg.times])
-    data["w2_1d"] = np.array([sinkflow.wasserstein2(x[:, None], g1.evolve(t)).value for x, t in zip(data["x1d"], cfg.times)])
+    data["w2_1d"] = np.array([sinkflow.wasserstein2(x[:, None], g1.evolve(t)).value for x, t in zip(data["x1d"], cfg.times, strict=True)])
     return data
 
 
@@ -130,9 +130,9 @@ def compute_normalizations(cfg: NormalizationsConfig) -> dict:
         for norm in NORMALIZATIONS:
             dt = min(cfg.dt_dot if norm == "softmax_dot" else cfg.dt, largest_safe_dt(x0, cfg.eps, norm))
             pos = sinkflow.heat_trajectory(x0, times, cfg.eps, dt, norm).positions
-            data[f"w2_heat_{norm}"] = np.array([sinkflow.wasserstein2(p, g.evolve(t)).value for p, t in zip(pos, times)])
+            data[f"w2_heat_{norm}"] = np.array([sinkflow.wasserstein2(p, g.evolve(t)).value for p, t in zip(pos, times, strict=True)])
             if norm == "softmax_gaussian":
-                data[f"w2_own_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(g, t, norm)).value for p, t in zip(pos, times)])
+                data[f"w2_own_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(g, t, norm)).value for p, t in zip(pos, times, strict=True)])
         data["w2_floor"] = _iid_floor([g.evolve(t) for t in times], cfg.n, cfg.floor_draws, cfg.seed + 7)
         # porous medium: Barenblatt start, unnormalized kernel vs its own limit; Sinkhorn for contrast
         b = sinkflow.Barenblatt(dim=1, time=0.3)
@@ -141,7 +141,7 @@ def compute_normalizations(cfg: NormalizationsConfig) -> dict:
             dt = min(cfg.dt, largest_safe_dt(xb, cfg.eps_pme, norm))
             pos = sinkflow.heat_trajectory(xb, times, cfg.eps_pme, dt, norm).positions
             data[f"w2_pme_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(b, t, "unnormalized")).value
-                                               for p, t in zip(pos, times)])
+                                               for p, t in zip(pos, times, strict=True)])
         data["w2_pme_floor"] = _iid_floor([sinkflow.heat_reference(b, t, "unnormalized") for t in times], cfg.n_pme,
                                           cfg.floor_draws, cfg.seed + 9)
     return data

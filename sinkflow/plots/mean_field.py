@@ -79,7 +79,7 @@ def plot_limits(data, cfg):
     a, b, c = axes[0]
     y = data["grid"]
     a.plot(y, data["heat_sinkhorn"], color=COLORS["reference"], label=r"heat $\rho_0 * G_{2t}$")
-    for e, sol in zip(data["eps"], data["pde_sinkhorn"]):
+    for e, sol in zip(data["eps"], data["pde_sinkhorn"], strict=True):
         a.plot(y, sol, lw=1, label=rf"PDE, $\varepsilon = {e:g}$")
     a.set_xlim(-4, 4)
     a.set_xlabel("$x$")
@@ -237,7 +237,7 @@ def _energy_panel(c, data, cfg, COLORS):
         c.annotate(f"{k}", xy=(1.01, level), xycoords=("axes fraction", "data"), va="center", fontsize=7)
     c.set_xlabel("$t$")
     c.set_ylabel(r"$E_\beta$ (grey: $k$ clusters, at right)")
-    c.set_title(r"energy staircase, $\beta = %g$" % cfg.beta_pde)
+    c.set_title(rf"energy staircase, $\beta = {cfg.beta_pde:g}$")
     c.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: off the plateaus
 
 

@@ -74,7 +74,7 @@ def attention_plot(data: dict, cfg: AttentionConfig):
     ax.set_title("column sums")
     ax.legend()
     mats = [(np.exp(data["scores"]), r"$\exp(C)$"), (data["softmax"], "SoftMax$(C)$"), (data["sinkhorn"], "Sinkhorn$(C)$")]
-    for ax, (M, title) in zip(axes[1], mats):
+    for ax, (M, title) in zip(axes[1], mats, strict=True):
         im = ax.imshow(M, cmap="viridis", vmin=0)
         ax.set_title(title)
         ax.set_xlabel("key $j$")
@@ -132,7 +132,8 @@ def convergence_plot(data: dict, cfg: ConvergenceConfig):
     fig, axes = new_figure(2, 1, width=3.2, height=3.0)
     ax, rates = axes[0]
     colors = [COLORS["sinkhorn"], COLORS["softmax"], COLORS["unnormalized"], COLORS["gaussian"], COLORS["other"]]
-    for s, e, pred, color in zip(data["scales"], data["errors"], data["predicted_rate"], colors):
+    # not strict: colors is a palette, longer than the scales of the quick and full configurations
+    for s, e, pred, color in zip(data["scales"], data["errors"], data["predicted_rate"], colors, strict=False):
         ell = np.arange(1, len(e) + 1)
         ax.semilogy(ell, e, color=color, label=rf"scale {s:g}")
         # a rate r per full iteration is r^(1/2) per half-iteration; anchored at the first error

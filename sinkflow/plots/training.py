@@ -74,7 +74,7 @@ def plot_column_sums(report, variants=None):
     panels = [v for v in variants if "reused_from" not in _runs(report, v)[0]]
     fig, axes = new_figure(len(panels) + 1, 1, width=2.9, height=2.6)
     cmap = mpl.colormaps["viridis"]
-    for ax, v in zip(axes[0], panels):
+    for ax, v in zip(axes[0], panels, strict=False):  # not strict: the last axis is the extra panel drawn after
         run = _runs(report, v)[0]
         S = np.asarray(run["history"]["sorted_column_sums"], dtype=float)
         E = len(S) - 1

@@ -30,6 +30,7 @@ sinkflow's attention blocks do not.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -200,6 +201,10 @@ def _loss(model, x, y):
     return F.cross_entropy(model(x).float(), y)
 
 
+def _backward(model, x, y) -> None:
+    _loss(model, x, y).backward()
+
+
 def cost_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 3, n_iter: int = 3) -> list[dict]:
     """Time (median of ``steps`` training steps after one warm-up step) and memory of a training step.
 
@@ -231,7 +236,7 @@ def cost_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 3
                 opt.step()
                 times.append(time.perf_counter() - t0)
         for attention, (model, _, times, env) in runs.items():
-            memory, method = step_bytes(lambda: _loss(model, x, y).backward(), x.device)
+            memory, method = step_bytes(functools.partial(_backward, model, x, y), x.device)
             model.zero_grad(set_to_none=True)
             rows.append({"attention": attention, "seed": int(seed), "step_time": float(np.median(times[1:])),
                          "step_times": times[1:], "memory": memory, "memory_method": method,

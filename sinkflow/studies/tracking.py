@@ -208,12 +208,12 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
         for _ in range(n_draws):
             deltas = [eps * torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device, p.dtype) for p in params]
             saved = [p.detach().clone() for p in params]  # (p + d) - d != p in floating point
-            for p, d in zip(params, deltas):
+            for p, d in zip(params, deltas, strict=True):
                 p.add_(d)
             try:
                 out = forward()
             finally:
-                for p, s in zip(params, saved):
+                for p, s in zip(params, saved, strict=True):
                     p.copy_(s)
             num = float(((out - base) ** 2).sum()) / batch
             den = float(sum((d.float() ** 2).sum() for d in deltas))
@@ -293,5 +293,5 @@ def update_instability(model: nn.Module, inputs, step, seed: int = 0) -> float:
     after = embed()
     with torch.no_grad():
         num = float(((after - before) ** 2).sum())
-        den = float(sum(((p.detach() - s).float() ** 2).sum() for p, s in zip(params, saved)))
+        den = float(sum(((p.detach() - s).float() ** 2).sum() for p, s in zip(params, saved, strict=True)))
     return num / den if den > 0 else float("nan")

@@ -94,7 +94,7 @@ def expand_grid(grid) -> list[dict]:
             else:
                 values = [values]
             axes.append([_jsonable(v, f"grid parameter {name!r}") for v in values])
-        points = [dict(zip(grid, combo)) for combo in itertools.product(*axes)]
+        points = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*axes)]
     elif isinstance(grid, (list, tuple)):
         if not grid:
             raise ValueError("empty grid: the list of points is empty")

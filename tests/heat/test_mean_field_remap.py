@@ -45,9 +45,11 @@ def test_remap_cells_integrates_the_linear_reconstruction_exactly():
                 total += rho[j] * (hi - lo) + slope[j] * ((hi - j - 0.5) ** 2 - (lo - j - 0.5) ** 2) / 2
         return total
 
-    t = lambda a: torch.tensor(a, dtype=torch.float64)
+    def t(a):
+        return torch.tensor(a, dtype=torch.float64)
+
     got = remap_cells(t(rho), t(slope), t(u)).numpy()
-    assert got == pytest.approx([integral(a, b) for a, b in zip(u[:-1], u[1:])], rel=1e-13, abs=1e-15)
+    assert got == pytest.approx([integral(a, b) for a, b in zip(u[:-1], u[1:], strict=True)], rel=1e-13, abs=1e-15)
     assert got.sum() == pytest.approx(rho.sum(), rel=1e-14)
 
 
@@ -95,7 +97,10 @@ def test_second_order_in_dt(monkeypatch):
     monkeypatch.setattr(mf, "LOCAL_TOL", math.inf)
     y, h, T = MIXTURE_Y, MIXTURE_Y[1] - MIXTURE_Y[0], 0.25
     rho = mixture_cells(y)
-    run = lambda dt: mean_field_flow(rho, y, [T], normalization="sinkhorn", eps=0.1, dt=dt).final
+
+    def run(dt):
+        return mean_field_flow(rho, y, [T], normalization="sinkhorn", eps=0.1, dt=dt).final
+
     ref = run(T / 256)
     dts = np.array([T / 8, T / 16, T / 32])
     errs = [np.abs(run(dt) - ref).sum() * h for dt in dts]

@@ -416,8 +416,8 @@ def test_a_learned_float_mask_gets_torchs_gradient_and_sinkhorns_passes_gradchec
     q, k, v = torch.randn(3, 4, 3, generator=gen, dtype=torch.float64)
     bias = torch.randn(4, 4, generator=gen, dtype=torch.float64).requires_grad_()
     for need in (True, False):  # the matrix path and the factored output path
-        assert torch.autograd.gradcheck(lambda b: scaled_attention(q, k, v, "sinkhorn", n_iter=4, bias=b,
-                                                                   need_weights=need)[0], (bias,))
+        assert torch.autograd.gradcheck(lambda b, need=need: scaled_attention(q, k, v, "sinkhorn", n_iter=4, bias=b,
+                                                                              need_weights=need)[0], (bias,))
 
 
 def test_half_precision_float_masks_under_autocast():

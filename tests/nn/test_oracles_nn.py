@@ -18,7 +18,7 @@ def linear(x, weight, bias):
 
 def projections(mha):
     """(weight, bias) of the query, key and value projections, from torch's packed layout."""
-    return list(zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)))
+    return list(zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3), strict=True))
 
 
 def reference_heads(C, normalization, n_iter, rows, cols):

@@ -84,8 +84,10 @@ def _fake_learn(task, median, baseline):
 @pytest.mark.parametrize("task", ["listops", "pathfinder"])
 def test_the_bar_needs_the_target_and_the_margin_over_the_baseline(task):
     bar = LEARN_TARGET[task]
-    row = lambda median, base: next(l for l in learn_markdown(_fake_learn(task, median, base))  # noqa: E731
-                                    if l.startswith("| softmax"))
+
+    def row(median, base):
+        return next(line for line in learn_markdown(_fake_learn(task, median, base)) if line.startswith("| softmax"))
+
     above = bar["accuracy"] + 0.05
     assert "| yes |" in row(above, above - bar["margin"] - 0.01)
     assert "| no |" in row(above, above - bar["margin"] + 0.01)  # above the target but too close to the baseline
