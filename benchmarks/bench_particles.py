@@ -219,8 +219,8 @@ def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact:
     for n in sizes:
         cases = [("nystrom", None), ("nystrom_uniform", None)] + ([("nystrom", package)] if package else [])
         far, uni, *before = [run_case(method, n, 1, repeats, package=pkg) for method, pkg in cases]
-        row = (f"| {n} | {1 / far['rate']:.3g} | {far['choice_s']:.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} | "
-               f"{1e6 / far['rate'] / n:.3g} |")
+        row = (f"| {n} | {1 / far['rate']:.3g} | {far['choice_s']:.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} "
+               f"| {1e6 / far['rate'] / n:.3g} |")
         if before:
             b = before[0]
             row += f" {1 / b['rate']:.3g} | {b['peak_gib']:.2f} | {far['rate'] / b['rate']:.1f}x | {uni['rate'] / b['rate']:.1f}x |"
@@ -370,7 +370,8 @@ def _landmark_runs(sizes):
 
 #: Ratios to the exponential floor the issue asks for (wall and CPU time): the exact block-wise step
 #: at its default blocks (n = 20,000), the landmark step with its farthest-point choice (n = 10^6).
-FLOOR_TARGETS = {("exact step, blocks default", 20_000): 2.0, ("landmark step, farthest-point choice included", 10**6): 4.0}
+FLOOR_TARGETS = {("exact step, blocks default", 20_000): 2.0,
+                 ("landmark step, farthest-point choice included", 10**6): 4.0}
 
 
 def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000):

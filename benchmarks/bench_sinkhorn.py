@@ -79,7 +79,8 @@ def speed_table(sizes, dims, repeats, half_iterations=20):
 
 def print_speed(rows, half_iterations):
     cols = ["sinkflow torch f32", "POT torch log f32", "POT torch kernel f32", "POT numpy log f64"]
-    print(f"\n### {half_iterations} half-iterations: median ms per solve (ms per half-iteration), ratio = other / sinkflow\n")
+    print(f"\n### {half_iterations} half-iterations: median ms per solve (ms per half-iteration), ratio = other / "
+          "sinkflow\n")
     print("| n | d | temperature | " + " | ".join(cols) + " |")
     print("|---|---|---|" + "---|" * len(cols))
     for n, d, label, res in rows:

@@ -94,7 +94,8 @@ def check_numpy_float(x: Any, name: str) -> None:
     >>> check_numpy_float([[1, 2]], "x0")
     Traceback (most recent call last):
     ...
-    TypeError: x0 must have a floating dtype, got numpy int64; convert explicitly (e.g. x.astype(float)) so precision is your choice.
+    TypeError: x0 must have a floating dtype, got numpy int64; convert explicitly (e.g. x.astype(float))
+    so precision is your choice.
     """
     if _is_torch(x, "Tensor"):
         return

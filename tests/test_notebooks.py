@@ -183,7 +183,8 @@ def test_notebook_shows_every_figure_it_draws(path, executed_notebooks):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_shows_every_figure_without_ipywidgets(path, notebook_dir):
-    cells = execute_notebook(path, notebook_dir, prelude="import sys\nsys.modules['ipywidgets'] = None  # not installed\n")
+    cells = execute_notebook(path, notebook_dir, prelude="import sys\nsys.modules['ipywidgets'] = None  # not "
+                                                         "installed\n")
     assert not [cell.source.splitlines()[:3] for cell, created, images in cells if images < created]
     assert any(created for _, created, _ in cells)
 

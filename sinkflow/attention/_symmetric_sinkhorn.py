@@ -356,7 +356,10 @@ def _refresh_lines(C, G, own, other, log_scale, target, bad):
     transposed views of ``C`` and ``G`` (and the roles of the shifts swapped) for columns.
     """
     xp = _xp(C)
-    expand = (lambda t: np.broadcast_to(t[..., None, :], C.shape)) if xp is np else (lambda t: t[..., None, :].expand(C.shape))
+
+    def expand(t):
+        return np.broadcast_to(t[..., None, :], C.shape) if xp is np else t[..., None, :].expand(C.shape)
+
     lines = C[bad] + expand(other)[bad]
     scaled = lines + expand(log_scale)[bad]
     lse = scipy.special.logsumexp(scaled, axis=-1) if xp is np else torch.logsumexp(scaled, -1)

@@ -105,7 +105,8 @@ def two_cluster_dwell(beta: float, masses, separation: float, normalization: str
         return eta / (math.sin(eta) * _pair_weights(beta, m_a, m_b, math.pi - eta, normalization))
 
     lo, hi = math.log(math.pi - separation), math.log(math.pi - end)
-    return float(quad(integrand, lo, hi, limit=200, points=[0.5 * math.log(1 / beta)] if lo < -0.5 * math.log(beta) < hi else None)[0])
+    return float(quad(integrand, lo, hi, limit=200,
+                      points=[0.5 * math.log(1 / beta)] if lo < -0.5 * math.log(beta) < hi else None)[0])
 
 
 def _point_velocity(x, masses, beta, normalization):

@@ -179,7 +179,8 @@ def _stack(W, name: str, heads: int, rows: int | None, d: int) -> np.ndarray:
     a = _array(W, name)
     if a.ndim == 2 and heads == 1:
         a = a[None]
-    want = f"({heads}, {'k' if rows is None else rows}, {d})" if heads > 1 else f"({'k' if rows is None else rows}, {d})"
+    shape = f"{'k' if rows is None else rows}, {d})"
+    want = f"({heads}, {shape}" if heads > 1 else f"({shape}"
     if a.ndim != 3 or a.shape[0] != heads or a.shape[2] != d or (rows is not None and a.shape[1] != rows):
         raise ValueError(f"{name} must have shape {want} (heads={heads}), got {a.shape}")
     return a

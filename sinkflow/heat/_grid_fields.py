@@ -124,7 +124,8 @@ class EuclideanVelocity:
             self.face = [f[:, None] * y[None] / eps for f, y in zip(self.faces, axes, strict=True)]
         else:
             self.centre = [torch.exp(-(y[:, None] - y[None]) ** 2 / (2 * eps)) for y in axes]
-            self.face = [torch.exp(-(f[:, None] - y[None]) ** 2 / (2 * eps)) for f, y in zip(self.faces, axes, strict=True)]
+            self.face = [torch.exp(-(f[:, None] - y[None]) ** 2 / (2 * eps))
+                         for f, y in zip(self.faces, axes, strict=True)]
         # the kernel times (y - x) at the faces: B - x without cancellation
         self.face_offset = [K * (y[None] - f[:, None]) for K, f, y in zip(self.face, self.faces, axes, strict=True)]
 

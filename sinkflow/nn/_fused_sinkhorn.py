@@ -181,7 +181,8 @@ class _SinkhornPasses(torch.autograd.Function):
         if not float(_score_range(q, k, ctx.ln, ctx.scale)) <= SCORE_RANGE_LIMIT[q.dtype]:  # one sync; NaN too
             dq, dk, dv = _eager_backward(ctx, dy, q, k, v)
             return dq, dk, dv, None, None, None
-        steps = list(zip(pots[::2], pots[1::2], strict=True))  # dy of a sum is expanded (stride 0): the kernels misread it
+        # dy of a sum is expanded (stride 0): the kernels misread it
+        steps = list(zip(pots[::2], pots[1::2], strict=True))
         dq, dk, dv = _combined_backward(ctx, dy.contiguous(), q, k, v, y, F, G, steps)
         return dq, dk, dv, None, None, None
 

@@ -190,7 +190,8 @@ def _batchable(variant, systems, options) -> bool:
         return False
     if systems.X.shape[-2] > dense_limit(systems.X.dtype):
         return False
-    return not (variant.normalize is _sinkhorn and options["n_iter"] is None and not _symmetric_psd(_interaction(systems)))
+    return not (variant.normalize is _sinkhorn and options["n_iter"] is None
+                and not _symmetric_psd(_interaction(systems)))
 
 
 def _system_by_system(simulate, systems, attention, steps, options):
@@ -225,7 +226,8 @@ def _in_batches(systems, variant, steps, options):
 
     first = chunks[0]
     return replace(first, positions=torch.cat([c.positions for c in chunks], 1),
-                   monitors=MonitorRecords({k: np.concatenate([c.monitors[k] for c in chunks], 1) for k in first.monitors}),
+                   monitors=MonitorRecords({k: np.concatenate([c.monitors[k] for c in chunks], 1)
+                                            for k in first.monitors}),
                    sinkhorn_iterations=cat("sinkhorn_iterations"), converged=cat("converged", 0),
                    times=cat("times"), monitor_times=cat("monitor_times"),
                    temperature=cat("temperature", 0), h=cat("h", 0), weights=systems.a)
@@ -336,7 +338,8 @@ def _shaped(traj, systems, numpy_out, tau_batched, h_batched):
     weights = None if systems.a is None else systems.a.reshape(batch + systems.a.shape[-1:])
     return replace(
         traj, positions=from_torch(per_time(traj.positions), numpy_out), times=times(traj.times),
-        monitors=MonitorRecords({k: per_time(v) for k, v in traj.monitors.items()}), monitor_times=times(traj.monitor_times),
+        monitors=MonitorRecords({k: per_time(v) for k, v in traj.monitors.items()}),
+        monitor_times=times(traj.monitor_times),
         sinkhorn_iterations=per_time(traj.sinkhorn_iterations), converged=np.asarray(traj.converged).reshape(batch),
         temperature=np.asarray(traj.temperature).reshape(batch) if tau_batched else float(systems.tau[0]),
         h=np.asarray(traj.h).reshape(batch) if h_batched else float(systems.h[0]),

@@ -68,7 +68,8 @@ class _Passes:
         """``(i0, i1, features)`` by block (the feature blocks cut into ``nbytes`` pieces)."""
         for b, (i0, i1) in enumerate(self.factored.blocks):
             F = self.stored[b] if self.stored is not None else self.array(
-                self.factored.harmonics(b, i0, i1, self.buffer[:self.factored.kernel.rank * (i1 - i0)].view(-1, i1 - i0)))
+                self.factored.harmonics(b, i0, i1,
+                                        self.buffer[:self.factored.kernel.rank * (i1 - i0)].view(-1, i1 - i0)))
             width = max(1, nbytes // (8 * F.shape[0]))
             for j0 in range(0, i1 - i0, width):
                 j1 = min(i1 - i0, j0 + width)

@@ -300,7 +300,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         converged=run.converged, attention=variant.name, integrator=integrator, manifold=manifold, h=float(h),
         n_iter=None if n_iter is None else int(n_iter), temperature=tau,
         weights=from_torch(a, numpy_out), chunked=bool(chunked),
-        landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks),
+        landmarks=None if landmarks is None else int(landmarks.numel() if isinstance(landmarks, torch.Tensor)
+                                                     else landmarks),
         harmonic_order=None if harmonic is None else harmonic.order)
 
 

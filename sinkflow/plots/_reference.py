@@ -255,7 +255,8 @@ def read_manifest(folder: str | Path) -> dict[str, dict[str, str]]:
     path = Path(folder) / "MANIFEST.tsv"
     lines = path.read_text().splitlines() if path.is_file() else []
     rows = (line.split("\t") for line in lines[1:])
-    return {cells[2]: dict(zip(MANIFEST_COLUMNS, cells, strict=True)) for cells in rows if len(cells) == len(MANIFEST_COLUMNS)}
+    return {cells[2]: dict(zip(MANIFEST_COLUMNS, cells, strict=True))
+            for cells in rows if len(cells) == len(MANIFEST_COLUMNS)}
 
 
 def write_manifest(folder: str | Path, rows: dict[str, dict[str, str]]) -> None:

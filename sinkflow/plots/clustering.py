@@ -142,8 +142,8 @@ def compute_metastability(cfg: MetastabilityConfig) -> dict:
         data[f"{name}_dwell"] = np.array([r["dwell"] for r in ok])
         data[f"{name}_law"] = np.array([r["predicted"] for r in ok])
         if name.startswith("dwell_circle"):
-            run = next((r for r in study["runs"] if r["beta"] == cfg.staircase_beta and r["seed"] == cfg.staircase_seed),
-                       study["runs"][0])
+            run = next((r for r in study["runs"]
+                        if r["beta"] == cfg.staircase_beta and r["seed"] == cfg.staircase_seed), study["runs"][0])
             norm = study["config"]["normalization"]
             data[f"{norm}_times"] = np.array(run["times"])
             data[f"{norm}_energy"] = np.array(run["energies"])

@@ -199,7 +199,8 @@ def plot_clusters(data, cfg):
     fig.colorbar(im, ax=a).ax.set_title(r"$2\pi\rho$", fontsize=8)  # above the bar: off panel (b)'s label
     a.set_xlabel(r"$\theta$")
     a.set_ylabel("$t$")
-    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = {sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization):d}$"
+    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = "
+                rf"{sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization):d}$"
                 "\n(log colour scale: the formation shows)", fontsize=9)
     spread = np.linspace(-0.12, 0.12, data["counts"].shape[1])
     for key, norm, shift in (("counts", "softmax", -0.12), ("counts_sinkhorn", "sinkhorn", 0.12)):
@@ -242,8 +243,10 @@ def _energy_panel(c, data, cfg, COLORS):
 
 
 register("circle_metastable_clusters", compute=compute_clusters, plot=plot_clusters, quick=ClustersConfig(),
-         full=ClustersConfig(cells=512, betas=(1.5, 2.0, 3.0, 4.0, 5.0, 6.5, 8.0, 10.0, 12.0, 16.0, 20.0), seeds=10, n=512,
+         full=ClustersConfig(cells=512, betas=(1.5, 2.0, 3.0, 4.0, 5.0, 6.5, 8.0, 10.0, 12.0, 16.0, 20.0), seeds=10,
+                             n=512,
                              h_counts=0.05),
-         default=True, description="Circle: near-uniform starts cluster into k*(beta) metastable clusters (linear stability)",
+         default=True,
+         description="Circle: near-uniform starts cluster into k*(beta) metastable clusters (linear stability)",
          caption=('From a near-uniform start on the circle the fastest-growing mode k*(beta) sets how many clusters '
                   'form first; particles mostly agree, Sinkhorn less often, and the energy climbs a staircase.'))

@@ -233,7 +233,8 @@ def plot_paper_comparison(report: dict, rows: list[dict] | None = None):
     names = [c["variant"] for c in rows]
     x = np.arange(len(names))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for ax, key, label in ((axes[0], "accuracy", "test accuracy (%)"), (axes[1], "instability_ratio", "instability x SoftMax")):
+    for ax, key, label in ((axes[0], "accuracy", "test accuracy (%)"),
+                           (axes[1], "instability_ratio", "instability x SoftMax")):
         ours = [np.nan if c[key] is None else c[key] for c in rows]
         paper = [np.nan if c[f"paper_{key}"] is None else c[f"paper_{key}"] for c in rows]
         ax.bar(x - 0.2, ours, 0.4, label=f"sinkflow ({report['mode']}, {report['config']['device']})")

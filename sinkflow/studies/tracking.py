@@ -107,7 +107,8 @@ class StochasticitySummary:
     sorted_column_sums: np.ndarray
 
 
-def stochasticity_summary(K: torch.Tensor, with_kl: bool = True, *, mask: torch.Tensor | None = None) -> StochasticitySummary:
+def stochasticity_summary(K: torch.Tensor, with_kl: bool = True, *,
+                          mask: torch.Tensor | None = None) -> StochasticitySummary:
     """Summarize how doubly stochastic attention matrices ``K (..., n, n)`` are.
 
     Computed in float64 on the matrices' device (the KL needs a converged Sinkhorn
@@ -206,7 +207,8 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
     scores = []
     try:
         for _ in range(n_draws):
-            deltas = [eps * torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device, p.dtype) for p in params]
+            deltas = [eps * torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device, p.dtype)
+                      for p in params]
             saved = [p.detach().clone() for p in params]  # (p + d) - d != p in floating point
             for p, d in zip(params, deltas, strict=True):
                 p.add_(d)

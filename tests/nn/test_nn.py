@@ -44,7 +44,8 @@ def _reference(mha: MultiheadAttention, x, normalization, n_iter, key_padding_ma
 # the module computes attention
 
 
-@pytest.mark.parametrize("normalization,n_iter", [("softmax", 1), ("sinkhorn", 1), ("sinkhorn", 2), ("sinkhorn", 5), ("gaussian", 1)])
+@pytest.mark.parametrize("normalization,n_iter",
+                         [("softmax", 1), ("sinkhorn", 1), ("sinkhorn", 2), ("sinkhorn", 5), ("gaussian", 1)])
 def test_module_matches_reference_computation(normalization, n_iter):
     torch.manual_seed(0)
     mha = MultiheadAttention(12, 3, batch_first=True, normalization=normalization, n_iter=n_iter, dtype=torch.float64)
@@ -124,7 +125,8 @@ def test_nystrom_modules_approximate_their_exact_attention(normalization, exact)
     errors = []
     for landmarks in (8, 64):
         torch.manual_seed(0)
-        approx = MultiheadAttention(16, 2, batch_first=True, normalization=normalization, landmarks=landmarks, dtype=torch.float64)
+        approx = MultiheadAttention(16, 2, batch_first=True, normalization=normalization, landmarks=landmarks,
+                                    dtype=torch.float64)
         ref = MultiheadAttention(16, 2, batch_first=True, normalization=exact, dtype=torch.float64)
         ref.load_state_dict(approx.state_dict())
         out, w = approx(x, x, x)

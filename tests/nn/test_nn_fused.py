@@ -68,7 +68,8 @@ def test_fused_equals_the_eager_path_forward_and_gradients(shape, variant, n_ite
     assert K is not None and none is None and fused.dtype == dtype
     tol = TOL[dtype]  # relative to the largest entry (the Gaussian kernel's outputs are sums, not means)
     assert torch.allclose(fused, eager, rtol=0, atol=tol * max(1.0, float(eager.abs().max())))
-    assert torch.allclose(fused.double(), _plain(q, k, v, variant, mask, n_iter=n_iter), rtol=0, atol=10 * tol * max(1.0, float(eager.abs().max())))
+    assert torch.allclose(fused.double(), _plain(q, k, v, variant, mask, n_iter=n_iter), rtol=0,
+                          atol=10 * tol * max(1.0, float(eager.abs().max())))
     for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w), strict=True):
         assert torch.allclose(got, want, rtol=0, atol=5 * tol * max(1.0, float(want.abs().max())))
     if mask_kind == "empty row":  # a query with no admissible key: zero output, zero gradient, no NaN
@@ -175,7 +176,8 @@ def test_fused_half_inputs_compute_in_float32_and_return_their_dtype(variant, n_
     out = fused_attention(qh, kh, vh, variant, n_iter=n_iter, allowed=mask)
     want = _plain(qh, kh, vh, variant, mask, n_iter=n_iter)  # the same rounded inputs, in float64
     assert out.dtype == dtype
-    assert torch.allclose(out.double(), want, rtol=0, atol=2 * float(torch.finfo(dtype).eps) * (1 + float(want.abs().max())))
+    assert torch.allclose(out.double(), want, rtol=0,
+                          atol=2 * float(torch.finfo(dtype).eps) * (1 + float(want.abs().max())))
     out.float().square().sum().backward()
     assert all(t.grad is not None and t.grad.dtype == dtype and bool(torch.isfinite(t.grad).all()) for t in (qh, kh, vh))
 

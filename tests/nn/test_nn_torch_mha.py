@@ -189,7 +189,8 @@ def _masks(kind, batch, heads, n, m, gen):
         "attn_2d_bool": {"attn_mask": blocked},
         "attn_2d_float": {"attn_mask": torch.randn(n, m, generator=gen)},
         "attn_3d_bool": {"attn_mask": blocked3},
-        "attn_3d_float": {"attn_mask": torch.randn(batch * heads, n, m, generator=gen).masked_fill(blocked3, -math.inf)},
+        "attn_3d_float": {"attn_mask": torch.randn(batch * heads, n, m,
+                                                   generator=gen).masked_fill(blocked3, -math.inf)},
         "both": {"key_padding_mask": torch.randn(batch, m, generator=gen).masked_fill(pad, -math.inf),
                  "attn_mask": torch.randn(n, m, generator=gen).masked_fill(blocked, -math.inf)},
     }
@@ -426,7 +427,8 @@ def test_half_precision_float_masks_under_autocast():
     x = torch.randn(2, 6, 16)
     pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        _, w = mha(x, x, x, key_padding_mask=torch.zeros(2, 6, dtype=torch.float16).masked_fill(pad, torch.finfo(torch.float16).min))
+        _, w = mha(x, x, x,
+                   key_padding_mask=torch.zeros(2, 6, dtype=torch.float16).masked_fill(pad, torch.finfo(torch.float16).min))
         _, w_bool = mha(x, x, x, key_padding_mask=pad)
     assert w.dtype == torch.float32 and torch.equal(w, w_bool) and (w[1, :, 4:] == 0).all()
 

@@ -86,7 +86,8 @@ def test_a_batch_too_large_for_memory_runs_in_chunks(monkeypatch):
 def test_torch_in_torch_out_and_systems_that_converge_at_their_own_pace():
     x0 = torch.as_tensor(_sphere((2, 8, 2), seed=5))
     temperature = [10.0, 0.02]
-    traj = sinkflow.simulate(x0, "sinkhorn", h=0.005, steps=4, manifold="sphere", temperature=torch.tensor(temperature, dtype=torch.float64))
+    traj = sinkflow.simulate(x0, "sinkhorn", h=0.005, steps=4, manifold="sphere",
+                             temperature=torch.tensor(temperature, dtype=torch.float64))
     assert isinstance(traj.positions, torch.Tensor) and traj.positions.shape == (5, 2, 8, 2)
     assert traj.converged.all()
     for b in range(2):  # each system stops when it has converged: its own count, not the batch's

@@ -36,7 +36,8 @@ def _particles(n, d, seed, weighted):
 
 def _dense(x, attention, beta, weights, **kw):
     w = None if weights is None else torch.tensor(weights)
-    return attention_field(torch.tensor(x), attention, None, None, weights=w, temperature=1 / beta, **kw).velocity.numpy()
+    return attention_field(torch.tensor(x), attention, None, None, weights=w, temperature=1 / beta,
+                           **kw).velocity.numpy()
 
 
 def _scipy_harmonics(x, L):
@@ -115,7 +116,8 @@ def test_sphere_features_obey_the_addition_theorem():
     assert np.array_equal(np.bincount(degrees), 2 * np.arange(10) + 1)  # 2l + 1 harmonics of degree l
     for degree in range(10):
         rows = F[degrees == degree]
-        np.testing.assert_allclose(rows.T @ rows, (2 * degree + 1) / (4 * np.pi) * special.eval_legendre(degree, cos), atol=1e-12)
+        np.testing.assert_allclose(rows.T @ rows, (2 * degree + 1) / (4 * np.pi) * special.eval_legendre(degree, cos),
+                                   atol=1e-12)
 
 
 def test_circle_features_are_cos_and_sin():

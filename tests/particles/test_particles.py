@@ -198,7 +198,8 @@ def test_lazy_sinkhorn_equals_dense_sinkhorn(seed, n_iter, block_rows, weighted)
 @pytest.mark.parametrize("attention", ["softmax", "sinkhorn", "unnormalized", "gaussian"])
 def test_chunked_simulation_matches_dense(attention):
     x = sinkflow.random_particles(25, 2, seed=6, scale=0.5)  # K^0 = e^{C} blows up in finite time from larger x
-    kw = dict(h=0.05, steps=5, temperature=2.0, n_iter=5 if attention == "sinkhorn" else None, monitors=["marginal_errors"])
+    kw = dict(h=0.05, steps=5, temperature=2.0, n_iter=5 if attention == "sinkhorn" else None,
+              monitors=["marginal_errors"])
     dense = sinkflow.simulate(x, attention, **kw)
     lazy = sinkflow.simulate(x, attention, chunked=True, **kw)
     assert lazy.chunked and not dense.chunked

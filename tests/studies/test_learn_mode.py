@@ -132,7 +132,8 @@ def test_a_run_off_the_setting_says_what_it_changed():
     rep["config"]["size"]["data"] = [["resolution", 32] if k == "resolution" else [k, v] for k, v in learn.data]
     rep["config"]["size"]["epochs"] = 3
     assert learn_markdown(rep)[0] == (f"## pathfinder: CPU, learns (`--learn`), resolution 32, epochs 3 "
-                                      f"(the setting: resolution {dict(learn.data)['resolution']}, epochs {learn.epochs})")
+                                      f"(the setting: resolution {dict(learn.data)['resolution']}, epochs "
+                                      f"{learn.epochs})")
 
 
 def test_cli_data_override_names_an_unknown_key(tmp_path):

@@ -229,7 +229,8 @@ def test_patch_trend_verdict_is_paired_by_seed():
 
     def row(p, gaps):
         soft = [0.8, 0.7, 0.9, 0.85]
-        return {"patch_size": p, "accuracy": {"softmax": soft, "sinkhorn": [s + g for s, g in zip(soft, gaps, strict=True)]}}
+        return {"patch_size": p,
+                "accuracy": {"softmax": soft, "sinkhorn": [s + g for s, g in zip(soft, gaps, strict=True)]}}
 
     grows = _patch_trend([row(1, [0.04, 0.06, 0.05, 0.06]), row(4, [0.0, 0.01, 0.0, 0.02])])
     assert "grows as the patch shrinks" in grows and "+4.5 points" in grows

@@ -40,7 +40,8 @@ def _fake_report(task, inst_ratio, acc, time_ratio):
     rows = [{"variant": "softmax", "attention": "softmax", "test_accuracy": stat(0.5), "step_time": stat(1.0),
              "memory": stat(1.0), "update_instability_ratio_to_softmax": 1.0, "step_time_ratio_to_softmax": 1.0,
              "memory_ratio_to_softmax": 1.0},
-            {"variant": "skyformer", "attention": "skyformer", "test_accuracy": stat(acc), "step_time": stat(time_ratio),
+            {"variant": "skyformer", "attention": "skyformer", "test_accuracy": stat(acc),
+             "step_time": stat(time_ratio),
              "memory": stat(0.5), "update_instability_ratio_to_softmax": inst_ratio,
              "instability_ratio_to_softmax": 1 / inst_ratio,  # the perturbation proxy: not what the paper measured
              "step_time_ratio_to_softmax": time_ratio,
