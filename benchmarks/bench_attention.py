@@ -312,7 +312,8 @@ def main(argv=None) -> int:
 
         step = _layer_step("sinkhorn", 3, x)
         step()
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])) as prof:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
             for _ in range(5):
                 step()
         print("\nProfile of 5 Sinkhorn(3) layer steps (self CPU time):\n")

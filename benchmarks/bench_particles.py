@@ -27,7 +27,8 @@ step, ~5 minutes; ``--skip-exact`` leaves it out), with the relative field error
 Measured on the shared 2-core machine (float32, m = 256, load average 1.0-2.0, medians of 3,
 ``--landmarks --baseline 1a183d7 --skip-exact``), seconds per step:
 
-| n | farthest (incl. choice) | the choice | uniform | peak RSS (GiB) | before (uniform) | before RSS | speed-up farthest / uniform |
+| n | farthest (incl. choice) | the choice | uniform | peak RSS (GiB) | before (uniform) | before RSS \
+| speed-up farthest / uniform |
 |---|---|---|---|---|---|---|---|
 | 10^4 | 0.072 | 0.052 | 0.0168 | 0.25 | 0.0437 | 0.25 | 0.6x / 2.6x |
 | 10^5 | 0.216 | 0.090 | 0.107 | 0.26 | 0.629 | 0.35 | 2.9x / 5.9x |
@@ -223,7 +224,8 @@ def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact:
                f"| {1e6 / far['rate'] / n:.3g} |")
         if before:
             b = before[0]
-            row += f" {1 / b['rate']:.3g} | {b['peak_gib']:.2f} | {far['rate'] / b['rate']:.1f}x | {uni['rate'] / b['rate']:.1f}x |"
+            row += (f" {1 / b['rate']:.3g} | {b['peak_gib']:.2f} | {far['rate'] / b['rate']:.1f}x | "
+                    f"{uni['rate'] / b['rate']:.1f}x |")
         print(row, flush=True)
     if not exact:
         return
@@ -404,7 +406,9 @@ def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000)
         if floor is not None:
             (fw, fc), (tw, tc) = med[floor], med[k]
             target = next((t for (prefix, at), t in FLOOR_TARGETS.items() if k.startswith(prefix) and n == at), None)
-            verdict = "-" if target is None else f"<= {target:g}: {'ok' if max(tw / fw, tc / fc) <= target else 'MISSED'}"
+            verdict = "-"
+            if target is not None:
+                verdict = f"<= {target:g}: {'ok' if max(tw / fw, tc / fc) <= target else 'MISSED'}"
             print(f"| {k} | {n} | {fw:.3g} | {tw:.3g} | x{tw / fw:.2f} | x{tc / fc:.2f} | {verdict} |")
 
 

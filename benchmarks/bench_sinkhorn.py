@@ -69,7 +69,8 @@ def speed_table(sizes, dims, repeats, half_iterations=20):
                     warnings.simplefilter("ignore")
                     res["POT torch log f32"] = timed(
                         functools.partial(ot.bregman.sinkhorn_log, a32, a32, M32, 1.0, **pot), repeats)
-                    res["POT torch kernel f32"] = timed(functools.partial(ot.sinkhorn, a32, a32, M32, 1.0, **pot), repeats)
+                    res["POT torch kernel f32"] = timed(
+                        functools.partial(ot.sinkhorn, a32, a32, M32, 1.0, **pot), repeats)
                     if n <= 1024 or repeats <= 3:
                         res["POT numpy log f64"] = timed(
                             functools.partial(ot.bregman.sinkhorn_log, a, a, M, 1.0, **pot), max(1, min(repeats, 3)))

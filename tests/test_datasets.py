@@ -16,8 +16,9 @@ import pytest
 
 from sinkflow.datasets import LISTOPS_VOCAB, listops, listops_tokens, pathfinder, pathfinder_tokens
 
-OPS = {"[MAX": max, "[MIN": min, "[MED": lambda xs: int(statistics.median_low(sorted(xs)) if len(xs) % 2
-                                                         else (sorted(xs)[len(xs) // 2 - 1] + sorted(xs)[len(xs) // 2]) // 2),
+OPS = {"[MAX": max, "[MIN": min,
+       "[MED": lambda xs: int(statistics.median_low(sorted(xs)) if len(xs) % 2
+                              else (sorted(xs)[len(xs) // 2 - 1] + sorted(xs)[len(xs) // 2]) // 2),
        "[SM": lambda xs: sum(xs) % 10}
 
 

@@ -139,7 +139,8 @@ def test_nystrom_page_constants_are_the_code_constants():
     import sinkflow.bounds as bounds
 
     t = sp.Rational(1, 2)
-    bernstein = 2 * (1 + t / 3) / t ** 2  # m >= c R log(2N/delta) from P(|Y - P| >= t) <= 2N exp(-m t^2 / (2R(1 + t/3)))
+    # m >= c R log(2N/delta) from P(|Y - P| >= t) <= 2N exp(-m t^2 / (2R(1 + t/3)))
+    bernstein = 2 * (1 + t / 3) / t ** 2
     rows = {row["in sinkflow"]: sp.Rational(row["value"]) for row in read_table("nystrom.md", "nystrom-constants")}
     assert rows == {"LANDMARK_CONSTANT": 2 * bernstein, "SHARP_LANDMARK_CONSTANT": bernstein}
     for name, value in rows.items():

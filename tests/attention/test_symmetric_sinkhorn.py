@@ -134,7 +134,8 @@ def test_systems_far_from_their_warm_start_take_heavy_ball_steps_the_others_newt
     C = torch.as_tensor(np.stack([scores(s, 20, 1.0, 0.2) for s in range(4)]))
     a = torch.full((20,), 1 / 20, dtype=torch.float64)
     solved = solve_symmetric(C, a, None, 1e-11, 200)
-    kick = torch.as_tensor(np.random.default_rng(0).standard_normal((4, 20))) * torch.tensor([0.0, 3.0, 0.0, 3.0])[:, None]
+    kick = (torch.as_tensor(np.random.default_rng(0).standard_normal((4, 20)))
+            * torch.tensor([0.0, 3.0, 0.0, 3.0])[:, None])
     warm = solve_symmetric(C, a, solved.g + kick, 1e-11, 200)
     assert warm.converged.all()
     np.testing.assert_allclose(warm.attention.numpy(), solved.attention.numpy(), atol=1e-9)

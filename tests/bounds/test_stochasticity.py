@@ -1,4 +1,5 @@
-"""Doubly-stochasticity measures and Sinkhorn's contraction rate (docs/theory/normalizations.md and docs/theory/training.md)."""
+"""Doubly-stochasticity measures and Sinkhorn's contraction rate (docs/theory/normalizations.md and
+docs/theory/training.md)."""
 
 import itertools
 

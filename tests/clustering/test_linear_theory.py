@@ -96,7 +96,8 @@ def test_rates_and_fastest_modes_past_the_overflow_of_e_beta(beta):
 
 def test_fastest_mode_predicts_the_metastable_cluster_count_of_particles():
     """12 runs (4 betas x 3 seeds, n = 256, i.i.d. uniform starts), counted at twice the formation time."""
-    hits = [particle_cluster_count(beta, seed) == fastest_mode(beta) for beta in (3.0, 5.0, 8.0, 12.0) for seed in range(3)]
+    hits = [particle_cluster_count(beta, seed) == fastest_mode(beta)
+            for beta in (3.0, 5.0, 8.0, 12.0) for seed in range(3)]
     assert np.mean(hits) >= 0.6, hits
 
 

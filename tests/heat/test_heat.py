@@ -35,7 +35,8 @@ STD_1D = GaussianMixture.gaussian([0.0], [[1.0]])
 
 
 def mean_field_variance(S0: float, eps: float, t: float) -> float:
-    """Variance at time t of the mean-field Sinkhorn flow of a 1D Gaussian (symbolic.sinkhorn_variance_rate_gaussian)."""
+    """Variance at time t of the mean-field Sinkhorn flow of a 1D Gaussian
+    (symbolic.sinkhorn_variance_rate_gaussian)."""
     def rate(_, S):
         return 8 * S / (2 * S + eps + np.sqrt(eps ** 2 + 4 * S ** 2))
     return float(solve_ivp(rate, [0, t], [S0], rtol=1e-10, atol=1e-12).y[0, -1])

@@ -275,7 +275,8 @@ def test_wasserstein2_to_grid_is_exact_on_a_coarse_grid():
         return np.interp(u, cdf, np.arange(6) * 0.5)
 
     points = np.unique(np.concatenate([cdf, np.arange(8) / 7]))
-    exact = sum(quad(lambda u: (x[min(int(7 * u), 6)] - Q(u)) ** 2, a, b)[0] for a, b in zip(points[:-1], points[1:], strict=True))
+    exact = sum(quad(lambda u: (x[min(int(7 * u), 6)] - Q(u)) ** 2, a, b)[0]
+                for a, b in zip(points[:-1], points[1:], strict=True))
     assert wasserstein2_to_grid(x, rho, y) ** 2 == pytest.approx(exact, rel=1e-10)
 
 

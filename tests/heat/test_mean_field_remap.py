@@ -19,7 +19,8 @@ MIXTURE_Y = np.linspace(-6, 6, 241)
 
 
 def mixture_cells(y):
-    rho = 0.4 * np.exp(-(y + 1) ** 2 / 0.6) / math.sqrt(0.6 * math.pi) + 0.6 * np.exp(-(y - 0.8) ** 2 / 1.0) / math.sqrt(math.pi)
+    rho = (0.4 * np.exp(-(y + 1) ** 2 / 0.6) / math.sqrt(0.6 * math.pi)
+           + 0.6 * np.exp(-(y - 0.8) ** 2 / 1.0) / math.sqrt(math.pi))
     return rho / (rho.sum() * (y[1] - y[0]))
 
 
@@ -157,7 +158,8 @@ def test_one_equispaced_check_for_every_grid():
 
 
 def test_circle_remap_through_clustering_keeps_mass_and_sign_and_agrees_with_explicit():
-    """beta = 5 from a near-uniform start to t = 15 and 20 (3 clusters have formed): the periodic remap against the explicit scheme."""
+    """beta = 5 from a near-uniform start to t = 15 and 20 (3 clusters have formed): the periodic remap against
+    the explicit scheme."""
     from sinkflow.clustering import count_clusters
     from sinkflow.heat import uniform_angles
 

@@ -1,4 +1,5 @@
-"""sinkflow.nn: attention modules, models, tracking, training (docs/theory/normalizations.md and docs/theory/training.md)."""
+"""sinkflow.nn: attention modules, models, tracking, training (docs/theory/normalizations.md and
+docs/theory/training.md)."""
 
 from __future__ import annotations
 
@@ -324,7 +325,8 @@ def test_factored_sinkhorn_falls_back_to_the_solver_on_underflow_and_masks():
     import sinkflow
     from sinkflow.nn import _factored_sinkhorn as fs
 
-    C = torch.tensor([[0.0, -300.0], [0.0, -300.0]], dtype=torch.float64).mul(10).requires_grad_()  # column 2 underflows
+    # column 2 underflows
+    C = torch.tensor([[0.0, -300.0], [0.0, -300.0]], dtype=torch.float64).mul(10).requires_grad_()
     V = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
     with pytest.raises(fs._OutOfRange):
         fs._FactoredSinkhorn.apply(C, V, 3)

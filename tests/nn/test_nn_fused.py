@@ -179,7 +179,8 @@ def test_fused_half_inputs_compute_in_float32_and_return_their_dtype(variant, n_
     assert torch.allclose(out.double(), want, rtol=0,
                           atol=2 * float(torch.finfo(dtype).eps) * (1 + float(want.abs().max())))
     out.float().square().sum().backward()
-    assert all(t.grad is not None and t.grad.dtype == dtype and bool(torch.isfinite(t.grad).all()) for t in (qh, kh, vh))
+    assert all(t.grad is not None and t.grad.dtype == dtype and bool(torch.isfinite(t.grad).all())
+               for t in (qh, kh, vh))
 
 
 @pytest.mark.parametrize("normalization", ["softmax", "gaussian"])

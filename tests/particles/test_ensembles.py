@@ -30,7 +30,10 @@ def _assert_as_alone(batched, alone, index):
     ("gaussian", None, "euler", "sphere"),
 ])
 def test_each_system_of_a_batch_evolves_as_alone(attention, n_iter, integrator, manifold):
-    x0 = _sphere((2, 3, 7, 2), seed=1) if manifold == "sphere" else 0.3 * np.random.default_rng(1).standard_normal((2, 3, 7, 2))
+    if manifold == "sphere":
+        x0 = _sphere((2, 3, 7, 2), seed=1)
+    else:
+        x0 = 0.3 * np.random.default_rng(1).standard_normal((2, 3, 7, 2))
     temperature = np.array([[0.8], [2.0]])  # broadcast against the batch (2, 3)
     kwargs = dict(h=0.05, steps=6, n_iter=n_iter, integrator=integrator, manifold=manifold, monitors=MONITORS)
     batched = sinkflow.simulate(x0, attention, temperature=temperature, **kwargs)

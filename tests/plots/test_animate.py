@@ -201,5 +201,6 @@ def test_the_classroom_page_runs_as_written():
     for block in blocks:
         exec(compile(textwrap.dedent(block), "classroom.md", "exec"), namespace)
     anim = namespace["anim"]
-    assert len(anim) == 200 and [ax.get_title() for ax in anim.figure.axes] == ["SoftMax: $k^* = 4$", "Sinkhorn: $k^* = 5$"]
+    assert len(anim) == 200
+    assert [ax.get_title() for ax in anim.figure.axes] == ["SoftMax: $k^* = 4$", "Sinkhorn: $k^* = 5$"]
     assert namespace["runs"].batch_shape == (3,)

@@ -74,7 +74,8 @@ def test_recorder_captures_the_matrices_the_module_returns():
         model(x)
     (K,) = rec.matrices["blocks.0.attn.kernel"]
     attn = model.blocks[0].attn
-    h = model.blocks[0].norm(torch.cat([model.cls_token.expand(4, -1, -1), model.embed(model.patches(x))], 1) + model.pos)
+    tokens = torch.cat([model.cls_token.expand(4, -1, -1), model.embed(model.patches(x))], 1)
+    h = model.blocks[0].norm(tokens + model.pos)
     _, w = attn(h, h, h, average_attn_weights=False)
     torch.testing.assert_close(K, w.detach())
     assert not attn.kernel._forward_hooks  # removed on exit
