@@ -45,7 +45,7 @@ def plain_html(runs) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(5.2, 2.95), dpi=72, layout="constrained")
     P = [np.asarray(t.positions) for t in runs.values()]
     dots = []
-    for ax, p, label in zip(axes, P, runs):
+    for ax, p, label in zip(axes, P, runs, strict=True):
         ax.plot(np.cos(np.linspace(0, 6.3, 200)), np.sin(np.linspace(0, 6.3, 200)), color="0.8")
         ax.set(xlim=(-1.12, 1.12), ylim=(-1.12, 1.12), aspect="equal", title=label, xlabel="$x^{(1)}$",
                ylabel="$x^{(2)}$")
@@ -53,7 +53,7 @@ def plain_html(runs) -> str:
     text = fig.suptitle("")
 
     def update(k):
-        for d, p in zip(dots, P):
+        for d, p in zip(dots, P, strict=True):
             d.set_offsets(p[k])
         text.set_text(f"t = {k * 0.05:.2f}")
 

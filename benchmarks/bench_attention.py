@@ -66,7 +66,8 @@ def _layer_step(normalization, n_iter, x, solver_path=False, path=None):
     from sinkflow.nn import MultiheadAttention
 
     torch.manual_seed(0)
-    mha = MultiheadAttention(x.shape[-1], 4, batch_first=True, normalization=normalization, n_iter=n_iter, device=x.device)
+    mha = MultiheadAttention(x.shape[-1], 4, batch_first=True, normalization=normalization, n_iter=n_iter,
+                             device=x.device)
 
     def step():
         with mock.patch.object(attention, "sinkhorn_attention", _solver_path) if solver_path else nullcontext(), \
@@ -187,7 +188,8 @@ def _fused_table(lengths, device, repeats, eager_up_to=4096) -> None:
     for n in lengths:
         b = max(1, min(8, 8192 // n))
         x = torch.randn(b, n, 64, generator=g).to(device)
-        steps = {"torch sdpa (reference)": _reference_step("sdpa", x), "torch.nn.MultiheadAttention": _torch_mha_step(x),
+        steps = {"torch sdpa (reference)": _reference_step("sdpa", x),
+                 "torch.nn.MultiheadAttention": _torch_mha_step(x),
                  "softmax": _layer_step("softmax", 1, x), "gaussian": _layer_step("gaussian", 1, x),
                  "skyformer": _layer_step("skyformer", 1, x),
                  "sinkhorn(3), fused passes": _layer_step("sinkhorn", 3, x, path="fused")}
@@ -289,7 +291,8 @@ def main(argv=None) -> int:
     med = {k: statistics.median(v) for k, v in samples.items()}
 
     print(f"\nTraining step (forward + backward), n = {n}, batch {b}, embed {d}, 4 heads, "
-          f"torch {torch.__version__}, {device}, {torch.get_num_threads()} thread(s), median of {repeats} (interleaved)\n")
+          f"torch {torch.__version__}, {device}, {torch.get_num_threads()} thread(s), median of {repeats} "
+          "(interleaved)\n")
     print("| case | variant | ms / step | x SoftMax |")
     print("|---|---|---|---|")
     for (case, variant), t in med.items():
@@ -309,7 +312,8 @@ def main(argv=None) -> int:
 
         step = _layer_step("sinkhorn", 3, x)
         step()
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])) as prof:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
             for _ in range(5):
                 step()
         print("\nProfile of 5 Sinkhorn(3) layer steps (self CPU time):\n")

@@ -136,10 +136,16 @@ def small_n(sizes, repeats, steps):
                     runs["tol_before"].append(_step_times(x0, "sinkhorn", k, manifold))
                     runs["three_before"].append(_step_times(x0, "sinkhorn", k, manifold, n_iter=3))
             m = {key: [statistics.median(t[c] for t in v) for c in (0, 1)] for key, v in runs.items()}
-            ratio = lambda key, c=1: m[key][c] / m["soft"][c]
-            cell = lambda key: f"{ratio(key):.2f}x ({ratio(key, 0):.2f}x) {'ok' if ratio(key) <= TARGETS[key] else 'MISSED'}"
-            print(f"| {manifold} | {n} | {k} | {m['soft'][1]:.3f} ({m['soft'][0]:.3f}) | {m['tol'][1]:.3f} | {cell('tol')} "
-                  f"| {m['three'][1]:.3f} | {cell('three')} | {ratio('tol_before'):.2f}x, {ratio('three_before'):.2f}x |",
+
+            def ratio(key, c=1, m=m):
+                return m[key][c] / m["soft"][c]
+
+            def cell(key, ratio=ratio):
+                return f"{ratio(key):.2f}x ({ratio(key, 0):.2f}x) {'ok' if ratio(key) <= TARGETS[key] else 'MISSED'}"
+
+            print(f"| {manifold} | {n} | {k} | {m['soft'][1]:.3f} ({m['soft'][0]:.3f}) | {m['tol'][1]:.3f} | "
+                  f"{cell('tol')} | {m['three'][1]:.3f} | {cell('three')} | {ratio('tol_before'):.2f}x, "
+                  f"{ratio('three_before'):.2f}x |",
                   flush=True)
 
 
@@ -173,9 +179,9 @@ def ensembles(systems, n, repeats, steps):
                 batch.append(_per_step(_x0(n, manifold, systems), attention, steps, manifold))
                 floors.append(_exp_floors(systems, n, 3))
             s, b = statistics.median(single), statistics.median(batch)
-            f = [statistics.median(v) for v in zip(*floors)]
-            print(f"| {manifold} | {attention} | {s:.3f} | {b:.1f} | 1/{s / (b / systems):.0f} | {f[0]:.2f}, {f[1]:.2f} "
-                  f"| {b / min(f):.2f}x |", flush=True)
+            f = [statistics.median(v) for v in zip(*floors, strict=True)]
+            print(f"| {manifold} | {attention} | {s:.3f} | {b:.1f} | 1/{s / (b / systems):.0f} | {f[0]:.2f}, "
+                  f"{f[1]:.2f} | {b / min(f):.2f}x |", flush=True)
 
 
 def _warm_up():
@@ -198,7 +204,8 @@ def main():
     global clock, dtype
     clock, dtype = CLOCK[args.clock], DTYPE[args.dtype]
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread, {args.dtype}, {args.clock} time, load average {os.getloadavg()[0]:.1f}\n")
+    print(f"torch {torch.__version__}, 1 thread, {args.dtype}, {args.clock} time, load average "
+          f"{os.getloadavg()[0]:.1f}\n")
     _warm_up()
     if not args.ensembles_only:
         small_n([16, 64] if args.quick else [16, 64, 256, 1024], args.repeats, 40 if args.quick else 200)

@@ -72,7 +72,7 @@ def one_figure(spec, folder: Path) -> dict:
                 _savefig(figures[k], folder / f"{spec.name}_{k}.png", bbox)
         times["png"] = time.process_time() - t0
         t0 = time.process_time()
-        for k, (fig, (_, bbox)) in enumerate(zip(figures, drawn)):
+        for k, (fig, (_, bbox)) in enumerate(zip(figures, drawn, strict=True)):
             _savefig(fig, folder / f"{spec.name}_{k}.pdf", bbox)
         times["pdf"] = time.process_time() - t0
         for fig in figures:

@@ -106,7 +106,8 @@ def _case(n, d, beta, repeats, reference_n):
     lazy_attention_field(xm, W=None, normalization="row", temperature=tau)
     block = (time.process_time() - c0) * (n / m) ** 2
     fourier = isinstance(kernel.basis(x), _SphereFourierBasis)
-    return dict(n=n, d=d, beta=beta, order=kernel.order, rank=kernel.rank, soft=t["soft"], sink=t["sink"], fourier=fourier,
+    return dict(n=n, d=d, beta=beta, order=kernel.order, rank=kernel.rank, soft=t["soft"], sink=t["sink"],
+                fourier=fourier,
                 applications=warm.n_iter, converged=warm.converged, block=block, measured=m == n)
 
 

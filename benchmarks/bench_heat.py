@@ -67,14 +67,16 @@ def mean_field_rows(eps: float) -> None:
               f"{1e3 * pde / r.n_steps:.1f} | {pde / part:.2f} x particles (total) |", flush=True)
     l1 = np.abs(finals["semi_lagrangian"] - finals["explicit"]).sum() * (y[1] - y[0])
     print(f"| heat_flow 1D to t = 1, dt = eps/2 | 1,000 particles | {res.n_steps} | {part:.2f} | - | "
-          f"{1e3 * part / res.n_steps:.1f} | 1 (the two schemes' final densities differ by {l1:.1e} in L1) |", flush=True)
+          f"{1e3 * part / res.n_steps:.1f} | 1 (the two schemes' final densities differ by {l1:.1e} in L1) |",
+          flush=True)
     a = np.linspace(-6, 6, 256)
     rho2, h2 = _cells(g2, [a, a]), 1e-3
     first2, next2 = _step_costs(lambda k: sinkflow.mean_field_flow(rho2, (a, a), [k * h2], normalization="sinkhorn",
                                                                    eps=eps, dt=h2))
     x2 = g2.sample(4000, seed=0)
     first_p, next_p = _step_costs(lambda k: heat_trajectory(x2, [k * eps / 2], eps, eps / 2))
-    print(f"| mean field 2D | 256 x 256 cells | - | - | {first2:.0f} | {next2:.0f} | {next2 / next_p:.2f} x particles (per step) |")
+    print(f"| mean field 2D | 256 x 256 cells | - | - | {first2:.0f} | {next2:.0f} | {next2 / next_p:.2f} x particles "
+          "(per step) |")
     print(f"| heat_flow 2D, dt = eps/2 | 4,000 particles | - | - | {first_p:.0f} | {next_p:.0f} | 1 |", flush=True)
     th = uniform_angles(1024)
     rho_c = (1 + 1e-3 * np.cos(3 * th)) / (2 * np.pi)
@@ -82,8 +84,8 @@ def mean_field_rows(eps: float) -> None:
         for scheme in ("semi_lagrangian", "explicit"):
             n = sinkflow.mean_field_flow(rho_c, th, [0.05], normalization=norm, temperature=0.2, manifold="circle",
                                          scheme=scheme).n_steps
-            first, each = _step_costs(lambda k: sinkflow.mean_field_flow(rho_c, th, [0.05 * k], normalization=norm,
-                                                                         temperature=0.2, manifold="circle", scheme=scheme))
+            first, each = _step_costs(lambda k, norm=norm, scheme=scheme: sinkflow.mean_field_flow(
+                rho_c, th, [0.05 * k], normalization=norm, temperature=0.2, manifold="circle", scheme=scheme))
             print(f"| mean field circle {norm}, beta = 5, {scheme} | 1,024 angles | {n} per 0.05 | - | {first:.0f} | "
                   f"{each:.1f} per 0.05 of time | - |", flush=True)
 
@@ -108,7 +110,8 @@ def main(argv=None) -> int:
     growth = 2 * t
     print(f"torch {torch.__version__}, threads = {torch.get_num_threads()}, n = {n}, eps = {args.eps}, dt = {dt:g}; "
           f"full study: {steps} steps to t = {t}; other rows: {short}-step runs; ms / step = total / steps\n")
-    print("| flow | steps | total s | ms / step | Sinkhorn updates / step (first step) | ratio to SoftMax per step | var growth rel. err |")
+    print("| flow | steps | total s | ms / step | Sinkhorn updates / step (first step) | ratio to SoftMax per step | "
+          "var growth rel. err |")
     print("|---|---|---|---|---|---|---|", flush=True)
     variants = [("SoftMax-Gaussian f64 (reference)", "softmax_gaussian", torch.float64, short),
                 ("unnormalized f64", "unnormalized", torch.float64, short),

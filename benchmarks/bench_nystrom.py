@@ -91,8 +91,10 @@ def speed_table(sizes, repeats):
         f, a, b = r["full"], r["nystrom pinv"], r["nystrom iterative"]
         if crossover is None and min(a["ms"], b["ms"]) < f["ms"]:
             crossover = n
-        print(f"| {n} | {f['ms']:.1f} ({f['mib']:.0f}) | {a['ms']:.1f} ({a['mib']:.0f}) | {b['ms']:.1f} ({b['mib']:.0f}) "
-              f"| {f['ms'] / a['ms']:.1f}x | {f['ms'] / b['ms']:.1f}x | {f['mib'] / max(a['mib'], 1):.0f}x |", flush=True)
+        print(f"| {n} | {f['ms']:.1f} ({f['mib']:.0f}) | {a['ms']:.1f} ({a['mib']:.0f}) | {b['ms']:.1f} "
+              f"({b['mib']:.0f}) | {f['ms'] / a['ms']:.1f}x | {f['ms'] / b['ms']:.1f}x | "
+              f"{f['mib'] / max(a['mib'], 1):.0f}x |",
+              flush=True)
     print(f"\nNyström n x m buffer = {4 * 16384 * M / 2**20:.0f} MiB at n = 16384 (float32); full n x n = "
           f"{4 * 16384**2 / 2**20:.0f} MiB. Crossover: Nyström faster from n = {crossover} "
           f"(smallest measured size where it wins).")

@@ -27,7 +27,8 @@ step, ~5 minutes; ``--skip-exact`` leaves it out), with the relative field error
 Measured on the shared 2-core machine (float32, m = 256, load average 1.0-2.0, medians of 3,
 ``--landmarks --baseline 1a183d7 --skip-exact``), seconds per step:
 
-| n | farthest (incl. choice) | the choice | uniform | peak RSS (GiB) | before (uniform) | before RSS | speed-up farthest / uniform |
+| n | farthest (incl. choice) | the choice | uniform | peak RSS (GiB) | before (uniform) | before RSS \
+| speed-up farthest / uniform |
 |---|---|---|---|---|---|---|---|
 | 10^4 | 0.072 | 0.052 | 0.0168 | 0.25 | 0.0437 | 0.25 | 0.6x / 2.6x |
 | 10^5 | 0.216 | 0.090 | 0.107 | 0.26 | 0.629 | 0.35 | 2.9x / 5.9x |
@@ -219,11 +220,12 @@ def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact:
     for n in sizes:
         cases = [("nystrom", None), ("nystrom_uniform", None)] + ([("nystrom", package)] if package else [])
         far, uni, *before = [run_case(method, n, 1, repeats, package=pkg) for method, pkg in cases]
-        row = (f"| {n} | {1 / far['rate']:.3g} | {far['choice_s']:.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} | "
-               f"{1e6 / far['rate'] / n:.3g} |")
+        row = (f"| {n} | {1 / far['rate']:.3g} | {far['choice_s']:.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} "
+               f"| {1e6 / far['rate'] / n:.3g} |")
         if before:
             b = before[0]
-            row += f" {1 / b['rate']:.3g} | {b['peak_gib']:.2f} | {far['rate'] / b['rate']:.1f}x | {uni['rate'] / b['rate']:.1f}x |"
+            row += (f" {1 / b['rate']:.3g} | {b['peak_gib']:.2f} | {far['rate'] / b['rate']:.1f}x | "
+                    f"{uni['rate'] / b['rate']:.1f}x |")
         print(row, flush=True)
     if not exact:
         return
@@ -285,7 +287,7 @@ def exp_seconds(count, shape=(4096, 256), library="torch"):
         buf.fill_(-3.0)
     t2 = _clocks()
     scale = count / (rounds * buf.numel())
-    return tuple(((b - a) - (c - b)) * scale for a, b, c in zip(t0, t1, t2))
+    return tuple(((b - a) - (c - b)) * scale for a, b, c in zip(t0, t1, t2, strict=True))
 
 
 EXPS = ("torch", "numpy")
@@ -295,7 +297,7 @@ def _floor_runs(label, count, shapes):
     """The floor rows of ``count`` exponentials, ``"{label}: {library} exp"`` for torch's and numpy's, each
     the faster over ``shapes``; the floor ``label`` itself is the faster of the two (:func:`floor_rows`)."""
     def fastest(library):
-        return lambda: tuple(map(min, zip(*(exp_seconds(count, shape, library) for shape in shapes))))
+        return lambda: tuple(map(min, zip(*(exp_seconds(count, shape, library) for shape in shapes), strict=True)))
     return {f"{label}: {library} exp": (None, None, fastest(library)) for library in EXPS}
 
 
@@ -370,7 +372,8 @@ def _landmark_runs(sizes):
 
 #: Ratios to the exponential floor the issue asks for (wall and CPU time): the exact block-wise step
 #: at its default blocks (n = 20,000), the landmark step with its farthest-point choice (n = 10^6).
-FLOOR_TARGETS = {("exact step, blocks default", 20_000): 2.0, ("landmark step, farthest-point choice included", 10**6): 4.0}
+FLOOR_TARGETS = {("exact step, blocks default", 20_000): 2.0,
+                 ("landmark step, farthest-point choice included", 10**6): 4.0}
 
 
 def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000):
@@ -383,13 +386,13 @@ def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000)
     runs = {**_exact_runs(exact_n), **_landmark_runs((landmark_n // 10, landmark_n))}
     times = {k: [] for k in runs}
     for _ in range(repeats):
-        for k, (n, floor, fn) in runs.items():
+        for k, (_n, floor, fn) in runs.items():
             t0 = _clocks()
             out = fn()
-            times[k].append(out if floor is None else tuple(b - a for a, b in zip(t0, _clocks())))
+            times[k].append(out if floor is None else tuple(b - a for a, b in zip(t0, _clocks(), strict=True)))
     med = {k: tuple(statistics.median(t[c] for t in v) for c in (0, 1)) for k, v in times.items()}
     floors = {floor: [med[f"{floor}: {library} exp"] for library in EXPS] for _, floor, _ in runs.values() if floor}
-    med.update({floor: tuple(map(min, zip(*by_library))) for floor, by_library in floors.items()})
+    med.update({floor: tuple(map(min, zip(*by_library, strict=True))) for floor, by_library in floors.items()})
     print(f"\nFloors on {cpu_description()}\nfloat32, d={D}, 1 thread, medians of {repeats} interleaved; "
           f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n")
     print("| floor | exponentials | torch exp, wall (s) | numpy exp, wall (s) | torch / numpy |")
@@ -403,7 +406,9 @@ def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000)
         if floor is not None:
             (fw, fc), (tw, tc) = med[floor], med[k]
             target = next((t for (prefix, at), t in FLOOR_TARGETS.items() if k.startswith(prefix) and n == at), None)
-            verdict = "-" if target is None else f"<= {target:g}: {'ok' if max(tw / fw, tc / fc) <= target else 'MISSED'}"
+            verdict = "-"
+            if target is not None:
+                verdict = f"<= {target:g}: {'ok' if max(tw / fw, tc / fc) <= target else 'MISSED'}"
             print(f"| {k} | {n} | {fw:.3g} | {tw:.3g} | x{tw / fw:.2f} | x{tc / fc:.2f} | {verdict} |")
 
 

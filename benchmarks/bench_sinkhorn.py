@@ -27,6 +27,7 @@ after a warm-up. Usage: ``python benchmarks/bench_sinkhorn.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import subprocess
@@ -61,24 +62,26 @@ def speed_table(sizes, dims, repeats, half_iterations=20):
                 M32 = torch.tensor(M, dtype=torch.float32)
                 a32 = torch.tensor(a, dtype=torch.float32)
                 res = {}
-                res["sinkflow torch f32"] = timed(lambda: sinkflow.sinkhorn(scores32, n_iter=half_iterations), repeats)
+                res["sinkflow torch f32"] = timed(
+                    functools.partial(sinkflow.sinkhorn, scores32, n_iter=half_iterations), repeats)
+                pot = {"numItermax": full, "stopThr": 0.0}
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     res["POT torch log f32"] = timed(
-                        lambda: ot.bregman.sinkhorn_log(a32, a32, M32, 1.0, numItermax=full, stopThr=0.0), repeats)
+                        functools.partial(ot.bregman.sinkhorn_log, a32, a32, M32, 1.0, **pot), repeats)
                     res["POT torch kernel f32"] = timed(
-                        lambda: ot.sinkhorn(a32, a32, M32, 1.0, numItermax=full, stopThr=0.0), repeats)
+                        functools.partial(ot.sinkhorn, a32, a32, M32, 1.0, **pot), repeats)
                     if n <= 1024 or repeats <= 3:
                         res["POT numpy log f64"] = timed(
-                            lambda: ot.bregman.sinkhorn_log(a, a, M, 1.0, numItermax=full, stopThr=0.0),
-                            max(1, min(repeats, 3)))
+                            functools.partial(ot.bregman.sinkhorn_log, a, a, M, 1.0, **pot), max(1, min(repeats, 3)))
                 rows.append((n, d, label, res))
     return rows
 
 
 def print_speed(rows, half_iterations):
     cols = ["sinkflow torch f32", "POT torch log f32", "POT torch kernel f32", "POT numpy log f64"]
-    print(f"\n### {half_iterations} half-iterations: median ms per solve (ms per half-iteration), ratio = other / sinkflow\n")
+    print(f"\n### {half_iterations} half-iterations: median ms per solve (ms per half-iteration), ratio = other / "
+          "sinkflow\n")
     print("| n | d | temperature | " + " | ".join(cols) + " |")
     print("|---|---|---|" + "---|" * len(cols))
     for n, d, label, res in rows:
@@ -125,17 +128,18 @@ def floor_table(sizes, repeats, iterations=100):
                 C = torch.tensor(S, dtype=dtype)
                 M, w = (-S).astype(C.numpy().dtype), np.full(n, 1.0 / n, dtype=C.numpy().dtype)
 
-                def materialized():
+                def materialized(C=C):
                     steps._KERNEL_DOMAIN = False
                     try:
                         sinkflow.sinkhorn(C, n_iter=2 * iterations)
                     finally:
                         steps._KERNEL_DOMAIN = True
 
-                runs = {"floor": lambda: kernel_floor(C, iterations),
-                        "sinkflow": lambda: sinkflow.sinkhorn(C, n_iter=2 * iterations),
+                runs = {"floor": functools.partial(kernel_floor, C, iterations),
+                        "sinkflow": functools.partial(sinkflow.sinkhorn, C, n_iter=2 * iterations),
                         "materialized": materialized,
-                        "POT": lambda: ot.bregman.sinkhorn_stabilized(w, w, M, 1.0, numItermax=iterations, stopThr=0.0)}
+                        "POT": functools.partial(ot.bregman.sinkhorn_stabilized, w, w, M, 1.0, numItermax=iterations,
+                                                 stopThr=0.0)}
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     t = interleaved(runs, repeats)

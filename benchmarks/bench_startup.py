@@ -26,7 +26,8 @@ CASES = {
     "import torch": "import torch",
     "import torch; import sinkflow": "import torch; import sinkflow",
     "import torch; from sinkflow import *": "import torch; from sinkflow import *",
-    "sinkflow --help": "import sys; sys.argv = ['sinkflow', '--help']\nfrom sinkflow.cli import main\ntry: main()\nexcept SystemExit: pass",
+    "sinkflow --help": "import sys; sys.argv = ['sinkflow', '--help']\nfrom sinkflow.cli import main\ntry: "
+                       "main()\nexcept SystemExit: pass",
     "sinkflow figures --list": "from sinkflow.cli import main; main(['figures', '--list'])",
 }
 

@@ -18,16 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-
-# One thread per process, here as in the Dask workers (whose nanny sets the same variables):
-# set before numpy/torch are imported, so BLAS pools are single-threaded too.
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+# One thread per process, here as in the Dask workers (whose nanny sets the same variables):
+# set before numpy/torch are imported, so BLAS pools are single-threaded too.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 DEFAULT_EXPERIMENT = "sinkflow.experiments:sinkhorn_convergence"
 # 64 points of about 0.5-0.9 s each (1 thread, idle machine): the O(n^3) Hilbert diameter dominates.

@@ -42,9 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Module (path under sinkflow/, without .py) -> test files that guard it.
 MODULE_TESTS = {
-    "attention/_normalizations": ["tests/attention/test_oracles_normalizations.py", "tests/attention/test_normalizations.py"],
+    "attention/_normalizations": ["tests/attention/test_oracles_normalizations.py",
+                                  "tests/attention/test_normalizations.py"],
     "bounds/_stochasticity": ["tests/attention/test_oracles_normalizations.py", "tests/bounds/test_stochasticity.py"],
-    "particles/_dense_fields": ["tests/particles/test_oracles_particles.py", "tests/particles/test_particles.py", "tests/particles/test_energies.py"],
+    "particles/_dense_fields": ["tests/particles/test_oracles_particles.py", "tests/particles/test_particles.py",
+                                "tests/particles/test_energies.py"],
     "particles/_blockwise_fields": ["tests/particles/test_oracles_particles.py", "tests/particles/test_particles.py"],
     "particles/_energies": ["tests/particles/test_oracles_particles.py", "tests/particles/test_energies.py"],
     "heat/_references": ["tests/heat/test_oracles_heat.py", "tests/heat/test_heat.py"],
@@ -114,7 +116,8 @@ def _skipped_nodes(tree: ast.AST) -> set[int]:
                 mark(node.returns)
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
                 mark(first)
     return skip
 
@@ -256,7 +259,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-mutants", type=int, default=40, help="mutants sampled per module (default 40)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--list", action="store_true", help="print the configured modules and tests, then exit")
-    parser.add_argument("--show", type=int, metavar="N", help="print N sampled mutants as diffs of one line, run nothing")
+    parser.add_argument("--show", type=int, metavar="N",
+                        help="print N sampled mutants as diffs of one line, run nothing")
     parser.add_argument("--json", type=Path, help="also write every outcome to this JSON file")
     args = parser.parse_args(argv)
     if args.list:

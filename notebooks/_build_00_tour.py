@@ -1,4 +1,5 @@
-"""Generate notebooks/00_tour.ipynb (then store its outputs: python notebooks/_store_outputs.py): python notebooks/_build_00_tour.py"""
+"""Generate notebooks/00_tour.ipynb (then store its outputs: python notebooks/_store_outputs.py):
+python notebooks/_build_00_tour.py"""
 
 from pathlib import Path
 

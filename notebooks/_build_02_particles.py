@@ -1,4 +1,5 @@
-"""Generate notebooks/02_particles_and_gradient_flows.ipynb (then store its outputs: python notebooks/_store_outputs.py)."""
+"""Generate notebooks/02_particles_and_gradient_flows.ipynb (then store its outputs:
+python notebooks/_store_outputs.py)."""
 
 from pathlib import Path
 
@@ -126,7 +127,8 @@ plt.show()"""),
    staircase of the metastable phases."""),
 ]
 
-nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": kernelspec})
 out = Path(__file__).with_name("02_particles_and_gradient_flows.ipynb")
 nbf.write(nb, out)
 print(out)

@@ -1,4 +1,5 @@
-"""Build notebooks/04_nystrom_error_bounds.ipynb (then store its outputs: python notebooks/_store_outputs.py): python notebooks/_build_04_nystrom.py"""
+"""Build notebooks/04_nystrom_error_bounds.ipynb (then store its outputs: python notebooks/_store_outputs.py):
+python notebooks/_build_04_nystrom.py"""
 
 from pathlib import Path
 

@@ -1,4 +1,5 @@
-"""Generate notebooks/05_doubly_stochastic_training.ipynb (then store its outputs: python notebooks/_store_outputs.py): python notebooks/_build_05_doubly_stochastic_training.py"""
+"""Generate notebooks/05_doubly_stochastic_training.ipynb (then store its outputs:
+python notebooks/_store_outputs.py): python notebooks/_build_05_doubly_stochastic_training.py"""
 
 from pathlib import Path
 
@@ -148,7 +149,8 @@ one, beside the paper's table ("Reproducing the papers" in the docs); the two sc
 5. On a GPU: `sinkflow validate retrieval --full --device cuda --attention softmax sinkhorn gaussian` and compare
    the time per epoch of the three normalizations at sequence length 1024."""),
 ]
-nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": kernelspec})
 path = Path(__file__).with_name("05_doubly_stochastic_training.ipynb")
 nbf.write(nb, path)
 print(path)

@@ -49,7 +49,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                       "mean_field_flow", "MeanFieldResult",
                       "gaussian_moment_flow", "GaussianMomentFlow", "gaussian_attention_field", "AffineField"),
     # clustering on the circle and the sphere: linear theory and cluster counts
-    "sinkflow.clustering": ("circle_growth_rate", "predict_clusters", "fastest_mode", "sphere_growth_rate", "count_clusters",
+    "sinkflow.clustering": ("circle_growth_rate", "predict_clusters", "fastest_mode", "sphere_growth_rate",
+                            "count_clusters",
                             "angular_density", "phase_diagram", "energy_hessian", "unstable_directions",
                             "two_cluster_dwell", "point_cluster_dwell"),
     # parameter sweeps (experiments live in sinkflow.experiments) and the plot of their tables

@@ -18,9 +18,9 @@ import torch
 
 from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free, re-exported here)
 
-__all__ = ["squared_norms", "to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed", "check_finite", "check_float",
-           "compiling", "require", "compute_dtype", "lift_half", "exp_floor", "exp_", "numpy_exp_applies", "torch_threads",
-           "fast_paths", "fast_paths_enabled", "broadcast_shapes", "empty_large"]
+__all__ = ["squared_norms", "to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed",
+           "check_finite", "check_float", "compiling", "require", "compute_dtype", "lift_half", "exp_floor", "exp_",
+           "numpy_exp_applies", "torch_threads", "fast_paths", "fast_paths_enabled", "broadcast_shapes", "empty_large"]
 
 
 @contextlib.contextmanager
@@ -334,7 +334,8 @@ def check_finite(x: torch.Tensor, name: str, hint: str = "") -> None:
         raise ValueError(f"{name} has {bad} non-finite entries (NaN or inf)" + (f"; {hint}" if hint else ""))
 
 
-def to_torch(x: Any, name: str = "input", *, dtype: torch.dtype | None = None, like: torch.Tensor | None = None) -> torch.Tensor:
+def to_torch(x: Any, name: str = "input", *, dtype: torch.dtype | None = None,
+             like: torch.Tensor | None = None) -> torch.Tensor:
     """Convert ``x`` to a torch tensor without copying when possible.
 
     ``like`` puts the result on the device (and float dtype) of another tensor.

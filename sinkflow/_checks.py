@@ -94,7 +94,8 @@ def check_numpy_float(x: Any, name: str) -> None:
     >>> check_numpy_float([[1, 2]], "x0")
     Traceback (most recent call last):
     ...
-    TypeError: x0 must have a floating dtype, got numpy int64; convert explicitly (e.g. x.astype(float)) so precision is your choice.
+    TypeError: x0 must have a floating dtype, got numpy int64; convert explicitly (e.g. x.astype(float))
+    so precision is your choice.
     """
     if _is_torch(x, "Tensor"):
         return
@@ -128,16 +129,19 @@ def check_index(index: Any, shape: tuple, name: str) -> tuple:
     if not shape:
         raise ValueError(f"{name} selects in a batch, and this one has no batch dimensions (one system)")
     count = int(np.prod(shape))
-    is_int = lambda i: isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+
+    def is_int(i):
+        return isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+
     if is_int(index):
         if not -count <= index < count:
             raise ValueError(f"{name}={index} is outside the {count} entries of the batch {shape}")
         return tuple(int(i) for i in np.unravel_index(int(index) % count, shape))
     if not isinstance(index, tuple) or not all(map(is_int, index)):
         raise TypeError(f"{name} must be an int or a tuple of ints, got {index!r}")
-    if len(index) != len(shape) or not all(-b <= i < b for i, b in zip(index, shape)):
+    if len(index) != len(shape) or not all(-b <= i < b for i, b in zip(index, shape, strict=True)):
         raise ValueError(f"{name}={index} is not a multi-index of the batch shape {shape}")
-    return tuple(int(i) % b for i, b in zip(index, shape))
+    return tuple(int(i) % b for i, b in zip(index, shape, strict=True))
 
 
 def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:

@@ -118,7 +118,8 @@ class Browser:
         out["failed"] = [requested.get(e["params"]["requestId"], "?") for e in self._events
                          if e.get("method") == "Network.loadingFailed"
                          and requested.get(e["params"]["requestId"], "").startswith("http://127.0.0.1")
-                         and not requested.get(e["params"]["requestId"], "").endswith("/favicon.ico")]  # the browser's own
+                         # the browser's own
+                         and not requested.get(e["params"]["requestId"], "").endswith("/favicon.ico")]
         return out
 
     def close(self) -> None:

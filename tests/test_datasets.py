@@ -16,8 +16,9 @@ import pytest
 
 from sinkflow.datasets import LISTOPS_VOCAB, listops, listops_tokens, pathfinder, pathfinder_tokens
 
-OPS = {"[MAX": max, "[MIN": min, "[MED": lambda xs: int(statistics.median_low(sorted(xs)) if len(xs) % 2
-                                                         else (sorted(xs)[len(xs) // 2 - 1] + sorted(xs)[len(xs) // 2]) // 2),
+OPS = {"[MAX": max, "[MIN": min,
+       "[MED": lambda xs: int(statistics.median_low(sorted(xs)) if len(xs) % 2
+                              else (sorted(xs)[len(xs) // 2 - 1] + sorted(xs)[len(xs) // 2]) // 2),
        "[SM": lambda xs: sum(xs) % 10}
 
 
@@ -134,7 +135,7 @@ def undashed(vertices: np.ndarray, resolution: int) -> np.ndarray:
     img = np.zeros((resolution, resolution), dtype=bool)
     t = np.linspace(0, 1, 80)[:, None]
     for path in vertices:
-        for p, q in zip(path[:-1], path[1:]):
+        for p, q in zip(path[:-1], path[1:], strict=True):
             r, c = np.rint(p + t * (q - p)).astype(int).T
             img[r, c] = True
     return img
@@ -171,7 +172,7 @@ def connected(img: np.ndarray, a, b) -> bool:
 def test_pathfinder_connectivity_by_flood_fill(params):
     x, y, geo = pathfinder(60, seed=4, return_paths=True, **params)
     res = params.get("resolution", 32)
-    for img, label, paths, markers in zip(x, y, geo["vertices"], geo["markers"]):
+    for img, label, paths, markers in zip(x, y, geo["vertices"], geo["markers"], strict=True):
         full = undashed(paths, res)
         assert connected(full, markers[0], markers[1]) == bool(label)
         # the image is a rendering of this geometry plus markers: every lit pixel outside the
@@ -198,7 +199,7 @@ def test_pathfinder_labels_match_a_flood_fill_including_the_markers(n_distractor
     marker squares plus the rendered pixels, and every positive has (issue 19: 8 / 12 in 1,000 did)."""
     x, y, geo = pathfinder(1000, seed=0, n_distractors=n_distractors, return_paths=True)
     wrong = {0: 0, 1: 0}
-    for img, label, paths, markers in zip(x, y, geo["vertices"], geo["markers"]):
+    for img, label, paths, markers in zip(x, y, geo["vertices"], geo["markers"], strict=True):
         lit = with_markers(undashed(paths, 32), markers) | (img > 0)
         wrong[int(label)] += connected(lit, markers[0], markers[1]) != bool(label)
     assert wrong == {0: 0, 1: 0}

@@ -165,7 +165,8 @@ def test_the_landing_page_fits_a_screen_and_the_gallery_has_thumbnails(html):
     defaults = {n for n, s in registry().items() if s.default}
     assert defaults <= set(thumbs) <= set(registry())  # the quick build shows (at least) the committed default figures
     # each thumbnail is named under it (a grid of unnamed pictures in the first trial)
-    named = re.findall(r'<figure class="[^"]*sf-gallery-item[^"]*"[^>]*>.*?<figcaption>(.*?)</figcaption>', gallery, re.S)
+    named = re.findall(r'<figure class="[^"]*sf-gallery-item[^"]*"[^>]*>.*?<figcaption>(.*?)</figcaption>', gallery,
+                       re.S)
     assert [re.sub(r"<[^>]+>|\s|\u00b6", "", c) for c in named] == thumbs
 
 

@@ -95,7 +95,7 @@ def test_every_callback_answers_within_a_second_at_its_extremes(path, monkeypatc
     plt.close("all")
     slow = {}
     for values in itertools.product(*(_extremes(c) for c in controls.values())):
-        kwargs = dict(zip(controls, values))
+        kwargs = dict(zip(controls, values, strict=True))
         result, spent = _timed(function, kwargs)
         assert result is None, f"{function.__name__}{kwargs} returned {type(result).__name__}: return nothing"
         if spent > BUDGET_S:  # the callback is deterministic: its cost is the faster of two calls (noise only adds)

@@ -162,7 +162,8 @@ def test_notebook_is_committed_with_current_small_stable_outputs(path):
     assert sum(bool(c.outputs) for c in code) >= len(code) // 2, "most cells show something"
     assert any("image/png" in out.get("data", {}) for c in code for out in c.outputs), "figures are stored"
     assert path.stat().st_size < MAX_STORED_BYTES, f"{path.name}: stored outputs over {MAX_STORED_BYTES} bytes"
-    scripts = [c.source.splitlines()[0] for c in code for out in c.outputs if "<script" in out.get("data", {}).get("text/html", "")]
+    scripts = [c.source.splitlines()[0] for c in code for out in c.outputs
+               if "<script" in out.get("data", {}).get("text/html", "")]
     assert not scripts, f"outputs that need JavaScript show nothing to a reader who runs nothing: {scripts}"
     stripped = nbformat.from_dict(json.loads(json.dumps(nb)))
     store.strip_volatile(stripped)
@@ -183,7 +184,8 @@ def test_notebook_shows_every_figure_it_draws(path, executed_notebooks):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_shows_every_figure_without_ipywidgets(path, notebook_dir):
-    cells = execute_notebook(path, notebook_dir, prelude="import sys\nsys.modules['ipywidgets'] = None  # not installed\n")
+    prelude = "import sys\nsys.modules['ipywidgets'] = None  # not installed\n"
+    cells = execute_notebook(path, notebook_dir, prelude=prelude)
     assert not [cell.source.splitlines()[:3] for cell, created, images in cells if images < created]
     assert any(created for _, created, _ in cells)
 
@@ -225,7 +227,8 @@ def test_interact_falls_back_to_one_static_call(monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
     # the callback's result is dropped (Jupyter would print it under the figure)
-    assert interact(lambda eps=0.1, n=30: calls.append((eps, n)) or "drawn", eps=(0.01, 0.5, 0.01), n=(10, 100, 10)) is None
+    assert interact(lambda eps=0.1, n=30: calls.append((eps, n)) or "drawn",
+                    eps=(0.01, 0.5, 0.01), n=(10, 100, 10)) is None
     assert calls == [(0.1, 30)]
 
 
@@ -269,4 +272,5 @@ def test_every_notebook_title_carries_its_number(path):
     nb = nbformat.read(path, as_version=4)
     title = next(line for cell in nb.cells if cell.cell_type == "markdown"
                  for line in cell.source.splitlines() if line.startswith("# "))
-    assert title.startswith(f"# {path.name[:2]} · "), f"{path.name}: title {title!r} should start with '# {path.name[:2]} · '"
+    assert title.startswith(f"# {path.name[:2]} · "), (f"{path.name}: title {title!r} should start with "
+                                                        f"'# {path.name[:2]} · '")

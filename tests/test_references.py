@@ -18,7 +18,8 @@ TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".toml", ".txt", ".rst", ".cfg", ".yml"
 FORBIDDEN = re.compile("|".join(re.escape(name) for name in
                                 ("THEORY" + ".md", "PERF" + ".md", "STYLE" + ".md", "shared" + "/")))
 TOP_LEVEL = ("docs", "notebooks", "benchmarks", "sinkflow", "tests", "figures")
-REPO_PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*\w\.(?:md|py|ipynb|tsv|toml|png|svg|pdf|gif|bib|rst))" % "|".join(TOP_LEVEL))
+REPO_PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(TOP_LEVEL)})/[\w./-]*\w\."
+                       r"(?:md|py|ipynb|tsv|toml|png|svg|pdf|gif|bib|rst))")
 MARKDOWN_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 
 

@@ -26,10 +26,10 @@ def read_table(page, marker):
     """Rows (dicts keyed by the header) of the Markdown table following ``<!-- marker``."""
     text = (DOCS / page).read_text()
     lines = text[text.index(f"<!-- {marker}"):].splitlines()[1:]
-    table = [line for line in lines[: next(i for i, l in enumerate(lines) if not l.startswith("|"))]]
+    table = [line for line in lines[: next(i for i, row in enumerate(lines) if not row.startswith("|"))]]
     header = [cell.strip() for cell in table[0].strip("|").split("|")]
     rows = [[cell.strip().strip("`") for cell in line.strip("|").split("|")] for line in table[2:]]
-    return [dict(zip(header, row)) for row in rows]
+    return [dict(zip(header, row, strict=True)) for row in rows]
 
 
 HEAT_ROWS = {row["normalization"]: row for row in read_table("heat_limit.md", "heat-limits")}
@@ -139,7 +139,8 @@ def test_nystrom_page_constants_are_the_code_constants():
     import sinkflow.bounds as bounds
 
     t = sp.Rational(1, 2)
-    bernstein = 2 * (1 + t / 3) / t ** 2  # m >= c R log(2N/delta) from P(|Y - P| >= t) <= 2N exp(-m t^2 / (2R(1 + t/3)))
+    # m >= c R log(2N/delta) from P(|Y - P| >= t) <= 2N exp(-m t^2 / (2R(1 + t/3)))
+    bernstein = 2 * (1 + t / 3) / t ** 2
     rows = {row["in sinkflow"]: sp.Rational(row["value"]) for row in read_table("nystrom.md", "nystrom-constants")}
     assert rows == {"LANDMARK_CONSTANT": 2 * bernstein, "SHARP_LANDMARK_CONSTANT": bernstein}
     for name, value in rows.items():

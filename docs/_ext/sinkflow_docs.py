@@ -139,7 +139,8 @@ def write_api(srcdir: Path) -> None:
     if extra:
         lines += _heading("Submodules", "-") + ["Names that are not re-exported at the top level.", ""] + extra
     _write_if_changed(srcdir / "api" / "index.rst", "\n".join(lines))
-    _remove_stale_stubs(srcdir / "api" / "generated", {line.strip() for line in lines if line.startswith("   sinkflow")})
+    _remove_stale_stubs(srcdir / "api" / "generated",
+                        {line.strip() for line in lines if line.startswith("   sinkflow")})
 
 
 def _remove_stale_stubs(folder: Path, entries: set[str]) -> None:
@@ -252,7 +253,8 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
         elif not fresh:  # a stale image is not shown; the committed default figure is, if it is current
             rows = _committed_images(srcdir.parent / "figures", spec, images)
         files[name] = [r[2] for r in rows]
-        page = [f"# `{name}`", "", *([f"**{_plain(spec.caption)}**", ""] if spec.caption else []), _plain(spec.description or ""), "",
+        page = [f"# `{name}`", "", *([f"**{_plain(spec.caption)}**", ""] if spec.caption else []),
+                _plain(spec.description or ""), "",
                 f"Quick configuration (`sinkflow figures {name}`; `--full` for the publication size):", "",
                 _fence(repr(spec.quick)), ""]
         for f in files[name]:

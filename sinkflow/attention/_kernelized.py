@@ -29,13 +29,15 @@ def _check_pair(Q, K, name_q="Q", name_k="K", V=None):
     check_float(q, name_q)
     k = to_torch(K, name_k, like=q)
     if q.ndim < 2 or k.ndim < 2:
-        raise ValueError(f"{name_q} and {name_k} must have shape (..., n, p), got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(f"{name_q} and {name_k} must have shape (..., n, p), got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"{name_q} and {name_k} must share the head dimension p, got {q.shape[-1]} and {k.shape[-1]}")
     try:
         broadcast_shapes(q.shape[:-2], k.shape[:-2])
     except RuntimeError:
-        raise ValueError(f"batch shapes of {name_q} {tuple(q.shape[:-2])} and {name_k} {tuple(k.shape[:-2])} do not broadcast") from None
+        raise ValueError(f"batch shapes of {name_q} {tuple(q.shape[:-2])} and {name_k} {tuple(k.shape[:-2])} do not "
+                         "broadcast") from None
     check_finite(q.detach(), name_q)
     check_finite(k.detach(), name_k)
     return q, k, numpy_out

@@ -69,7 +69,8 @@ def _col_step_log(C, scale, f, a, b, mask):
     c_safe = torch.where(ok, c, torch.ones_like(c))
     factor = torch.where(ok, target / c_safe, torch.zeros_like(c))
     P = E.mul_(factor) if inplace else E * factor
-    g = torch.where(ok, torch.log(torch.where(ok, target, torch.ones_like(target))) - torch.log(c_safe) - mx, torch.zeros_like(c))
+    g = torch.where(ok, torch.log(torch.where(ok, target, torch.ones_like(target))) - torch.log(c_safe) - mx,
+                    torch.zeros_like(c))
     return P, g.squeeze(-2)
 
 

@@ -94,7 +94,8 @@ def _prepare(scores, mask, a, b, init_g=None):
         try:
             mask = torch.broadcast_to(mask, C.shape)
         except RuntimeError as err:
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to scores {tuple(C.shape)}") from err
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to scores "
+                             f"{tuple(C.shape)}") from err
         check_finite(C.detach().masked_fill(~mask, 0.0), "scores (unmasked entries)", _MASK_HINT)
     else:
         check_finite(C.detach(), "scores", _MASK_HINT)
@@ -117,7 +118,8 @@ def _weights(w, size, C, name, what):
     total = w.double().sum(-1)  # checked in the precision the weights were given in
     atol = 1e-10 if w.dtype == torch.float64 else max(1e-6, 4 * torch.finfo(w.dtype).eps)
     if not bool(torch.allclose(total, torch.ones_like(total), rtol=0, atol=atol)):
-        raise ValueError(f"weights {name} must sum to 1 along the last dimension (sums: {total.detach().cpu().numpy()})")
+        raise ValueError(f"weights {name} must sum to 1 along the last dimension "
+                         f"(sums: {total.detach().cpu().numpy()})")
     return w.to(dtype)
 
 

@@ -59,7 +59,9 @@ from sinkflow.attention._kernelized import _check_pair, _check_values, _kernel, 
 from sinkflow.attention._normalizations import softmax
 from sinkflow.attention._scores import dot_scores
 
-__all__ = ["sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block"]
+__all__ = ["sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention",
+           "segment_means", "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention",
+           "landmark_block"]
 
 
 # --------------------------------------------------------------------------- kernels
@@ -101,7 +103,8 @@ def sample_landmarks(n_points: int, m: int, *, replace: bool = True, generator=N
     n_points = check_number(n_points, "n_points", integer=True, positive=True)
     m = _as_count(m)
     if not replace and m > n_points:
-        raise ValueError(f"cannot draw m = {m} distinct landmarks from {n_points} points; use replace=True or m <= {n_points}")
+        raise ValueError(f"cannot draw m = {m} distinct landmarks from {n_points} points; use replace=True or m <= "
+                         f"{n_points}")
     batch_shape = tuple(check_number(b, "batch_shape entries", integer=True, positive=True, allow_zero=True)
                         for b in batch_shape)
     size = batch_shape + (m,)
@@ -116,7 +119,8 @@ def sample_landmarks(n_points: int, m: int, *, replace: bool = True, generator=N
     if generator is None or isinstance(generator, (int, np.integer)):
         generator = np.random.default_rng(generator)
     if not isinstance(generator, np.random.Generator):
-        raise TypeError(f"generator must be None, an int seed, numpy.random.Generator or torch.Generator, got {type(generator).__name__}")
+        raise TypeError("generator must be None, an int seed, numpy.random.Generator or torch.Generator, got "
+                        f"{type(generator).__name__}")
     if replace:
         idx = generator.integers(0, n_points, size=size)
     else:

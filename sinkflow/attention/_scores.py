@@ -19,7 +19,8 @@ def _qkw(Q, K, W, temperature):
     check_float(q, "Q")
     k = to_torch(K, "K", like=q)
     if q.ndim < 2 or k.ndim < 2:
-        raise ValueError(f"Q and K must have shape (..., n, d) and (..., m, d), got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(f"Q and K must have shape (..., n, d) and (..., m, d), got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"Q and K must share the feature dimension, got {q.shape[-1]} and {k.shape[-1]}")
     check_finite(q.detach(), "Q")

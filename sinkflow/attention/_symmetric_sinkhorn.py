@@ -127,7 +127,7 @@ def _cholesky_newtons(E, u, s, F):
     J_T = E.swapaxes(-1, -2).reshape((-1, n, n)).copy()  # each J in Fortran order (E is symmetric up to rounding)
     J_T.reshape((len(J_T), -1))[:, :: n + 1] += (s / u).reshape((-1, n))
     steps = (s * F).reshape((-1, n))
-    for one, rhs in zip(J_T, steps):
+    for one, rhs in zip(J_T, steps, strict=True):
         L, info = potrf(one.T, lower=1, clean=0, overwrite_a=1)
         rhs[:] = math.nan if info else potrs(L, rhs, lower=1, overwrite_b=1)[0]
     return steps.reshape(F.shape) / u
@@ -356,7 +356,10 @@ def _refresh_lines(C, G, own, other, log_scale, target, bad):
     transposed views of ``C`` and ``G`` (and the roles of the shifts swapped) for columns.
     """
     xp = _xp(C)
-    expand = (lambda t: np.broadcast_to(t[..., None, :], C.shape)) if xp is np else (lambda t: t[..., None, :].expand(C.shape))
+
+    def expand(t):
+        return np.broadcast_to(t[..., None, :], C.shape) if xp is np else t[..., None, :].expand(C.shape)
+
     lines = C[bad] + expand(other)[bad]
     scaled = lines + expand(log_scale)[bad]
     lse = scipy.special.logsumexp(scaled, axis=-1) if xp is np else torch.logsumexp(scaled, -1)

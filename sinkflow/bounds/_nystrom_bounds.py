@@ -66,7 +66,8 @@ __all__ = ["NystromErrors", "nystrom_errors", "NystromCheck", "nystrom_check", "
 def _lifted64(Q, K):
     q, k, _ = _check_pair(Q, K)
     if q.ndim != 2 or k.ndim != 2:
-        raise ValueError(f"the bound checks take one head: Q (n_q, p) and K (n_k, p), got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(f"the bound checks take one head: Q (n_q, p) and K (n_k, p), got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
     for name, t, what in (("Q", q, "query"), ("K", k, "key")):
         if t.shape[0] == 0 or t.shape[1] == 0:
             raise ValueError(f"{name} must hold at least one {what} of dimension p >= 1, got shape {tuple(t.shape)}")
@@ -230,7 +231,8 @@ def nystrom_errors(Q, K, landmarks: int, trials: int = 20, *, inverse: str = "pi
     artefact = _clamp_artefact(Cbar, norm_C)
     if artefact:
         warnings.warn(artefact, RuntimeWarning, stacklevel=2)
-    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma), rng, method, progress)
+    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma),
+                                            rng, method, progress)
     return NystromErrors(errs, lows, highs, norm_C,
                          spectral_norm(Cbar, symmetric=True, method=method), m, inverse)
 
@@ -397,7 +399,8 @@ class NystromCheck(Summarized):
             f"observed ||C - C~||_2   = {self.observed_error:.6g} (mean; max {self.max_error:.6g}; "
             f"relative {self.relative_error:.3g})",
             f"lambda = eps ||C||_2    = {self.lam:.6g} (eps={self.eps:g})",
-            f"d_stat                  = {self.d_stat:.6g} (beta*={self.beta:.4g}, max leverage={self.max_leverage:.4g})",
+            f"d_stat                  = {self.d_stat:.6g} (beta*={self.beta:.4g}, "
+            f"max leverage={self.max_leverage:.4g})",
             f"m required (delta={self.delta:g}) = {self.m_required} (c={self.constant:.4g}); {applies}",
             f"P(||C - C~||_2 > lambda) ~ {self.failure_rate:.3g} ({self.failures}/{self.trials}; "
             f"{self.confidence:.0%} CI [{lo:.3g}, {hi:.3g}])",
@@ -478,7 +481,8 @@ def nystrom_check(Q, K, landmarks: int, eps: float = 0.1, delta: float = 0.1, tr
     d_stat, beta = float(lev.sum()), beta_star(lev)
     m_req = landmarks_required(d_stat, beta, N, delta, constant)
     rng = np.random.default_rng(check_seed(seed))
-    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma), rng, method, progress)
+    errs, lows, highs = _errors_from_lifted(Cbar, n_q, m, trials, inverse, _check_iter(n_iter), _check_gamma(gamma),
+                                            rng, method, progress)
     failures = int((errs > lam).sum())
     ci = binomial_interval(failures, trials, confidence, ci_method)
     applies = m >= m_req

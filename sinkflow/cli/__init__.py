@@ -16,10 +16,14 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 COMMANDS = {
     "figures": ("sinkflow.cli.figures", "regenerate registered figures (quick by default)"),
-    "nystrom-check": ("sinkflow.cli.nystrom_check", "check Skyformer's Nyström spectral-norm bound on random or given Q, K"),
-    "validate": ("sinkflow.cli.validate", "train small Transformers per attention normalization; JSON report + figures"),
-    "docs": ("sinkflow.cli.docs", "build the documentation with Sphinx (warnings are errors; --quick skips the gallery and notebooks)"),
-    "sinkformers": ("sinkflow.cli.sinkformers", "the Sinkformers paper's patch-size and point-cloud studies, over seeds (JSON)"),
+    "nystrom-check": ("sinkflow.cli.nystrom_check",
+                      "check Skyformer's Nyström spectral-norm bound on random or given Q, K"),
+    "validate": ("sinkflow.cli.validate",
+                 "train small Transformers per attention normalization; JSON report + figures"),
+    "docs": ("sinkflow.cli.docs",
+             "build the documentation with Sphinx (warnings are errors; --quick skips the gallery and notebooks)"),
+    "sinkformers": ("sinkflow.cli.sinkformers",
+                    "the Sinkformers paper's patch-size and point-cloud studies, over seeds (JSON)"),
     "sweep": ("sinkflow.cli.sweep", "run a parameter sweep from a TOML/JSON config (Dask or sequential, cached)"),
 }
 
@@ -32,7 +36,8 @@ def build_parser(commands=None) -> argparse.ArgumentParser:
     from sinkflow import __version__
 
     load = set(COMMANDS if commands is None else commands)
-    parser = argparse.ArgumentParser(prog="sinkflow", description="Attention as interacting particles: figures and checks.")
+    parser = argparse.ArgumentParser(prog="sinkflow",
+                                     description="Attention as interacting particles: figures and checks.")
     parser.add_argument("--version", action="version", version=f"sinkflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():

@@ -25,7 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
     p.add_argument("--all", action="store_true", help="make every registered figure")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", dest="mode", action="store_const", const="quick", help="small embedded configs (default)")
+    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                      help="small embedded configs (default)")
     mode.add_argument("--full", dest="mode", action="store_const", const="full", help="publication-size configs")
     p.set_defaults(mode="quick")
     p.add_argument("--out", default=DEFAULT_OUT,

@@ -65,7 +65,8 @@ def load_config(path) -> dict:
     if "experiment" not in config:
         raise ValueError(f"sweep config {path} names no experiment (experiment = \"module:function\")")
     if ("grid" in config) == ("points" in config):
-        raise ValueError(f"sweep config {path} needs exactly one of 'grid' (a table of lists) or 'points' (a list of tables)")
+        raise ValueError(f"sweep config {path} needs exactly one of 'grid' (a table of lists) or 'points' (a list of "
+                         "tables)")
     config.setdefault("out", str(path.with_suffix(".csv")))
     return config
 

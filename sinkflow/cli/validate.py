@@ -2,8 +2,9 @@
 check the papers' claims (doubly stochastic drift, accuracy vs n_iter, time, instability).
 
 Writes ``OUT/TASK_MODE.json`` (the report of :func:`sinkflow.studies.validation.run_validation`,
-rewritten after every finished run with ``"complete": false`` until the task ends) and four figures ``OUT/TASK_MODE_{column_sums,accuracy_vs_n_iter,
-epoch_time,instability}.png``; prints the summary as a markdown table.
+rewritten after every finished run with ``"complete": false`` until the task ends) and four
+figures ``OUT/TASK_MODE_{column_sums,accuracy_vs_n_iter,epoch_time,instability}.png``; prints
+the summary as a markdown table.
 
 Examples::
 
@@ -54,7 +55,8 @@ def add_arguments(p) -> None:
                            "(sinkflow.studies.validation.TASKS[task].learn); reports the majority baseline")
     mode.add_argument("--paper", action="store_true",
                       help="listops/pathfinder at the Skyformer paper's setting on CPU: cost per training step and "
-                           "instability over the first 20 steps (sinkflow.studies.paper); accuracy needs --full --device cuda")
+                           "instability over the first 20 steps (sinkflow.studies.paper); accuracy needs --full "
+                           "--device cuda")
     p.set_defaults(quick=True)
     p.add_argument("--batch-size", type=int, default=None,
                    help="--paper: batch of the cost and instability runs (default: the official 32 / 128, hours "
@@ -75,7 +77,8 @@ def add_arguments(p) -> None:
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast on CUDA (normalizations stay float32)")
     p.add_argument("--no-kl", action="store_true", help="skip KL to the Sinkhorn projection (faster)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: 1 on CPU, where small models run fastest; torch's default on CUDA)")
+                   help="torch CPU threads (default: 1 on CPU, where small models run fastest; "
+                        "torch's default on CUDA)")
     p.add_argument("--no-figures", action="store_true", help="write only the JSON report")
     p.add_argument("--out", default="validation", help="output folder (default: validation/)")
 
@@ -86,7 +89,8 @@ def _fmt(stat, digits=3):
 
 def summary_table(report) -> str:
     """The summary of a validation report as a markdown table."""
-    lines = ["| variant | test acc (median [min, max]) | col dev epoch 0 / 1 / last | decreased 1->last | KL last | s/epoch | x SoftMax | instability | x SoftMax |",
+    lines = ["| variant | test acc (median [min, max]) | col dev epoch 0 / 1 / last | decreased 1->last | KL last | "
+             "s/epoch | x SoftMax | instability | x SoftMax |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
         acc = r["test_accuracy"]
@@ -94,9 +98,9 @@ def summary_table(report) -> str:
         ratio_i = "-" if r["instability_ratio_to_softmax"] is None else f"{r['instability_ratio_to_softmax']:.2f}"
         lines.append(
             f"| {r['variant']} | {acc['median']:.3f} [{acc['min']:.3f}, {acc['max']:.3f}] | "
-            f"{_fmt(r['column_deviation_epoch0'])} / {_fmt(r['column_deviation_epoch1'])} / {_fmt(r['column_deviation_last'])} | "
-            f"{r['decreased_from_epoch1']}/{len(r['seeds'])} | {_fmt(r['kl_last'])} | {_fmt(r['epoch_time'])} | {ratio_t} | "
-            f"{_fmt(r['instability_last'])} | {ratio_i} |")
+            f"{_fmt(r['column_deviation_epoch0'])} / {_fmt(r['column_deviation_epoch1'])} / "
+            f"{_fmt(r['column_deviation_last'])} | {r['decreased_from_epoch1']}/{len(r['seeds'])} | "
+            f"{_fmt(r['kl_last'])} | {_fmt(r['epoch_time'])} | {ratio_t} | {_fmt(r['instability_last'])} | {ratio_i} |")
     return "\n".join(lines)
 
 

@@ -66,8 +66,9 @@ def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
                       RuntimeWarning, stacklevel=2)
     if normalization == "unnormalized":
         if beta > _LOG_MAX:
-            raise OverflowError(f"the unnormalized growth rate carries e^beta, beyond float64 for beta > {_LOG_MAX:.1f} "
-                                f"(got {beta:g}); fastest_mode(beta, 'unnormalized') still ranks the modes")
+            raise OverflowError("the unnormalized growth rate carries e^beta, beyond float64 for beta > "
+                                f"{_LOG_MAX:.1f} (got {beta:g}); fastest_mode(beta, 'unnormalized') still ranks the "
+                                "modes")
         rate = rate * math.exp(beta)
     return float(rate) if rate.ndim == 0 else rate
 
@@ -168,7 +169,8 @@ def count_clusters(density, *, threshold: float = 3.0, bandwidth: float = 0.05) 
 
 
 def circle_energy(density, beta: float) -> float:
-    r""":math:`E_\beta = \frac{1}{2\beta}\iint e^{\beta\cos(\theta - \varphi)}\rho(\theta)\rho(\varphi)` on :func:`uniform_angles`.
+    r""":math:`E_\beta = \frac{1}{2\beta}\iint e^{\beta\cos(\theta - \varphi)}\rho(\theta)\rho(\varphi)`
+    on :func:`uniform_angles`.
 
     The mean-field counterpart of :func:`sinkflow.energy_sphere` (which SoftMax and the
     unnormalized kernel increase along the flow). The kernel on equispaced angles is circulant,
@@ -189,12 +191,14 @@ def circle_energy(density, beta: float) -> float:
 
 
 def _circulant_apply(column: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """``C a`` for the circulant matrix with first column ``column`` (:math:`C_{ij} = c_{(i - j) \bmod G}`), by the FFT."""
+    """``C a`` for the circulant matrix with first column ``column`` (:math:`C_{ij} = c_{(i - j) \bmod G}`),
+    by the FFT."""
     return np.fft.irfft(np.fft.rfft(column) * np.fft.rfft(a), column.size)
 
 
 def formation_time(beta: float, n: int, normalization: str = "softmax") -> float:
-    r"""Time for the fastest mode to grow from the i.i.d. noise level :math:`n^{-1/2}` to O(1): :math:`\log\sqrt n / \lambda_{k^*}`.
+    r"""Time for the fastest mode to grow from the i.i.d. noise level :math:`n^{-1/2}` to O(1):
+    :math:`\log\sqrt n / \lambda_{k^*}`.
 
     ``n`` is the number of particles (an integer >= 1: the Fourier amplitudes of ``n`` i.i.d. uniform
     angles are of order :math:`n^{-1/2}`; ``n = 1`` gives 0).
@@ -270,11 +274,13 @@ def _uniform_circle_start(seed: int, n: int) -> np.ndarray:
     return np.stack([np.cos(theta), np.sin(theta)], 1)
 
 
-def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
+def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):  # noqa: E741  # public parameter name
     r"""Linear growth rate of the zonal harmonic :math:`P_l(\langle x, e\rangle)` around the uniform law on :math:`S^2`.
 
     The sphere in :math:`d = 3` (:func:`sinkflow.simulate`, ``manifold="sphere"``, :math:`Q = K = V = I`):
-    by Funk-Hecke, :math:`\int_{S^2} e^{\beta\langle x, y\rangle} P_l(\langle y, e\rangle)\, d\sigma(y) = 4\pi\, i_l(\beta)\, P_l(\langle x, e\rangle)`
+    by Funk-Hecke,
+    :math:`\int_{S^2} e^{\beta\langle x, y\rangle} P_l(\langle y, e\rangle)\, d\sigma(y)
+    = 4\pi\, i_l(\beta)\, P_l(\langle x, e\rangle)`
     (:math:`i_l` the modified spherical Bessel function), the velocity is the surface gradient of
     :math:`\beta^{-1}\int e^{\beta\langle x, y\rangle} d\rho`, and :math:`-\Delta_{S^2} P_l = l(l+1) P_l`, so
 
@@ -296,11 +302,11 @@ def sphere_growth_rate(l, beta: float, normalization: str = "softmax"):
     if normalization not in CIRCLE_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
     beta = float(check_number(beta, "beta", positive=True))
-    l = _check_modes(l, "l")
+    degree = _check_modes(l, "l")
     with np.errstate(over="ignore", invalid="ignore"):
-        il, i0 = spherical_in(l.astype(int), beta), spherical_in(0, beta)
+        il, i0 = spherical_in(degree.astype(int), beta), spherical_in(0, beta)
         c = {"unnormalized": 1.0, "softmax": 1 / i0, "sinkhorn": 1 / (i0 + il)}[normalization]
-        rate = l * (l + 1) * il * c / beta
+        rate = degree * (degree + 1) * il * c / beta
     if not np.isfinite(rate).all():
         raise OverflowError(f"sphere_growth_rate: the Bessel functions i_l(beta) overflow float64 at beta={beta:g} "
                             "(past about 700)")

@@ -62,7 +62,7 @@ def dwell_times(times, counts) -> list[tuple[int, float]]:
     change = np.flatnonzero(np.diff(counts) != 0) + 1
     starts = np.concatenate([[0], change])
     ends = np.concatenate([change, [counts.size]])
-    runs = [(int(counts[s]), s, e) for s, e in zip(starts, ends) if counts[s] > 0]
+    runs = [(int(counts[s]), s, e) for s, e in zip(starts, ends, strict=True) if counts[s] > 0]
     return [(c, float(times[e] - times[s])) for c, s, e in runs[1:-1]] if len(runs) > 2 else []
 
 
@@ -386,7 +386,7 @@ def _closest_pair(x, k, beta, normalization) -> dict:
 
 def _plateaus(counts, configs, beta, normalization, min_samples: int = 3) -> list:
     change = np.flatnonzero(np.diff(counts) != 0) + 1
-    bounds = zip(np.concatenate([[0], change]), np.concatenate([change, [counts.size]]))
+    bounds = zip(np.concatenate([[0], change]), np.concatenate([change, [counts.size]]), strict=True)
     rows = []
     for s, e in bounds:
         if counts[s] >= 1 and e - s >= min_samples:

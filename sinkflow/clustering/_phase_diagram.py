@@ -21,7 +21,8 @@ recorded at its first clustered step and then dropped.
 **Metastable plateaus.** Large :math:`\beta` gives clusters that merge on times like
 :math:`e^{\beta (1 - \cos \theta)}` (:math:`\theta` their angle): half of the systems of
 :math:`n = 32` tokens on the circle cluster by :math:`t = 1.3 \cdot 10^7` (SoftMax) and
-:math:`2.5 \cdot 10^7` (Sinkhorn) at :math:`\beta = 9`, out of reach of fixed steps. With ``max_angle``, tokens closer than ``MERGE_ANGLE`` merge into one token at their
+:math:`2.5 \cdot 10^7` (Sinkhorn) at :math:`\beta = 9`, out of reach of fixed steps. With
+``max_angle``, tokens closer than ``MERGE_ANGLE`` merge into one token at their
 mass-weighted mean carrying their mass (exact for coincident tokens, which every attention here
 sees as one weighted token), and while every two distinct tokens of a system are more than
 ``FAR_ANGLE`` apart (no stiff intra-cluster mode left) its step grows, by at most 4x per step,
@@ -168,7 +169,7 @@ def _join(parts):
             x, a, _ = _compact(p.x, p.a, math.cos(MERGE_ANGLE), width)
             p = _Pool(p.ids, x, a, p.t, p.h)
         padded.append(p)
-    return _Pool(*(torch.cat(v) for v in zip(*((p.ids, p.x, p.a, p.t, p.h) for p in padded))))
+    return _Pool(*(torch.cat(v) for v in zip(*((p.ids, p.x, p.a, p.t, p.h) for p in padded), strict=True)))
 
 
 def _clustering_times(x0: torch.Tensor, run: _Run) -> torch.Tensor:

@@ -267,7 +267,8 @@ def sphere_plateau_clusters(beta: float, seed: int, n: int = 10_000, normalizati
     sizes = np.sort(np.bincount(_components(x, radius)[1]))[::-1]
     sizes = sizes[sizes >= 0.01 * len(x)]
     return dict(beta=float(beta), seed=int(seed), n=int(n), normalization=normalization,
-                l_star=int(degrees[np.argmax(rates)]), mode_maxima=len(sphere_mode_maxima(x0, degrees[np.argmax(rates)])),
+                l_star=int(degrees[np.argmax(rates)]),
+                mode_maxima=len(sphere_mode_maxima(x0, degrees[np.argmax(rates)])),
                 count=int(sizes.size), sizes=sizes.tolist(), time=steps * h)
 
 

@@ -8,7 +8,8 @@ docs/theory/clustering.md. With :math:`Q = K = V = I` on :math:`S^{d-1}` (the ci
   :math:`-\beta\langle x, y\rangle` (:func:`sinkflow.energy_inf`; :math:`\dot x_i = -\nabla_i F^\infty/(\beta a_i)`),
   so they climb :math:`-F^\infty`. Writing :math:`s = \log u` for the symmetric scaling,
   :math:`s_i + \log\sum_j a_j e^{s_j + \beta\langle x_i, x_j\rangle} = 0`, :math:`F^\infty = \sum_i a_i s_i`,
-  :math:`\nabla_m F^\infty = -\beta\sum_j \pi_{mj} x_j` with :math:`\pi_{mj} = a_m a_j e^{s_m + s_j + \beta\langle x_m, x_j\rangle}`,
+  :math:`\nabla_m F^\infty = -\beta\sum_j \pi_{mj} x_j` with
+  :math:`\pi_{mj} = a_m a_j e^{s_m + s_j + \beta\langle x_m, x_j\rangle}`,
   and the second derivative carries :math:`\partial s/\partial x` from the implicit function theorem,
   :math:`(I + P)\,\partial s = -\partial_x G` (:math:`P_{ij} = \pi_{ij}/a_i`).
 

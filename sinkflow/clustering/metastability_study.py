@@ -1,6 +1,7 @@
 """Dynamic metastability at scale: dwell times of the last plateau against beta, saddles and the energy staircase.
 
-``python -m sinkflow.clustering.metastability_study --manifold circle --normalization softmax --seeds 10 --out docs/data/clustering/dwell_circle_softmax.json``
+``python -m sinkflow.clustering.metastability_study --manifold circle --normalization softmax --seeds 10
+--out docs/data/clustering/dwell_circle_softmax.json``
 runs :func:`sinkflow.clustering.plateau_run` for every (seed, beta) of the grid (seeds outer), keeps the
 runs already in ``--out`` and rewrites it after each run, so a study resumes. :func:`summarize` gives,
 per beta, the measured and predicted 2-cluster dwell times, and per grid the fitted exponents with
@@ -96,8 +97,8 @@ def _interval(fit) -> str:
 
 def markdown(paths) -> str:
     """The dwell table of the theory page: one block of rows per study file (its fits on its first row)."""
-    lines = ["| manifold, normalization (plateau) | $\\beta$ | runs (no such plateau) | dwell, median | two-cluster law, "
-             "median | measured / law, median [range] | fitted exponent, measured / law [95%] | settled plateaus: "
+    lines = ["| manifold, normalization (plateau) | $\\beta$ | runs (no such plateau) | dwell, median | two-cluster "
+             "law, median | measured / law, median [range] | fitted exponent, measured / law [95%] | settled plateaus: "
              "positive directions |", "|---|---|---|---|---|---|---|---|"]
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -112,9 +113,11 @@ def markdown(paths) -> str:
             dwell = f"{r['median_dwell']:.0f}" if r["median_dwell"] else "-"
             law = f"{r['median_predicted']:.0f}" if r["median_predicted"] else "-"
             mode = ", hand-off" if cfg.get("handoff") else ""
-            head = f"{cfg['manifold']}, {cfg['normalization']} ({cfg.get('clusters', 2)} clusters{mode})" if i == 0 else ""
-            lines.append(f"| {head} | {r['beta']:g} | {r['runs']} ({r['no_two_plateau']}) | {dwell} | {law} | {ratio} | "
-                         f"{fit if i == 0 else ''} | {saddles if i == 0 else ''} |")
+            head = ""
+            if i == 0:
+                head = f"{cfg['manifold']}, {cfg['normalization']} ({cfg.get('clusters', 2)} clusters{mode})"
+            lines.append(f"| {head} | {r['beta']:g} | {r['runs']} ({r['no_two_plateau']}) | {dwell} | {law} | {ratio} "
+                         f"| {fit if i == 0 else ''} | {saddles if i == 0 else ''} |")
     return "\n".join(lines)
 
 
@@ -147,7 +150,8 @@ def main(argv=None) -> None:
     if args.summary:
         print(json.dumps(summarize(json.loads(Path(args.out).read_text())["runs"]), indent=1))
         return
-    run(Path(args.out), args.manifold, args.normalization, args.betas, range(args.seeds), args.n, args.clusters, args.samples,
+    run(Path(args.out), args.manifold, args.normalization, args.betas, range(args.seeds), args.n, args.clusters,
+        args.samples,
         args.handoff)
 
 

@@ -1,6 +1,7 @@
 """Bruno et al.'s experiment at their scale, and its summary: cluster counts and positions against the prediction.
 
-``python -m sinkflow.clustering.prediction_study --normalization softmax --out docs/data/clustering/cluster_predictions_softmax.json``
+``python -m sinkflow.clustering.prediction_study --normalization softmax
+--out docs/data/clustering/cluster_predictions_softmax.json``
 runs :func:`sinkflow.clustering.plateau_clusters` for every (seed, beta) of the grid (seeds outer, so a
 partial run covers every beta) and rewrites the JSON after each run; :func:`summarize` turns the runs
 into agreement rates with exact (Clopper-Pearson) 95% intervals (:func:`sinkflow.bounds.binomial_interval`).
@@ -9,7 +10,8 @@ into agreement rates with exact (Clopper-Pearson) 95% intervals (:func:`sinkflow
 ``python -m sinkflow.clustering.prediction_study --sphere --seeds 7 --out docs/data/clustering/sphere_clusters.json``.
 ``--modes`` records the race between the modes instead (:func:`sinkflow.clustering.mode_history`, both
 normalizations, resumed the same way):
-``python -m sinkflow.clustering.prediction_study --modes --betas 3 5 7 10 16 32 --out docs/data/clustering/mode_race.json``.
+``python -m sinkflow.clustering.prediction_study --modes --betas 3 5 7 10 16 32
+--out docs/data/clustering/mode_race.json``.
 """
 
 from __future__ import annotations
@@ -165,23 +167,23 @@ def markdown_sphere(runs) -> str:
     """The theory page's S^2 table: per beta, l*, the counts, the maxima of the degree-l* part, agreement."""
     from sinkflow.clustering import sphere_growth_rate
 
-    lines = ["| $\\beta$ | $l^*$ | second / first rate | runs | clusters at $2t_f$ | maxima of $f_{l^*}$ | count = maxima | "
-             "count <= maxima |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| $\\beta$ | $l^*$ | second / first rate | runs | clusters at $2t_f$ | maxima of $f_{l^*}$ | count = "
+             "maxima | count <= maxima |", "|---|---|---|---|---|---|---|---|"]
     for beta in sorted({r["beta"] for r in runs}):
         rs = sorted((r for r in runs if r["beta"] == beta), key=lambda r: r["seed"])
         rates = np.sort(sphere_growth_rate(np.arange(1, 4 * int(math.sqrt(max(beta, 1.0))) + 6), beta))[::-1]
         counts, maxima = [r["count"] for r in rs], [r["mode_maxima"] for r in rs]
         lines.append(f"| {beta:g} | {rs[0]['l_star']} | {rates[1] / rates[0]:.3f} | {len(rs)} | "
                      f"{', '.join(map(str, counts))} | {', '.join(map(str, maxima))} | "
-                     f"{_share(sum(c == m for c, m in zip(counts, maxima)), len(rs))} | "
-                     f"{_share(sum(c <= m for c, m in zip(counts, maxima)), len(rs))} |")
+                     f"{_share(sum(c == m for c, m in zip(counts, maxima, strict=True)), len(rs))} | "
+                     f"{_share(sum(c <= m for c, m in zip(counts, maxima, strict=True)), len(rs))} |")
     return "\n".join(lines)
 
 
 def markdown_modes(runs) -> str:
     """The theory page's mode-race table (:func:`summarize_modes`)."""
-    lines = ["| normalization | $\\beta$ | $k^*$ | counts formed | counts at $2t_f$ | mode ahead at $t_f$ | formed = $k^*$ | "
-             "at $2t_f$ = $k^*$ | largest rate error |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| normalization | $\\beta$ | $k^*$ | counts formed | counts at $2t_f$ | mode ahead at $t_f$ | formed = "
+             "$k^*$ | at $2t_f$ = $k^*$ | largest rate error |", "|---|---|---|---|---|---|---|---|---|"]
     for r in summarize_modes(runs):
         err = f"{100 * r['largest_rate_error']:.0f}%" if r["largest_rate_error"] is not None else "-"
         lines.append(f"| {r['normalization']} | {r['beta']:g} | {r['k_star']} | {', '.join(map(str, r['formed']))} | "

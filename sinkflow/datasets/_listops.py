@@ -176,7 +176,8 @@ def listops(n_examples: int, seed: int = 0, *, max_depth: int = 10, max_args: in
             keep = (size > min_length) & (size < max_length) & ~levels[0]["dead"]
             keep &= np.cumsum(keep) <= n_examples - len(expressions)
             flat, offset = _preorder_tokens(_kept(levels, keep))
-            for start, n_tok in zip(offset.tolist(), size[keep].tolist()):
+            # not strict: with no tree kept, offset is still [0] (one entry) and the loop must run zero times
+            for start, n_tok in zip(offset.tolist(), size[keep].tolist(), strict=False):
                 expressions.append(" ".join([LISTOPS_VOCAB[t] for t in flat[start:start + n_tok].tolist()]))
             labels += levels[0]["value"][keep].tolist()
         else:

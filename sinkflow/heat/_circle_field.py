@@ -93,8 +93,8 @@ def circle_field(grid, temperature, normalization: str, like: torch.Tensor, tol,
     beta = 1.0 / float(check_number(temperature, "temperature", positive=True))
     theta = _check_circle_grid(grid)
     if 2 * np.pi / theta.size > 0.5 / math.sqrt(beta):
-        raise ValueError(f"the grid does not resolve the kernel e^(beta cos): spacing {2 * np.pi / theta.size:.3g} exceeds "
-                         f"1/(2 sqrt(beta)) = {0.5 / math.sqrt(beta):.3g}; use at least "
+        raise ValueError(f"the grid does not resolve the kernel e^(beta cos): spacing {2 * np.pi / theta.size:.3g} "
+                         f"exceeds 1/(2 sqrt(beta)) = {0.5 / math.sqrt(beta):.3g}; use at least "
                          f"{math.ceil(4 * np.pi * math.sqrt(beta))} angles")
     tol = default_tol(like.dtype, None) if tol is None else float(tol)
     field = CircleVelocity(torch.as_tensor(theta, dtype=like.dtype, device=like.device), beta, normalization, tol,

@@ -30,7 +30,8 @@ import numpy as np
 from sinkflow._checks import check_number, check_seed
 from sinkflow._summary import Summarized, number, span
 
-__all__ = ["W2Result", "wasserstein2", "grid_quantiles", "wasserstein2_to_grid", "MomentErrors", "moment_errors", "kde_l1",
+__all__ = ["W2Result", "wasserstein2", "grid_quantiles", "wasserstein2_to_grid", "MomentErrors", "moment_errors",
+           "kde_l1",
            "fit_loglog_slope", "ConvergenceStudy", "convergence_study"]
 
 
@@ -280,7 +281,8 @@ def kde_l1(particles, reference, axes: Sequence[np.ndarray], bandwidth: float | 
 
     d = reference.dim
     if d not in (1, 2) or len(axes) != d:
-        raise ValueError(f"kde_l1 works on 1D and 2D grids with one axis per dimension (reference dim {d}, {len(axes)} axes)")
+        raise ValueError(f"kde_l1 works on 1D and 2D grids with one axis per dimension (reference dim {d}, {len(axes)} "
+                         "axes)")
     x = _particles(particles, d)
     axes = [np.asarray(a, dtype=float) for a in axes]
     pts = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
@@ -409,7 +411,8 @@ def equispaced_centres(grid, name: str = "grid", *, min_size: int = 2, spacing: 
     d = np.diff(y)
     h = float(d.mean()) if spacing is None else float(spacing)
     if not (np.all(np.isfinite(y)) and d.min() > 0 and np.all(np.abs(d - h) <= 1e-6 * h)):
-        raise ValueError(f"{name} must hold equispaced, increasing cell centres{hint or ' (finite-volume cells of one width)'}")
+        raise ValueError(f"{name} must hold equispaced, increasing cell "
+                         f"centres{hint or ' (finite-volume cells of one width)'}")
     return y
 
 

@@ -148,7 +148,7 @@ def _conditional_mean(m, S, A, normalization, scores):
 def _affine(m, S, heads_A, W_V, drift, normalization, scores) -> AffineField:
     B = np.zeros_like(S) if drift is None else drift.copy()
     c = np.zeros_like(m)
-    for A, V in zip(heads_A, W_V):
+    for A, V in zip(heads_A, W_V, strict=True):
         M, off = _conditional_mean(m, S, A, normalization, scores)
         B += V @ M
         c += V @ off
@@ -194,7 +194,8 @@ def _stack(W, name: str, heads: int, rows: int | None, d: int) -> np.ndarray:
     a = _array(W, name)
     if a.ndim == 2 and heads == 1:
         a = a[None]
-    want = f"({heads}, {'k' if rows is None else rows}, {d})" if heads > 1 else f"({'k' if rows is None else rows}, {d})"
+    shape = f"{'k' if rows is None else rows}, {d})"
+    want = f"({heads}, {shape}" if heads > 1 else f"({shape}"
     if a.ndim != 3 or a.shape[0] != heads or a.shape[2] != d or (rows is not None and a.shape[1] != rows):
         raise ValueError(f"{name} must have shape {want} (heads={heads}), got {a.shape}")
     return a
@@ -206,7 +207,7 @@ def _check_heads(W_Q, W_K, W_V, temperature, heads, d):
     Q = _stack(W_Q, "W_Q", heads, None, d)
     K = _stack(W_K, "W_K", heads, Q.shape[1], d)
     V = _stack(W_V, "W_V", heads, d, d)
-    return [q.T @ k / tau for q, k in zip(Q, K)], V, heads, tau
+    return [q.T @ k / tau for q, k in zip(Q, K, strict=True)], V, heads, tau
 
 
 def _check_drift(drift, d):

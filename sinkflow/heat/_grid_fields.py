@@ -121,12 +121,13 @@ class EuclideanVelocity:
         self.spacings = [float(y[1] - y[0]) for y in axes]
         if normalization == "softmax_dot":  # log-domain tilt e^{x y / eps}
             self.centre = [y[:, None] * y[None] / eps for y in axes]
-            self.face = [f[:, None] * y[None] / eps for f, y in zip(self.faces, axes)]
+            self.face = [f[:, None] * y[None] / eps for f, y in zip(self.faces, axes, strict=True)]
         else:
             self.centre = [torch.exp(-(y[:, None] - y[None]) ** 2 / (2 * eps)) for y in axes]
-            self.face = [torch.exp(-(f[:, None] - y[None]) ** 2 / (2 * eps)) for f, y in zip(self.faces, axes)]
+            self.face = [torch.exp(-(f[:, None] - y[None]) ** 2 / (2 * eps))
+                         for f, y in zip(self.faces, axes, strict=True)]
         # the kernel times (y - x) at the faces: B - x without cancellation
-        self.face_offset = [K * (y[None] - f[:, None]) for K, f, y in zip(self.face, self.faces, axes)]
+        self.face_offset = [K * (y[None] - f[:, None]) for K, f, y in zip(self.face, self.faces, axes, strict=True)]
 
     def kernel(self, a):
         return separable_apply(a, self.centre)

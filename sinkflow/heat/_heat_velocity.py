@@ -127,7 +127,8 @@ def _kernel_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_ite
     C = _scores(x, eps, layer)
     variant = layer.variant
     if variant.approximates is not None:
-        raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass landmarks=m")
+        raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass "
+                         "landmarks=m")
     if variant.normalization == "sinkhorn" and g is None:
         # Cold start from the symmetric approximation K_ij ~ G_ij / sqrt((G1)_i (G1)_j):
         # measured 20x fewer iterations than epsilon scaling (n = 2000, eps = 0.02-0.05).

@@ -183,7 +183,8 @@ def landmark_flow_errors(x0, landmarks=(8, 16, 32, 64), *, W=None, h: float = 0.
         out["energy"].append([energy_inf(y, W / temperature, tol=1e-12) for y in approx])
     return LandmarkFlowErrors(ms, k * h, np.array(out["spectral"]), np.array(out["field"]),
                               np.array(out["deviation"]), np.array(out["bound"]), float(L),
-                              np.array(out["energy"]), np.array([energy_inf(x, W / temperature, tol=1e-12) for x in exact]))
+                              np.array(out["energy"]),
+                              np.array([energy_inf(x, W / temperature, tol=1e-12) for x in exact]))
 
 
 def heat_variance_errors(ns, landmarks: int, *, t: float = 0.1, eps: float = 0.2, dt: float = 0.05, d: int = 1,

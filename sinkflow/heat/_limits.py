@@ -90,10 +90,12 @@ def heat_reference(initial, t: float, normalization: str = "sinkhorn"):
     t = _check_time(t)
     factor = limit_time_factor(normalization)
     if factor is None:
-        raise ValueError("softmax_dot has no many-particle limit: B(x) - x does not vanish as eps -> 0 (docs/theory/heat_limit.md)")
+        raise ValueError("softmax_dot has no many-particle limit: B(x) - x does not vanish as eps -> 0 "
+                         "(docs/theory/heat_limit.md)")
     if normalization == "unnormalized":
         if not isinstance(initial, Barenblatt):
-            raise ValueError("the porous-medium limit has a closed form only from a Barenblatt start; pass a Barenblatt")
+            raise ValueError("the porous-medium limit has a closed form only from a Barenblatt start; "
+                             "pass a Barenblatt")
         return initial.evolve(factor * t)
     if not isinstance(initial, GaussianMixture):
         raise ValueError(f"the heat limit of {normalization!r} has a closed form from a GaussianMixture start; "
@@ -138,7 +140,8 @@ class BarycentricMapResult(Summarized):
                        ("scale", number(self.scale))]]
 
 
-def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", *, tol: float = 1e-9) -> BarycentricMapResult:
+def barycentric_map(density, grid, eps: float, normalization: str = "sinkhorn", *,
+                    tol: float = 1e-9) -> BarycentricMapResult:
     r"""Check :math:`B_\varepsilon(x) = x + (\varepsilon/2)\nabla\log\rho(x) + O(\varepsilon^2)` on a 1D grid.
 
     The density is discretized on ``grid`` (weights :math:`\propto\rho(y_j)`), the kernel

@@ -195,7 +195,7 @@ def _rate(field, rho, w, s):
     """Right-hand side, Courant rate (sum_k max|v_k| / dx_k) and Sinkhorn diagnostics."""
     v, info = field(w, s)
     rhs = sum(flux_divergence(rho, vk, k, field.spacings[k], field.periodic) for k, vk in enumerate(v))
-    courant = sum(float(vk.abs().max()) / dx for vk, dx in zip(v, field.spacings))
+    courant = sum(float(vk.abs().max()) / dx for vk, dx in zip(v, field.spacings, strict=True))
     if not math.isfinite(courant):
         raise FloatingPointError(f"the {field.normalization} velocity left the floating range; "
                                  "use float64 or a smaller temperature / larger eps")
@@ -298,7 +298,8 @@ def _check_density(density, shape):
     if rho.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"density must be float32 or float64, got {rho.dtype} (convert it explicitly)")
     if tuple(rho.shape) != tuple(shape):
-        raise ValueError(f"density must hold one value per cell of the grid, shape {tuple(shape)}, got {tuple(rho.shape)}")
+        raise ValueError(f"density must hold one value per cell of the grid, shape {tuple(shape)}, got "
+                         f"{tuple(rho.shape)}")
     rho = rho.detach().clone()
     check_finite(rho, "density")
     if bool((rho < 0).any()):
@@ -490,7 +491,8 @@ def mean_field_flow(density, grid, times, *, normalization: str, eps: float | No
         warnings.warn(f"some Sinkhorn solves stopped at max_iter={max_iter} (largest marginal error "
                       f"{st.max_err:.2g} > tol={field.tol:g})", RuntimeWarning, stacklevel=2)
     return MeanFieldResult(times=times, grid=grid_out, densities=from_torch(densities, numpy_out),
-                           normalization=normalization, manifold=manifold, scheme=scheme, eps=getattr(field, "eps", None),
+                           normalization=normalization, manifold=manifold, scheme=scheme,
+                           eps=getattr(field, "eps", None),
                            temperature=getattr(field, "temperature", None), n_steps=st.steps,
                            dt_max=max(st.h, default=0.0), dt_min=min(st.h, default=0.0),
                            mass_error=float((masses - masses[0]).abs().max()), min_density=float(densities.min()),

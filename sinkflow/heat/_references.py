@@ -86,7 +86,8 @@ class GaussianMixture:
         if c.ndim == 1 and d == 1:
             c = c[:, None, None]
         if w.shape != (k,) or c.shape != (k, d, d):
-            raise ValueError(f"weights (k,), means (k, d), covs (k, d, d) must agree; got {w.shape}, {m.shape}, {c.shape}")
+            raise ValueError(f"weights (k,), means (k, d), covs (k, d, d) must agree; got {w.shape}, {m.shape}, "
+                             f"{c.shape}")
         if not (np.all(np.isfinite(w)) and np.all(np.isfinite(m)) and np.all(np.isfinite(c))):
             raise ValueError("mixture parameters must be finite")
         if np.any(w < 0) or not np.isclose(w.sum(), 1.0, rtol=0, atol=1e-10):
@@ -350,7 +351,8 @@ def _uniform_axis(ax, i) -> tuple[np.ndarray, float]:
     return ax, float(h[0])
 
 
-def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], times, *, tol: float = 1e-12) -> GridHeatSolution:
+def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], times, *,
+                    tol: float = 1e-12) -> GridHeatSolution:
     r"""Solve :math:`\partial_t\rho = \Delta\rho` on :math:`\mathbb R^d` (d = 1, 2) for grid data.
 
     The solution is the convolution :math:`\rho_t = \rho_0 * G_{2t}`, computed exactly in
@@ -397,7 +399,8 @@ def solve_heat_grid(initial: np.ndarray | Callable, axes: Sequence[np.ndarray], 
     axes = list(axes) if isinstance(axes, (list, tuple)) else [axes]
     d = len(axes)
     if d not in (1, 2):
-        raise ValueError(f"the grid solver supports dimensions 1 and 2, got {d} axes; use GaussianMixture for closed forms in any dimension")
+        raise ValueError(f"the grid solver supports dimensions 1 and 2, got {d} axes; use GaussianMixture for closed "
+                         "forms in any dimension")
     parsed = [_uniform_axis(ax, i) for i, ax in enumerate(axes)]
     axes = tuple(p[0] for p in parsed)
     steps = [p[1] for p in parsed]

@@ -99,7 +99,8 @@ def full_face_velocity(v: torch.Tensor, periodic: bool) -> torch.Tensor:
 
 
 def remap_step_limit(vf: torch.Tensor, rho: torch.Tensor, first: bool = True) -> float:
-    r"""Largest step for face velocities ``vf`` (cells per unit time): :data:`MAX_STRETCH`, and :data:`ACCURACY` if ``first``.
+    r"""Largest step for face velocities ``vf`` (cells per unit time): :data:`MAX_STRETCH`, and
+    :data:`ACCURACY` if ``first``.
 
     Examples
     --------

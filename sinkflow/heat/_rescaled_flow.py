@@ -193,8 +193,8 @@ def _check_bandwidth_resolves_particles(x: torch.Tensor, eps: float, sample: int
     spacing = float(nearest.median())
     if eps * 10 < spacing:
         warnings.warn(f"eps={eps:g} is far below the squared particle spacing (median nearest-neighbour distance^2 = "
-                      f"{spacing:.3g}): each particle's kernel sees almost only itself (neighbour weight < e^-5), so the "
-                      f"particles barely move and this is not the heat flow; use eps >= {spacing / 10:.3g} or more "
+                      f"{spacing:.3g}): each particle's kernel sees almost only itself (neighbour weight < e^-5), so "
+                      f"the particles barely move and this is not the heat flow; use eps >= {spacing / 10:.3g} or more "
                       "particles", RuntimeWarning, stacklevel=3)
 
 
@@ -324,7 +324,8 @@ def heat_trajectory(x0, times, eps: float, dt: float, normalization: str = "sink
                 bar.update()
             snaps.append(x.clone())
     if layer.variant.normalization == "sinkhorn" and not converged:
-        warnings.warn(f"some Sinkhorn solves stopped at max_iter={max_iter} (largest marginal error {max_err:.2g} > tol={tol:g})",
+        warnings.warn(f"some Sinkhorn solves stopped at max_iter={max_iter} (largest marginal error {max_err:.2g} > "
+                      f"tol={tol:g})",
                       RuntimeWarning, stacklevel=2)
     positions = from_torch(torch.stack(snaps), numpy_out)
     return HeatFlowResult(times=times, positions=positions, normalization=layer.name, eps=eps, dt=h_max or dt,

@@ -105,7 +105,8 @@ def heat_kernel_solves_heat(dim: int = 1) -> SymbolicCheck:
     xs = sp.symbols(f"x1:{dim + 1}", real=True)
     ms = sp.symbols(f"m1:{dim + 1}", real=True)
     v = sigma2 + 2 * t
-    rho = (2 * sp.pi * v) ** sp.Rational(-dim, 2) * sp.exp(-sum((xi - mi) ** 2 for xi, mi in zip(xs, ms)) / (2 * v))
+    squared = sum((xi - mi) ** 2 for xi, mi in zip(xs, ms, strict=True))
+    rho = (2 * sp.pi * v) ** sp.Rational(-dim, 2) * sp.exp(-squared / (2 * v))
     lhs = sp.diff(rho, t)
     rhs = sum(sp.diff(rho, xi, 2) for xi in xs)
     res = sp.simplify((lhs - rhs) / rho)  # divide by the positive Gaussian: a polynomial identity
@@ -181,7 +182,10 @@ def sinkhorn_barycentric_map_gaussian(order: int = 2) -> SymbolicCheck:
     :math:`\phi = c - a x^2/2`; the :math:`x^2` coefficient of the Schrödinger equation
     fixes :math:`a`. Then :math:`B(x) = \int k(x,y)\,y\,\rho(y)dy` is linear in :math:`x` and
 
-    .. math:: \frac{B_\varepsilon(x) - x}{\varepsilon/2} = -\frac{x}{s} + \frac{\varepsilon x}{4 s^2} + O(\varepsilon^2),
+    .. math::
+
+        \frac{B_\varepsilon(x) - x}{\varepsilon/2} = -\frac{x}{s} + \frac{\varepsilon x}{4 s^2}
+        + O(\varepsilon^2),
 
     whose leading term is the score :math:`\partial_x\log\rho = -x/s`. ``details`` holds
     ``a``, ``B`` (exact), ``series``.

@@ -23,7 +23,8 @@ def split_bias(variant, mask, bias, dtype):
     if bias is None:
         return mask, None
     if not torch.is_tensor(bias) or not bias.is_floating_point():
-        raise TypeError(f"bias must be a floating-point tensor (an additive mask), got {getattr(bias, 'dtype', type(bias))}")
+        raise TypeError("bias must be a floating-point tensor (an additive mask), got "
+                        f"{getattr(bias, 'dtype', type(bias))}")
     bias = bias.to(dtype)
     softmax_like = variant.normalize is not None and variant.normalization == "row"  # torch's result: only -inf masks
     dead = torch.isneginf(bias) if softmax_like else bias.exp() == 0

@@ -181,7 +181,8 @@ class _SinkhornPasses(torch.autograd.Function):
         if not float(_score_range(q, k, ctx.ln, ctx.scale)) <= SCORE_RANGE_LIMIT[q.dtype]:  # one sync; NaN too
             dq, dk, dv = _eager_backward(ctx, dy, q, k, v)
             return dq, dk, dv, None, None, None
-        steps = list(zip(pots[::2], pots[1::2]))  # dy of a sum is expanded (stride 0): the kernels misread it
+        # dy of a sum is expanded (stride 0): the kernels misread it
+        steps = list(zip(pots[::2], pots[1::2], strict=True))
         dq, dk, dv = _combined_backward(ctx, dy.contiguous(), q, k, v, y, F, G, steps)
         return dq, dk, dv, None, None, None
 
@@ -213,8 +214,13 @@ def _eager_backward(ctx, dy, q, k, v):
 def _reverse(ctx, dy, q, k, v, y, F, G, steps):
     """The steps' adjoints ``gamma`` back to step 1 (``{t: gamma}``; odd N: step N's term is the plan's ``D``)."""
     ln, scale, n_iter = ctx.ln, ctx.scale, ctx.n_iter
-    col_sums = lambda pots, x: _line_sums(k, q, ln.col_mask, pots[0], pots[1], x, scale)
-    row_sums = lambda pots, x: _line_sums(q, k, ln.row_mask, pots[1], pots[0], x, scale)
+
+    def col_sums(pots, x):
+        return _line_sums(k, q, ln.col_mask, pots[0], pots[1], x, scale)
+
+    def row_sums(pots, x):
+        return _line_sums(q, k, ln.row_mask, pots[1], pots[0], x, scale)
+
     dF = torch.linalg.vecdot(dy, y)
     if n_iter % 2:  # step N's matrix is the plan: its line sum rides on the output's P^T dY
         u = col_sums((F, G), torch.cat([dy, -dF.unsqueeze(-1)], -1))

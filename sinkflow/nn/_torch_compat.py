@@ -22,16 +22,19 @@ def check_shapes(mha, query, key, value, key_padding_mask, attn_mask, query_padd
         if t.shape[-1] != width:
             raise ValueError(f"{name} must have {width} features in its last dimension, got shape {tuple(t.shape)}")
     if key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(f"key and value must agree but in the features, got {tuple(key.shape)} and {tuple(value.shape)}")
+        raise ValueError(f"key and value must agree but in the features, got {tuple(key.shape)} and "
+                         f"{tuple(value.shape)}")
     seq = (lambda t: t.shape[1 if mha.batch_first else 0]) if batched else (lambda t: t.shape[0])
     b = (query.shape[0 if mha.batch_first else 1],) if batched else ()
     n, m = seq(query), seq(key)
     if batched and key.shape[0 if mha.batch_first else 1] != b[0]:
-        raise ValueError(f"query and key must have the same batch size, got {tuple(query.shape)} and {tuple(key.shape)}")
+        raise ValueError(f"query and key must have the same batch size, got {tuple(query.shape)} and "
+                         f"{tuple(key.shape)}")
     for mask, shape, name in ((key_padding_mask, b + (m,), "key_padding_mask"),
                               (query_padding_mask, b + (n,), "query_padding_mask")):
         if mask is not None and tuple(mask.shape) != shape:
-            raise ValueError(f"{name} must have shape {'(batch, ' if batched else '('}seq) = {shape}, got {tuple(mask.shape)}")
+            raise ValueError(f"{name} must have shape {'(batch, ' if batched else '('}seq) = {shape}, got "
+                             f"{tuple(mask.shape)}")
     heads = (b[0] * mha.num_heads,) if batched else (mha.num_heads,)
     if attn_mask is not None and tuple(attn_mask.shape) not in ((n, m), heads + (n, m)):
         lead = "batch * heads" if batched else "heads"
@@ -61,9 +64,10 @@ def nested_forward(mha, query, key, value, key_padding_mask, query_padding_mask,
         padded.setdefault(id(t), torch.nested.to_padded_tensor(t, 0.0))
     q, k, v = padded[id(query)], padded[id(key)], padded[id(value)]
     lengths = [torch.tensor([s.shape[0] for s in t.unbind()], device=q.device) for t in (query, key)]
-    pads = [torch.arange(p.shape[1], device=q.device) >= n[:, None] for p, n in zip((q, k), lengths)]
+    pads = [torch.arange(p.shape[1], device=q.device) >= n[:, None] for p, n in zip((q, k), lengths, strict=True)]
     out, weights = mha(q, k, v, key_padding_mask=pads[1], query_padding_mask=pads[0], **kwargs)
-    out = torch.nested.as_nested_tensor([o[:n] for o, n in zip(out, lengths[0].tolist())], layout=query.layout)
+    out = torch.nested.as_nested_tensor([o[:n] for o, n in zip(out, lengths[0].tolist(), strict=True)],
+                                        layout=query.layout)
     return out, weights
 
 
@@ -128,7 +132,8 @@ def combined_masks(b, n, m, heads, key_padding_mask, attn_mask, query_padding_ma
     """
     allowed = bias = None
     if key_padding_mask is not None:
-        allowed, bias = (None if t is None else t.to(device)[:, None, None, :] for t in torch_mask(key_padding_mask, "key_padding_mask"))
+        allowed, bias = (None if t is None else t.to(device)[:, None, None, :]
+                         for t in torch_mask(key_padding_mask, "key_padding_mask"))
     if attn_mask is None and is_causal:  # torch asks for the mask; here is_causal alone builds it
         attn_mask = torch.ones(n, m, dtype=torch.bool, device=device).triu(1)
     if attn_mask is not None:
@@ -166,6 +171,6 @@ def upgrade_state_dict(state_dict, prefix: str, packed: bool) -> None:
     if packed:
         state_dict[prefix + "in_proj_weight"] = torch.cat(weights)
     else:
-        state_dict.update({f"{prefix}{p}_proj_weight": w for p, w in zip("qkv", weights)})
+        state_dict.update({f"{prefix}{p}_proj_weight": w for p, w in zip("qkv", weights, strict=True)})
     if prefix + "q_proj.bias" in state_dict:
         state_dict[prefix + "in_proj_bias"] = torch.cat([state_dict.pop(f"{prefix}{p}_proj.bias") for p in "qkv"])

@@ -85,7 +85,8 @@ class AttentionKernel(nn.Module):
 
     ``forward(q, k, v, mask, need_weights=True, bias=None) -> (output, weights)`` on per-head
     tensors (``bias``: an additive float mask); see :func:`scaled_attention`.
-    :class:`sinkflow.studies.AttentionRecorder` hooks these modules: while a forward hook is registered (on the kernel, or for all modules with
+    :class:`sinkflow.studies.AttentionRecorder` hooks these modules: while a forward hook is
+    registered (on the kernel, or for all modules with
     ``torch.nn.modules.module.register_module_forward_hook``), the weights are formed even
     when the caller does not need them, so the hook sees them.
 
@@ -358,7 +359,8 @@ class MultiheadAttention(nn.Module):
         batched = check_shapes(self, query, key, value, key_padding_mask, attn_mask, query_padding_mask)
         query, key, value = to_batch_first(query, key, value, batched, self.batch_first)
         if not batched:
-            key_padding_mask, query_padding_mask = (None if t is None else t[None] for t in (key_padding_mask, query_padding_mask))
+            key_padding_mask, query_padding_mask = (None if t is None else t[None]
+                                                    for t in (key_padding_mask, query_padding_mask))
         b, n, m = query.shape[0], query.shape[1], key.shape[1]
         q, k, v = in_projection(self, query, key, value)
         k, v = self._extra_keys(k, v)

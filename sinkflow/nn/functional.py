@@ -113,8 +113,10 @@ def register_normalization(name: str, fn: Callable, *, overwrite: bool = False) 
     --------
     >>> import torch
     >>> from sinkflow.nn import register_normalization, MultiheadAttention
-    >>> register_normalization("mean", lambda q, k, v, mask, n_iter: v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]))
-    >>> out, w = MultiheadAttention(8, 2, batch_first=True, normalization="mean")(torch.ones(1, 3, 8), torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    >>> register_normalization("mean", lambda q, k, v, mask, n_iter:
+    ...                        v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]))
+    >>> x = torch.ones(1, 3, 8)
+    >>> out, w = MultiheadAttention(8, 2, batch_first=True, normalization="mean")(x, x, x)
     >>> out.shape, w is None
     (torch.Size([1, 3, 8]), True)
     """
@@ -136,7 +138,7 @@ def _empty_attention(q, k, v, need_weights):
 
 def check_inputs(tensors, names) -> None:
     """ValueError naming the first input that holds NaN or inf, on every path (each tensor checked once)."""
-    for i, (t, name) in enumerate(zip(tensors, names)):
+    for i, (t, name) in enumerate(zip(tensors, names, strict=True)):
         if not any(t is u for u in tensors[:i]):
             check_finite(t.detach(), name)
 
@@ -199,7 +201,8 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     >>> bool(torch.allclose(fast, scaled_attention(q, k, v, "sinkhorn")[0])), none
     (True, None)
     >>> K = scaled_attention(q, k, v, "sinkhorn", bias=torch.tensor([0.0, -1e9, 0.0]))[1]   # -1e9: key 1 masked
-    >>> float(K[..., 1].max()), torch.equal(K, scaled_attention(q, k, v, "sinkhorn", mask=torch.tensor([True, False, True]))[1])
+    >>> masked = scaled_attention(q, k, v, "sinkhorn", mask=torch.tensor([True, False, True]))[1]
+    >>> float(K[..., 1].max()), torch.equal(K, masked)
     (0.0, True)
     """
     variant = _model_variant(normalization)
@@ -223,5 +226,8 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     K = _weights(q, k, variant, n_iter, mask, bias)
     Kd = F.dropout(K, dropout, training) if dropout > 0 and training else K
     # The product with V may run in autocast precision; the weights were float32.
-    out = torch.matmul(Kd.to(v.dtype), v) if v.dtype in (torch.float16, torch.bfloat16) else torch.matmul(Kd, v.to(Kd.dtype)).to(v.dtype)
+    if v.dtype in (torch.float16, torch.bfloat16):
+        out = torch.matmul(Kd.to(v.dtype), v)
+    else:
+        out = torch.matmul(Kd, v.to(Kd.dtype)).to(v.dtype)
     return out, K

@@ -9,7 +9,9 @@ guard (``_step_size.py``); the field on particles is evaluated densely
 (``_dense_fields.py``), block by block without an ``n x n`` matrix
 (``_blockwise_fields.py``) or with ``m`` Nyström landmarks in ``O(n m)``
 (``_lowrank_fields.py``, the landmarks chosen in ``_landmarks.py``) or, on the circle and
-:math:`S^2` with identity matrices, exactly in ``O(n r)`` by harmonic expansion (``_harmonic_fields.py`` on ``_harmonic_kernels.py`` and ``_harmonic_bases.py``); ``_energies.py`` has the energies and the gradient-flow checks.
+:math:`S^2` with identity matrices, exactly in ``O(n r)`` by harmonic expansion
+(``_harmonic_fields.py`` on ``_harmonic_kernels.py`` and ``_harmonic_bases.py``); ``_energies.py``
+has the energies and the gradient-flow checks.
 Start reading at ``_simulate.py``.
 """
 

@@ -166,13 +166,15 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     if landmarks is not None:
         return _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks)
     if variant.approximates is not None:
-        raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass landmarks=m")
+        raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass "
+                         "landmarks=m")
     if chunked:
         return _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter)
     if variant.normalize is None:
         raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
                          "normalize(scores, n_iter, mask) to use it on particles")
-    symmetric_solve = (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1  # n_iter=1 is SoftMax
+    # n_iter=1 is SoftMax
+    symmetric_solve = (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1
                        and x.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and (
                            x.requires_grad or (W is not None and W.requires_grad))))
     if symmetric_solve and x.ndim == 2 and x.device.type == "cpu" and x.shape[0] <= NUMPY_N:
@@ -184,7 +186,9 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     if symmetric_solve:
         return _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
     if weights is not None or not variant.normalized:
-        a = weights if weights is not None else torch.full(x.shape[-2:-1], 1.0 / x.shape[-2], dtype=x.dtype, device=x.device)
+        a = weights
+        if a is None:
+            a = torch.full(x.shape[-2:-1], 1.0 / x.shape[-2], dtype=x.dtype, device=x.device)
         C = C + torch.log(a)[..., None, :]  # kernel a_j e^{C_ij}
     res = variant.normalize(C, n_iter=n_iter, mask=mask, weights=weights, tol=tol, max_iter=max_iter, init_g=init_g)
     K = res.attention
@@ -250,7 +254,9 @@ def _small_symmetric_field(Cn, V, n_iter, weights, init_g, tol, max_iter, need_e
             (K, g), count = _alternate(Cn, a, g0, int(n_iter)), int(n_iter)
     velocity = torch.from_numpy(K @ V.numpy()) if not V.requires_grad else torch.from_numpy(K) @ V
     K, g = torch.from_numpy(K), torch.from_numpy(g)
-    row_err, col_err = _errors(K, weights if weights is not None else torch.from_numpy(a)) if need_errors else (math.nan, math.nan)
+    row_err = col_err = math.nan
+    if need_errors:
+        row_err, col_err = _errors(K, weights if weights is not None else torch.from_numpy(a))
     return FieldEvaluation(velocity, K, g, count, True, row_err, col_err)
 
 
@@ -277,7 +283,8 @@ def _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol
     return FieldEvaluation(r.velocity, None, g, r.n_iter, r.converged, r.row_error, r.column_error)
 
 
-def _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks) -> FieldEvaluation:
+def _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter,
+                    landmarks) -> FieldEvaluation:
     if variant.landmark_method is None:
         raise ValueError(f"attention {variant.name!r} has no landmark approximation; drop landmarks")
     out_dtype = x.dtype  # float16 / bfloat16 are computed in float32 (eigh, pinv), returned in their dtype

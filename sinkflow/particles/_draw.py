@@ -67,7 +67,8 @@ def add_axes(fig, spec, geom: str):
 
 
 def shared_limits(arrays, geom: str) -> np.ndarray:
-    """``(d, 2)`` axis limits holding every position of ``arrays`` (fixed ``[-1.12, 1.12]`` on the circle and sphere)."""
+    """``(d, 2)`` axis limits holding every position of ``arrays`` (fixed ``[-1.12, 1.12]`` on the circle
+    and sphere)."""
     if geom in ("circle", "sphere"):
         d = 2 if geom == "circle" else 3
         return np.tile([-1.12, 1.12], (d, 1))
@@ -125,7 +126,10 @@ def panels(runs: dict, system=None, stacklevel: int = 3) -> tuple[dict, int]:
     :data:`MAX_PANELS` in all (one row per ensemble when there are several), with a warning
     when some are left out.
     """
-    named = lambda label, index: f"{label} [{', '.join(map(str, index))}]"
+
+    def named(label, index):
+        return f"{label} [{', '.join(map(str, index))}]"
+
     if system is not None:
         return {named(label, check_index(system, traj.batch_shape, "system")): traj.system(system)
                 for label, traj in runs.items()}, len(runs)
@@ -141,7 +145,10 @@ def panels(runs: dict, system=None, stacklevel: int = 3) -> tuple[dict, int]:
                           f"(at most {MAX_PANELS} panels); pick one with system=i", UserWarning, stacklevel=stacklevel)
         shown = list(range(min(count, share))) if batch else [None]
         for i in shown:
-            out[label if i is None else named(label, np.unravel_index(i, batch))] = traj if i is None else traj.system(i)
+            if i is None:
+                out[label] = traj
+            else:
+                out[named(label, np.unravel_index(i, batch))] = traj.system(i)
         widths.append(len(shown))
     return out, max(widths) if len(runs) > 1 else min(len(out), 3)
 

@@ -186,7 +186,8 @@ def energy_log_partition(x, W=None, weights=None):
 
 
 def energy_sphere(x, beta=1.0, weights=None):
-    r"""Interaction energy on the sphere :math:`E_\beta = \frac{1}{2\beta} \sum_{ij} a_i a_j e^{\beta \langle x_i, x_j\rangle}`.
+    r"""Interaction energy on the sphere
+    :math:`E_\beta = \frac{1}{2\beta} \sum_{ij} a_i a_j e^{\beta \langle x_i, x_j\rangle}`.
 
     With uniform weights this is :math:`\frac{1}{2\beta n^2}\sum_{ij} e^{\beta\langle x_i, x_j\rangle}`
     (docs/theory/sphere.md); the unnormalized flow on the sphere is its projected gradient ascent.
@@ -343,7 +344,8 @@ def gradient_flow_error(x, attention="sinkhorn", W=None, weights=None) -> float:
     True
     """
     if attention not in _ENERGY_OF:
-        raise ValueError(f"gradient_flow_error compares with an energy for attention in {tuple(_ENERGY_OF)}, got {attention!r}")
+        raise ValueError(f"gradient_flow_error compares with an energy for attention in {tuple(_ENERGY_OF)}, got "
+                         f"{attention!r}")
     X0, _ = _points(x)
     X = X0.detach().to(torch.float64).clone().requires_grad_(True)
     Wt = _form(W, X).detach()

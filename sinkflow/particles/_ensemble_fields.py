@@ -61,7 +61,8 @@ BLOCK_ENTRIES = NUMPY_ENTRIES
 #: Largest diagonal score of a SoftMax system whose exponentials are taken without a shift: half the
 #: exponent range of the dtype (every entry then lies within [sqrt(tiny), 1 / sqrt(tiny)]).
 UNSHIFTED_MAX = {dtype: -0.5 * math.log(torch.finfo(dtype).tiny) for dtype in (torch.float32, torch.float64)}
-UNSHIFTED_MAX.update({np.dtype(np.float32): UNSHIFTED_MAX[torch.float32], np.dtype(np.float64): UNSHIFTED_MAX[torch.float64]})
+UNSHIFTED_MAX.update({np.dtype(np.float32): UNSHIFTED_MAX[torch.float32],
+                      np.dtype(np.float64): UNSHIFTED_MAX[torch.float64]})
 
 
 def takes_ensemble(variant, n_iter, symmetric: bool, need_errors: bool, X: torch.Tensor) -> bool:
@@ -146,8 +147,9 @@ class EnsembleField(ParticleField):
         for rows in blocks:  # D = C - m_i / 2 - m_j / 2 <= 0 from one product, E = exp(D) in place
             E = _exp_(_matmul(q_half[rows], keys[rows], buffer[: rows.stop - rows.start]))
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system: not converged
-                (u, s), g[rows], count[rows], err = iterate_kernel(E, half[rows], a[rows], None if init_g is None else
-                                                                  init_g[rows], self.tol, min(self.max_iter, SYMMETRIC_BUDGET))
+                init = None if init_g is None else init_g[rows]
+                (u, s), g[rows], count[rows], err = iterate_kernel(E, half[rows], a[rows], init, self.tol,
+                                                                  min(self.max_iter, SYMMETRIC_BUDGET))
             converged[rows] = err <= self.tol  # NaN: not converged
             if bool(converged[rows].all()):
                 _matmul(E, u[..., None] * V[rows], P[rows, :, :d])
@@ -156,13 +158,14 @@ class EnsembleField(ParticleField):
                 self._finish(q[rows] @ _T(Y[rows]), a[rows], E * (u[..., None, :] / s[..., :, None]), V[rows],
                              P[rows, :, :d], (g[rows], count[rows], converged[rows]))
         velocity = _divided(P[..., :d], P[..., d:])
-        return FieldEvaluation(_tensor(velocity), None, _tensor(g), _tensor(count), _tensor(converged), math.nan, math.nan)
+        return FieldEvaluation(_tensor(velocity), None, _tensor(g), _tensor(count), _tensor(converged), math.nan,
+                               math.nan)
 
     def _finish(self, C, a, K, V, P, results):
         """:func:`_general_fallback` on a block's unconverged systems, written into ``P`` and ``results``."""
         K, *solved = _general_fallback(_tensor(C), _tensor(a), self.tol, self.max_iter, _tensor(K),
                                        *(_tensor(r) for r in results))
-        for out, value in zip(results, solved):
+        for out, value in zip(results, solved, strict=True):
             out[...] = _host(value)
         _matmul(_host(K), V, P)
 

@@ -210,10 +210,14 @@ def _in_batches(systems, variant, steps, settings: FlowSettings):
               for lo in range(0, systems.count, size)]
     if len(chunks) == 1:
         return chunks[0]
-    cat = lambda key, axis=1: np.concatenate([getattr(c, key) for c in chunks], axis=axis)
+
+    def cat(key, axis=1):
+        return np.concatenate([getattr(c, key) for c in chunks], axis=axis)
+
     first = chunks[0]
     return replace(first, positions=torch.cat([c.positions for c in chunks], 1),
-                   monitors=MonitorRecords({k: np.concatenate([c.monitors[k] for c in chunks], 1) for k in first.monitors}),
+                   monitors=MonitorRecords({k: np.concatenate([c.monitors[k] for c in chunks], 1)
+                                            for k in first.monitors}),
                    sinkhorn_iterations=cat("sinkhorn_iterations"), converged=cat("converged", 0),
                    times=cat("times"), monitor_times=cat("monitor_times"),
                    temperature=cat("temperature", 0), h=cat("h", 0), weights=systems.a)
@@ -283,7 +287,8 @@ def _contexts(field, variant, W, systems, settings: FlowSettings):
         tau = float(systems.tau[b])
         a = None if systems.a is None else systems.a[b].detach().to(torch.float64)
         out.append(MonitorContext(SimpleNamespace(temperature=tau), kind, (W64 if W64.ndim == 2 else W64[b]) / tau,
-                                  None if a is None else a / a.sum(), settings.manifold, settings.recording.cluster_tol))
+                                  None if a is None else a / a.sum(), settings.manifold,
+                                  settings.recording.cluster_tol))
     return field, out
 
 
@@ -313,12 +318,18 @@ def _at(value, b):
 def _shaped(traj, systems, numpy_out, tau_batched, h_batched):
     """The flat batch of a trajectory reshaped to the ensemble's batch shape."""
     batch = systems.batch
-    per_time = lambda v: v.reshape(v.shape[:1] + batch + v.shape[2:])
+
+    def per_time(v):
+        return v.reshape(v.shape[:1] + batch + v.shape[2:])
+
+    def times(v):
+        return per_time(v) if h_batched else v[:, 0]  # one time axis for a common h
+
     weights = None if systems.a is None else systems.a.reshape(batch + systems.a.shape[-1:])
-    times = lambda v: per_time(v) if h_batched else v[:, 0]  # one time axis for a common h
     return replace(
         traj, positions=from_torch(per_time(traj.positions), numpy_out), times=times(traj.times),
-        monitors=MonitorRecords({k: per_time(v) for k, v in traj.monitors.items()}), monitor_times=times(traj.monitor_times),
+        monitors=MonitorRecords({k: per_time(v) for k, v in traj.monitors.items()}),
+        monitor_times=times(traj.monitor_times),
         sinkhorn_iterations=per_time(traj.sinkhorn_iterations), converged=np.asarray(traj.converged).reshape(batch),
         temperature=np.asarray(traj.temperature).reshape(batch) if tau_batched else float(systems.tau[0]),
         h=np.asarray(traj.h).reshape(batch) if h_batched else float(systems.h[0]),

@@ -79,7 +79,8 @@ class _CircleBasis:
         self.width = 2 * K + 2  # values per particle
 
     def block(self, x, buffer=None):
-        return _circle_features(x, self.K, None if buffer is None else buffer[:self.width * len(x)].view(self.width, -1))
+        return _circle_features(x, self.K,
+                                None if buffer is None else buffer[:self.width * len(x)].view(self.width, -1))
 
     def zeros(self, cols, like):
         return like.new_zeros((self.width, cols))
@@ -119,9 +120,9 @@ def _sphere_degrees(L: int) -> np.ndarray:
     return np.concatenate([np.concatenate([[s], np.repeat(np.arange(1, L - s + 1) + s, 2)]) for s in range(L + 1)])
 
 
-def _sphere_row(L: int, l: int, m: int, sine: int) -> int:
+def _sphere_row(L: int, degree: int, m: int, sine: int) -> int:
     """Row of :math:`Y_{lm}` (its ``sin m phi`` part when ``sine``) in the order of :func:`_sphere_degrees`."""
-    s = l - m
+    s = degree - m
     return s * (2 * L + 2 - s) + (0 if m == 0 else 2 * m - 1 + sine)
 
 
@@ -133,13 +134,14 @@ def _legendre_fourier(L: int) -> np.ndarray:
     The fully normalized recurrence :math:`\bar P_{mm} = q_m \sin^m\theta`, :math:`\bar P_{m+1,m} =
     \sqrt{2m+3}\cos\theta\, \bar P_{mm}`, :math:`\bar P_{lm} = a_{lm}(\cos\theta\, \bar P_{l-1,m} -
     \bar P_{l-2,m} / a_{l-1,m})`, :math:`a_{lm} = \sqrt{(4l^2-1)/(l^2-m^2)}`, on :math:`4(L+1)` points
-    of the whole circle (signed :math:`\sin\theta`: even or odd functions), then an FFT (exact: degree < half the points).
+    of the whole circle (signed :math:`\sin\theta`: even or odd functions), then an FFT (exact: degree < half
+    the points).
     """
     points = 4 * (L + 1)
     theta = 2 * np.pi * np.arange(points) / points
     sin, cos = np.sin(theta), np.cos(theta)
-    l = np.arange(L + 1)
-    keep = (l[None, :] <= l[:, None]) & ((l[:, None] - l[None, :]) % 2 == 0)  # [l, k]
+    degrees = np.arange(L + 1)
+    keep = (degrees[None, :] <= degrees[:, None]) & ((degrees[:, None] - degrees[None, :]) % 2 == 0)  # [l, k]
     out = np.zeros((L + 1, L + 1, L + 1))
     diagonal = np.full(points, 1 / math.sqrt(4 * math.pi))
     for m in range(L + 1):
@@ -189,8 +191,8 @@ def _sphere_plan(L: int, dtype: torch.dtype = torch.float64, device: torch.devic
             if m == 0 and sine:
                 continue
             Dp[g] = coefficients[m]
-            fp += [g * (L + 1) + l for l in range(m, L + 1)]
-            rp += [_sphere_row(L, l, m, sine) for l in range(m, L + 1)]
+            fp += [g * (L + 1) + degree for degree in range(m, L + 1)]
+            rp += [_sphere_row(L, degree, m, sine) for degree in range(m, L + 1)]
         parity[rp], position[rp] = p, fp
         D.append(torch.tensor(Dp, dtype=dtype, device=device))
         flat.append(torch.tensor(fp, device=device))
@@ -311,7 +313,8 @@ class _SphereBasis:
         r""":math:`\Phi^T [w, w x]` from the moments of ``w`` to degree ``L + 1``: with :math:`G_{km} = \sum_j w_j
         \Theta_k e^{im\varphi}` (complex), :math:`z \cos k\theta = (\cos(k+1)\theta + \cos(k-1)\theta)/2` (same
         for sine), :math:`\sin\theta \cos k\theta = (\sin(k+1)\theta - \sin(k-1)\theta)/2`, :math:`\sin\theta
-        \sin k\theta = (\cos(k-1)\theta - \cos(k+1)\theta)/2` and :math:`x_1 \pm i x_2 = \sin\theta e^{\pm i\varphi}`."""
+        \sin k\theta = (\cos(k-1)\theta - \cos(k+1)\theta)/2` and
+        :math:`x_1 \pm i x_2 = \sin\theta e^{\pm i\varphi}`."""
         L = self.L
         G = torch.empty((L + 2, 2 * self.half), dtype=torch.complex128 if acc[0].dtype == torch.float64
                         else torch.complex64, device=acc[0].device)
@@ -333,7 +336,8 @@ class _SphereBasis:
 
 
 def _sphere_features(x: torch.Tensor, L: int) -> torch.Tensor:
-    r"""Real orthonormal spherical harmonics :math:`Y_{lm}(x)`, ``((L+1)^2, n)``, rows in :func:`_sphere_degrees` order."""
+    r"""Real orthonormal spherical harmonics :math:`Y_{lm}(x)`, ``((L+1)^2, n)``, rows in
+    :func:`_sphere_degrees` order."""
     basis = _SphereBasis(L, x)
     return basis.harmonics(basis.block(x))
 

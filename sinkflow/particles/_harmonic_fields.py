@@ -8,7 +8,8 @@ depends on :math:`\langle x, y\rangle` only. Scaled by :math:`e^{-\beta}` (no ov
 
     \text{circle:}\quad e^{\beta(\cos t - 1)} = \sum_{k \in \mathbb{Z}} \tilde I_k(\beta)\, e^{ikt},
     \qquad
-    S^2:\quad e^{\beta(\langle x, y\rangle - 1)} = \sum_{l \ge 0} (2l+1)\, \tilde\imath_l(\beta)\, P_l(\langle x, y\rangle),
+    S^2:\quad e^{\beta(\langle x, y\rangle - 1)}
+    = \sum_{l \ge 0} (2l+1)\, \tilde\imath_l(\beta)\, P_l(\langle x, y\rangle),
 
 with :math:`\tilde I_k = e^{-\beta} I_k` (``scipy.special.ive``, Jacobi-Anger) and
 :math:`\tilde\imath_l = e^{-\beta} i_l = \sqrt{\pi/(2\beta)}\, \tilde I_{l+1/2}` (Funk-Hecke), and the
@@ -168,7 +169,8 @@ def harmonic_attention_field(x, attention: str = "softmax", *, temperature: floa
     a = torch.full((X.shape[0],), 1.0 / X.shape[0], dtype=torch.float64, device=X.device) if a is None else a
     if kernel is None:
         kernel = likely_kernel(temperature, X.shape[1], tol, float(a.min()))
-    elif not isinstance(kernel, HarmonicKernel) or kernel.d != X.shape[1] or not math.isclose(kernel.beta, 1 / temperature):
+    elif (not isinstance(kernel, HarmonicKernel) or kernel.d != X.shape[1]
+          or not math.isclose(kernel.beta, 1 / temperature)):
         raise ValueError("kernel must be a harmonic_kernel of this temperature and dimension")
     g0 = None if init_g is None else to_torch(init_g, "init_g", like=X64).reshape(-1)
     out, following = _evaluate(kernel, X64, a, _NORMALIZATIONS[attention], n_iter, float(tol), int(max_iter), g0,
@@ -258,11 +260,15 @@ class HarmonicParticleField(ParticleField):
         stage = self.calls % self.stages
         self.calls += 1
         a = self.weights
-        a = torch.full((Y.shape[0],), 1.0 / Y.shape[0], dtype=torch.float64, device=Y.device) if a is None else a.to(torch.float64)
+        if a is None:
+            a = torch.full((Y.shape[0],), 1.0 / Y.shape[0], dtype=torch.float64, device=Y.device)
+        else:
+            a = a.to(torch.float64)
         extrapolate = self.symmetric and self.n_iter is None and self.warm_start
         zero = torch.zeros((), dtype=torch.float64, device=Y.device)  # the scaling's w is its g (no score diagonal)
         ev, self.kernel = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant],
-                                    self.n_iter, self.tol, self.max_iter, self._start(stage, zero if extrapolate else None),
+                                    self.n_iter, self.tol, self.max_iter,
+                                    self._start(stage, zero if extrapolate else None),
                                     self.need_errors, self.memory.setdefault(stage, {}) if self.warm_start else None)
         if ev.g is not None and self.warm_start:
             self.g = ev.g

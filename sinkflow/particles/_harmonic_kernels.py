@@ -87,8 +87,8 @@ class HarmonicKernel:
             k = np.arange(self.order + 1)
             weights = np.where(k == 0, 1.0, 2.0) * self.coefficients
             return np.cos(np.multiply.outer(np.arccos(t), k)) @ weights
-        l = np.arange(self.order + 1)
-        return special.eval_legendre(l, t[..., None]) @ ((2 * l + 1) * self.coefficients)
+        degrees = np.arange(self.order + 1)
+        return special.eval_legendre(degrees, t[..., None]) @ ((2 * degrees + 1) * self.coefficients)
 
     def eigenvalues(self, like: torch.Tensor) -> torch.Tensor:
         """:math:`\\Lambda` of :math:`\\Phi \\Lambda \\Phi^T`, in the order of :meth:`features`."""

@@ -68,7 +68,8 @@ class _Passes:
         """``(i0, i1, features)`` by block (the feature blocks cut into ``nbytes`` pieces)."""
         for b, (i0, i1) in enumerate(self.factored.blocks):
             F = self.stored[b] if self.stored is not None else self.array(
-                self.factored.harmonics(b, i0, i1, self.buffer[:self.factored.kernel.rank * (i1 - i0)].view(-1, i1 - i0)))
+                self.factored.harmonics(b, i0, i1,
+                                        self.buffer[:self.factored.kernel.rank * (i1 - i0)].view(-1, i1 - i0)))
             width = max(1, nbytes // (8 * F.shape[0]))
             for j0 in range(0, i1 - i0, width):
                 j1 = min(i1 - i0, j0 + width)
@@ -270,7 +271,8 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
         carry = (expect is not None and done + 1 >= expect) or (len(errs) >= 2 and errs[-1] ** 3 <= tol * errs[-2] ** 2)
         state = {"err": 0.0, "positive": True}
 
-        def step(i0, i1, S):
+        # bound now (``P.sweep`` calls it before the loop moves on): this iteration's values
+        def step(i0, i1, S, *, u=u, u_next=u_next, M=M, t=t, carried=carried, carry=carry, state=state):
             E[i0:i1] = S[0]
             state["err"] += float((a[i0:i1] * abs(u[i0:i1] * S[0] - 1)).sum())
             if carried:

@@ -28,7 +28,8 @@ class ParticleField:
     its options (``W = W_Q^T W_K``, ``sphere`` for ``manifold="sphere"``, ``need_errors`` for the
     ``"marginal_errors"`` monitor, ``symmetric`` when ``W`` is symmetric positive semi-definite,
     ``stages`` the field evaluations per integrator step, whose potentials ``history`` keeps per
-    stage for the warm start). ``Y`` may be a batch of systems ``(B, n, d)`` (ensembles). ``retract(Y)`` maps a state back to the manifold
+    stage for the warm start). ``Y`` may be a batch of systems ``(B, n, d)`` (ensembles).
+    ``retract(Y)`` maps a state back to the manifold
     (renormalization on the sphere, the identity in Euclidean space).
 
     Examples

@@ -430,7 +430,10 @@ def lowrank_attention_field(x: torch.Tensor, V: torch.Tensor, landmarks, *, norm
     if x.ndim != 2 or x.shape[0] == 0:
         raise ValueError(f"x must be (n, d) with at least one particle, got shape {tuple(x.shape)}")
     if x.dtype in (torch.float16, torch.bfloat16):  # no CPU eigh in half precision: float32 inside
-        f32 = (lambda t: t if t is None or not t.is_floating_point() else t.float())
+
+        def f32(t):
+            return t if t is None or not t.is_floating_point() else t.float()
+
         r = lowrank_attention_field(x.float(), V.float(), landmarks, normalization=normalization, scores=scores,
                                     method=method, W=f32(W), temperature=temperature, weights=f32(weights),
                                     n_iter=n_iter, tol=tol, max_iter=max_iter, init_g=f32(init_g),

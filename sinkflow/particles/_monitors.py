@@ -14,7 +14,8 @@ from sinkflow._checks import check_choice
 from sinkflow.particles._energies import energy_0, energy_gaussian, energy_inf, energy_sphere
 from sinkflow.particles._integrators import ParticleField
 
-__all__ = ["MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords", "MONITOR_FUNCTIONS", "MONITORS",
+__all__ = ["MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords",
+           "MONITOR_FUNCTIONS", "MONITORS",
            "MONITOR_KEYS"]
 
 

@@ -40,7 +40,10 @@ def lipschitz_scale(x: torch.Tensor, W: torch.Tensor | None, W_V: torch.Tensor |
 def _lipschitz(x, W, W_V, temperature):
     """:func:`lipschitz_scale` of each system of a batch ``x`` (``(..., n, d)``), as a float64 tensor."""
     R2 = squared_norms(x.detach().to(torch.float64)).mean(-1)
-    norm = lambda M: 1.0 if M is None else torch.linalg.matrix_norm(M.detach().to(torch.float64), 2)
+
+    def norm(M):
+        return 1.0 if M is None else torch.linalg.matrix_norm(M.detach().to(torch.float64), 2)
+
     return norm(W_V) * (1 + 2 * norm(W) * R2 / temperature)
 
 

@@ -152,9 +152,16 @@ class Trajectory(Summarized):
         ((3,), (5, 8, 2), 'i')
         """
         index = check_index(index, self.batch_shape, "system")
-        at = lambda v: v if v is None else v[(slice(None),) + index]  # arrays with a time axis first
-        per_time = lambda v: at(v) if np.ndim(v) > 1 else v  # times shared by every system when h is
-        per_system = lambda v: v if np.ndim(v) == 0 else v[index].item()
+
+        def at(v):  # arrays with a time axis first
+            return v if v is None else v[(slice(None),) + index]
+
+        def per_time(v):  # times shared by every system when h is
+            return at(v) if np.ndim(v) > 1 else v
+
+        def per_system(v):
+            return v if np.ndim(v) == 0 else v[index].item()
+
         return replace(self, positions=at(self.positions), times=per_time(self.times),
                        monitors=type(self.monitors)({k: at(v) for k, v in self.monitors.items()}),
                        monitor_times=per_time(self.monitor_times), sinkhorn_iterations=at(self.sinkhorn_iterations),

@@ -255,7 +255,8 @@ def read_manifest(folder: str | Path) -> dict[str, dict[str, str]]:
     path = Path(folder) / "MANIFEST.tsv"
     lines = path.read_text().splitlines() if path.is_file() else []
     rows = (line.split("\t") for line in lines[1:])
-    return {cells[2]: dict(zip(MANIFEST_COLUMNS, cells)) for cells in rows if len(cells) == len(MANIFEST_COLUMNS)}
+    return {cells[2]: dict(zip(MANIFEST_COLUMNS, cells, strict=True))
+            for cells in rows if len(cells) == len(MANIFEST_COLUMNS)}
 
 
 def write_manifest(folder: str | Path, rows: dict[str, dict[str, str]]) -> None:
@@ -289,5 +290,5 @@ def _update_manifest(out: Path, name: str, mode: str, written, chash: str, dsum:
     # rows of this figure drawn from other data no longer describe the reference data
     rows = {f: r for f, r in read_manifest(out).items() if r["figure"] != name or r["data_checksum"] == dsum}
     for p in written:
-        rows[p.name] = dict(zip(MANIFEST_COLUMNS, (name, mode, p.name, chash, dsum, _file_hash(p))))
+        rows[p.name] = dict(zip(MANIFEST_COLUMNS, (name, mode, p.name, chash, dsum, _file_hash(p)), strict=True))
     write_manifest(out, rows)

@@ -300,7 +300,8 @@ def _staleness(spec: FigureSpec, mode: str, out: Path, data: dict, formats) -> t
     files = [out / r["file"] for r in rows if Path(r["file"]).suffix[1:] in formats]
     if not rows or not set(formats) <= {Path(r["file"]).suffix[1:] for r in rows}:
         return [f"no {mode} manifest row with config hash {chash} for every format of {', '.join(formats)}"], files
-    broken = [r["file"] for r in rows if not (out / r["file"]).is_file() or _file_hash(out / r["file"]) != r["file_sha256"]]
+    broken = [r["file"] for r in rows
+              if not (out / r["file"]).is_file() or _file_hash(out / r["file"]) != r["file_sha256"]]
     if broken:
         return [f"missing or changed file(s): {', '.join(broken)}"], files
     reference = read_reference(reference_path(out, spec.name))

@@ -71,7 +71,7 @@ def plot_predictions(data, cfg):
 
     fig, axes = new_figure(4, 1, width=3.2, height=3.0)
     a, b, c, d = axes[0]
-    for norm, shift in zip(_NORMS, (0.97, 1.03)):
+    for norm, shift in zip(_NORMS, (0.97, 1.03), strict=True):
         col, betas = COLORS[norm], data[f"{norm}_betas"]
         counts = data[f"{norm}_counts"]
         for s in range(counts.shape[1]):
@@ -100,7 +100,7 @@ def plot_predictions(data, cfg):
     c.set_title("positions vs predict_clusters\n(runs whose count is $k^*$)", fontsize=9)
     c.legend(fontsize=6.5)
     ks, shades = np.arange(1, 7), ("#9ecae1", "#4292c6", "#08306b")  # light to dark: small to large N
-    for i, (n, runs) in enumerate(zip(data["tie_n"], data["tie_runs"])):
+    for i, (n, runs) in enumerate(zip(data["tie_n"], data["tie_runs"], strict=True)):
         d.bar(ks + (i - 1) * 0.25, data["tie_histogram"][i], width=0.25, color=shades[i % 3],
               label=f"N = {int(n):,} ({int(runs)} seeds)")
     d.set_xlabel("clusters at $t = 2t_f$")
@@ -142,8 +142,8 @@ def compute_metastability(cfg: MetastabilityConfig) -> dict:
         data[f"{name}_dwell"] = np.array([r["dwell"] for r in ok])
         data[f"{name}_law"] = np.array([r["predicted"] for r in ok])
         if name.startswith("dwell_circle"):
-            run = next((r for r in study["runs"] if r["beta"] == cfg.staircase_beta and r["seed"] == cfg.staircase_seed),
-                       study["runs"][0])
+            run = next((r for r in study["runs"]
+                        if r["beta"] == cfg.staircase_beta and r["seed"] == cfg.staircase_seed), study["runs"][0])
             norm = study["config"]["normalization"]
             data[f"{norm}_times"] = np.array(run["times"])
             data[f"{norm}_energy"] = np.array(run["energies"])
@@ -197,7 +197,7 @@ def plot_metastability(data, cfg):
         t = np.maximum(data[f"{norm}_times"], 0.5)
         ax.plot(t, data[f"{norm}_energy"], color=COLORS[norm], lw=1.2,
                 label=r"SoftMax $e^{-\beta}E_\beta$ (left)" if norm == "softmax" else r"Sinkhorn $F^\infty$ (right)")
-        for (t0, t1, level), k in zip(data[f"{norm}_levels"], data[f"{norm}_level_counts"]):
+        for (t0, t1, level), _k in zip(data[f"{norm}_levels"], data[f"{norm}_level_counts"], strict=True):
             ax.hlines(level, max(t0, 0.5), max(t1, 0.5), color=COLORS[norm], ls=":", lw=1.5)
         ax.tick_params(axis="y", colors=COLORS[norm])
     c.set_xscale("log")

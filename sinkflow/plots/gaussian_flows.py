@@ -84,6 +84,7 @@ def plot_moments(data: dict, cfg: MomentsConfig):
 
 register("gaussian_moment_flows", compute=compute_moments, plot=plot_moments, quick=MomentsConfig(),
          full=MomentsConfig(n=4000, steps=80), default=True,
-         description="A Gaussian under SoftMax and Sinkhorn mean-field flows: particle moments vs the closed moment ODE",
+         description="A Gaussian under SoftMax and Sinkhorn mean-field flows: particle moments vs the closed "
+                     "moment ODE",
          caption=("Under SoftMax and Sinkhorn attention alike, the particles' mean and covariance follow the "
                   "closed moment ODE of a Gaussian, to within the sampling error of 400 particles."))

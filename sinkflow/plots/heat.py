@@ -17,7 +17,8 @@ import numpy as np
 import sinkflow
 from sinkflow.plots import register
 
-COLOR_KEYS = {"sinkhorn": "sinkhorn", "softmax_gaussian": "gaussian", "softmax_dot": "softmax", "unnormalized": "unnormalized"}
+COLOR_KEYS = {"sinkhorn": "sinkhorn", "softmax_gaussian": "gaussian", "softmax_dot": "softmax",
+              "unnormalized": "unnormalized"}
 
 
 def mixture_1d() -> sinkflow.GaussianMixture:
@@ -61,7 +62,8 @@ def compute_snapshots(cfg: SnapshotConfig) -> dict:
     data["axis2d"] = ax
     data["pdf1d"] = np.stack([g1.evolve(t).pdf(grid) for t in cfg.times])
     data["pdf2d"] = np.stack([g2.evolve(t).pdf(mesh).reshape(ax.size, ax.size) for t in cfg.times])
-    data["w2_1d"] = np.array([sinkflow.wasserstein2(x[:, None], g1.evolve(t)).value for x, t in zip(data["x1d"], cfg.times)])
+    data["w2_1d"] = np.array([sinkflow.wasserstein2(x[:, None], g1.evolve(t)).value
+                              for x, t in zip(data["x1d"], cfg.times, strict=True)])
     return data
 
 
@@ -130,9 +132,11 @@ def compute_normalizations(cfg: NormalizationsConfig) -> dict:
         for norm in NORMALIZATIONS:
             dt = min(cfg.dt_dot if norm == "softmax_dot" else cfg.dt, largest_safe_dt(x0, cfg.eps, norm))
             pos = sinkflow.heat_trajectory(x0, times, cfg.eps, dt, norm).positions
-            data[f"w2_heat_{norm}"] = np.array([sinkflow.wasserstein2(p, g.evolve(t)).value for p, t in zip(pos, times)])
+            data[f"w2_heat_{norm}"] = np.array([sinkflow.wasserstein2(p, g.evolve(t)).value
+                                                for p, t in zip(pos, times, strict=True)])
             if norm == "softmax_gaussian":
-                data[f"w2_own_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(g, t, norm)).value for p, t in zip(pos, times)])
+                data[f"w2_own_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(g, t, norm)).value
+                                                   for p, t in zip(pos, times, strict=True)])
         data["w2_floor"] = _iid_floor([g.evolve(t) for t in times], cfg.n, cfg.floor_draws, cfg.seed + 7)
         # porous medium: Barenblatt start, unnormalized kernel vs its own limit; Sinkhorn for contrast
         b = sinkflow.Barenblatt(dim=1, time=0.3)
@@ -140,8 +144,9 @@ def compute_normalizations(cfg: NormalizationsConfig) -> dict:
         for norm in ("unnormalized", "sinkhorn"):
             dt = min(cfg.dt, largest_safe_dt(xb, cfg.eps_pme, norm))
             pos = sinkflow.heat_trajectory(xb, times, cfg.eps_pme, dt, norm).positions
-            data[f"w2_pme_{norm}"] = np.array([sinkflow.wasserstein2(p, sinkflow.heat_reference(b, t, "unnormalized")).value
-                                               for p, t in zip(pos, times)])
+            data[f"w2_pme_{norm}"] = np.array([
+                sinkflow.wasserstein2(p, sinkflow.heat_reference(b, t, "unnormalized")).value
+                for p, t in zip(pos, times, strict=True)])
         data["w2_pme_floor"] = _iid_floor([sinkflow.heat_reference(b, t, "unnormalized") for t in times], cfg.n_pme,
                                           cfg.floor_draws, cfg.seed + 9)
     return data
@@ -195,8 +200,10 @@ def plot_normalizations(data, cfg):
 
 
 register("heat_normalizations", compute=compute_normalizations, plot=plot_normalizations, quick=NormalizationsConfig(),
-         full=NormalizationsConfig(n=3000, eps=0.05, dt=0.005, dt_dot=0.001, t_end=1.0, n_times=11, n_pme=3000, eps_pme=0.01),
-         default=True, description="W2 to the heat solution over time: Sinkhorn vs SoftMax (Gaussian, dot) vs unnormalized",
+         full=NormalizationsConfig(n=3000, eps=0.05, dt=0.005, dt_dot=0.001, t_end=1.0, n_times=11, n_pme=3000,
+                                   eps_pme=0.01),
+         default=True,
+         description="W2 to the heat solution over time: Sinkhorn vs SoftMax (Gaussian, dot) vs unnormalized",
          caption=('Only Sinkhorn attention follows the heat equation: its W2 stays near the i.i.d. sampling '
                   'floor, while SoftMax (both scores) and the unnormalized kernel drift away.'))
 
@@ -244,7 +251,8 @@ def compute_convergence(cfg: ConvergenceConfig) -> dict:
         fine = sinkflow.heat_flow(x0_dt, t, eps_dt, min(cfg.dt_values) / 8).var()
         dt_err = np.array([[abs(sinkflow.heat_flow(x0_dt, t, eps_dt, dt).var() - fine) / fine] for dt in cfg.dt_values])
     slope_dt, _ = sinkflow.fit_loglog_slope(cfg.dt_values, dt_err[:, 0])
-    return {"eps": st_eps.values, "eps_errors": st_eps.errors, "eps_slope": st_eps.slope, "eps_ci": np.array(st_eps.slope_ci),
+    return {"eps": st_eps.values, "eps_errors": st_eps.errors, "eps_slope": st_eps.slope,
+            "eps_ci": np.array(st_eps.slope_ci),
             "n": st_n.values, "n_errors": st_n.errors, "n_slope": st_n.slope, "n_ci": np.array(st_n.slope_ci),
             "floor_errors": st_floor.errors, "floor_slope": st_floor.slope,
             "dt": np.asarray(cfg.dt_values), "dt_errors": dt_err, "dt_slope": slope_dt, "eps_dt": eps_dt}
@@ -296,7 +304,8 @@ def plot_convergence(data, cfg):
 
 
 register("heat_convergence", compute=compute_convergence, plot=plot_convergence, quick=ConvergenceConfig(),
-         full=ConvergenceConfig(eps_values=(0.4, 0.2, 0.1, 0.05, 0.025), n_for_eps=2000, n_values=(250, 500, 1000, 2000, 4000),
+         full=ConvergenceConfig(eps_values=(0.4, 0.2, 0.1, 0.05, 0.025), n_for_eps=2000,
+                                n_values=(250, 500, 1000, 2000, 4000),
                                 eps_for_n=0.05, dt_values=(0.1, 0.05, 0.025, 0.0125), seeds=(0, 1, 2)),
          default=False, description="Observed orders of the Sinkhorn heat flow in eps, n and dt, with seeds")
 
@@ -344,7 +353,8 @@ def plot_barycentric(data, cfg):
     a.set_ylabel(r"$(B_\varepsilon(x) - x)/(\varepsilon/2)$")
     a.set_title("Barycentric map vs score")
     a.legend(fontsize=7)
-    for norm, lab in (("sinkhorn", r"Sinkhorn, scale $\varepsilon/2$"), ("softmax_gaussian", r"SoftMax, scale $\varepsilon$")):
+    for norm, lab in (("sinkhorn", r"Sinkhorn, scale $\varepsilon/2$"),
+                      ("softmax_gaussian", r"SoftMax, scale $\varepsilon$")):
         b.plot(data["eps"], data[f"err_{norm}"], "o-", color=COLORS[COLOR_KEYS[norm]],
                label=f"{lab}: slope {data[f'slope_{norm}']:.2f}")
     _log_axes(b, data["eps"])

@@ -49,7 +49,8 @@ def compute_errors(cfg: LandmarkErrorsConfig) -> dict:
     r = landmark_flow_errors(x0, cfg.landmarks, h=cfg.h, steps=cfg.steps, temperature=cfg.temperature)
     heat = heat_variance_errors(cfg.heat_sizes, cfg.heat_landmarks, seed=cfg.seed)
     return dict(landmarks=r.landmarks, times=r.times, spectral=r.spectral_error, field=r.field_error,
-                deviation=r.deviation, bound_estimate=r.bound_estimate, lipschitz_estimate=r.lipschitz_estimate, energy=r.energy,
+                deviation=r.deviation, bound_estimate=r.bound_estimate, lipschitz_estimate=r.lipschitz_estimate,
+                energy=r.energy,
                 energy_exact=r.energy_exact, heat_sizes=np.array(cfg.heat_sizes), heat_error=heat)
 
 
@@ -62,7 +63,8 @@ def plot_errors(data: dict, cfg: LandmarkErrorsConfig):
     ax = axes[0, 0]
     m = data["landmarks"]
     floor = 1e-16
-    ax.semilogy(m, np.maximum(data["spectral"], floor), "o-", color=COLORS["gaussian"], label=r"$\|G-\tilde G\|_2/\|G\|_2$")
+    ax.semilogy(m, np.maximum(data["spectral"], floor), "o-", color=COLORS["gaussian"],
+                label=r"$\|G-\tilde G\|_2/\|G\|_2$")
     ax.semilogy(m, np.maximum(data["field"], floor), "s--", color=COLORS["sinkhorn"], label=r"field error $\delta_m$")
     ax.set_xlabel(r"landmarks $m$ ($m = n$: exact)")
     ax.set_ylabel("relative error at $t = 0$")
@@ -165,7 +167,8 @@ def compute_heat_2d(cfg: LandmarkHeat2DConfig) -> dict:
     last = start.evolve(times[-1]).covs[0][0, 0]  # heat: Rayleigh radius with variance s per coordinate
     edges = np.linspace(0.0, 4.5 * np.sqrt(last), 46)
     r = 0.5 * (edges[1:] + edges[:-1])
-    return dict(times=times, growth_exact=_variance_growth(exact, x_exact), growth_landmark=_variance_growth(approx, x_lm),
+    return dict(times=times, growth_exact=_variance_growth(exact, x_exact),
+                growth_landmark=_variance_growth(approx, x_lm),
                 growth_heat=2 * times, growth_mean_field=_sinkhorn_layers_variance(s0, cfg.eps, cfg.dt, times) - s0,
                 radius=r, density_heat=r / last * np.exp(-r ** 2 / (2 * last)),
                 density_exact=np.histogram(np.linalg.norm(exact[-1], axis=1), edges, density=True)[0],
@@ -195,7 +198,8 @@ def plot_heat_2d(data: dict, cfg: LandmarkHeat2DConfig):
     r = data["radius"]
     ax.plot(r, data["density_heat"], color=COLORS["reference"], label="heat solution")
     ax.step(r, data["density_exact"], where="mid", color=COLORS["sinkhorn"], label=f"Sinkhorn, n = {cfg.n_exact:,}")
-    ax.step(r, data["density_landmark"], where="mid", color=COLORS["gaussian"], label=f"Nyström, n = {cfg.n_landmark:,}")
+    ax.step(r, data["density_landmark"], where="mid", color=COLORS["gaussian"],
+            label=f"Nyström, n = {cfg.n_landmark:,}")
     ax.set_xlabel(r"radius $|x|$")
     ax.set_ylabel("density")
     ax.set_title(f"radial density at t = {data['times'][-1]:g}")

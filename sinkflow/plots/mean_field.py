@@ -79,7 +79,7 @@ def plot_limits(data, cfg):
     a, b, c = axes[0]
     y = data["grid"]
     a.plot(y, data["heat_sinkhorn"], color=COLORS["reference"], label=r"heat $\rho_0 * G_{2t}$")
-    for e, sol in zip(data["eps"], data["pde_sinkhorn"]):
+    for e, sol in zip(data["eps"], data["pde_sinkhorn"], strict=True):
         a.plot(y, sol, lw=1, label=rf"PDE, $\varepsilon = {e:g}$")
     a.set_xlim(-4, 4)
     a.set_xlabel("$x$")
@@ -199,7 +199,8 @@ def plot_clusters(data, cfg):
     fig.colorbar(im, ax=a).ax.set_title(r"$2\pi\rho$", fontsize=8)  # above the bar: off panel (b)'s label
     a.set_xlabel(r"$\theta$")
     a.set_ylabel("$t$")
-    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = {sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization):d}$"
+    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = "
+                rf"{sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization):d}$"
                 "\n(log colour scale: the formation shows)", fontsize=9)
     spread = np.linspace(-0.12, 0.12, data["counts"].shape[1])
     for key, norm, shift in (("counts", "softmax", -0.12), ("counts_sinkhorn", "sinkhorn", 0.12)):
@@ -237,13 +238,15 @@ def _energy_panel(c, data, cfg, COLORS):
         c.annotate(f"{k}", xy=(1.01, level), xycoords=("axes fraction", "data"), va="center", fontsize=7)
     c.set_xlabel("$t$")
     c.set_ylabel(r"$E_\beta$ (grey: $k$ clusters, at right)")
-    c.set_title(r"energy staircase, $\beta = %g$" % cfg.beta_pde)
+    c.set_title(rf"energy staircase, $\beta = {cfg.beta_pde:g}$")
     c.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: off the plateaus
 
 
 register("circle_metastable_clusters", compute=compute_clusters, plot=plot_clusters, quick=ClustersConfig(),
-         full=ClustersConfig(cells=512, betas=(1.5, 2.0, 3.0, 4.0, 5.0, 6.5, 8.0, 10.0, 12.0, 16.0, 20.0), seeds=10, n=512,
+         full=ClustersConfig(cells=512, betas=(1.5, 2.0, 3.0, 4.0, 5.0, 6.5, 8.0, 10.0, 12.0, 16.0, 20.0), seeds=10,
+                             n=512,
                              h_counts=0.05),
-         default=True, description="Circle: near-uniform starts cluster into k*(beta) metastable clusters (linear stability)",
+         default=True,
+         description="Circle: near-uniform starts cluster into k*(beta) metastable clusters (linear stability)",
          caption=('From a near-uniform start on the circle the fastest-growing mode k*(beta) sets how many clusters '
                   'form first; particles mostly agree, Sinkhorn less often, and the energy climbs a staircase.'))

@@ -64,7 +64,8 @@ def attention_plot(data: dict, cfg: AttentionConfig):
     ax = axes[0, 2]
     ranks = np.arange(1, cfg.n_keys + 1)
     ax.step(ranks, sinkflow.sorted_column_sums(data["softmax"]), where="mid", color=COLORS["softmax"], label="SoftMax")
-    ax.step(ranks, sinkflow.sorted_column_sums(data["sinkhorn"]), where="mid", color=COLORS["sinkhorn"], label="Sinkhorn")
+    ax.step(ranks, sinkflow.sorted_column_sums(data["sinkhorn"]), where="mid", color=COLORS["sinkhorn"],
+            label="Sinkhorn")
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # sums near 1: 0.5, 1, 2, written plainly
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -73,8 +74,9 @@ def attention_plot(data: dict, cfg: AttentionConfig):
     ax.set_ylabel(r"sorted column sum $\sum_i K_{ij}$")
     ax.set_title("column sums")
     ax.legend()
-    mats = [(np.exp(data["scores"]), r"$\exp(C)$"), (data["softmax"], "SoftMax$(C)$"), (data["sinkhorn"], "Sinkhorn$(C)$")]
-    for ax, (M, title) in zip(axes[1], mats):
+    mats = [(np.exp(data["scores"]), r"$\exp(C)$"), (data["softmax"], "SoftMax$(C)$"),
+            (data["sinkhorn"], "Sinkhorn$(C)$")]
+    for ax, (M, title) in zip(axes[1], mats, strict=True):
         im = ax.imshow(M, cmap="viridis", vmin=0)
         ax.set_title(title)
         ax.set_xlabel("key $j$")
@@ -132,7 +134,8 @@ def convergence_plot(data: dict, cfg: ConvergenceConfig):
     fig, axes = new_figure(2, 1, width=3.2, height=3.0)
     ax, rates = axes[0]
     colors = [COLORS["sinkhorn"], COLORS["softmax"], COLORS["unnormalized"], COLORS["gaussian"], COLORS["other"]]
-    for s, e, pred, color in zip(data["scales"], data["errors"], data["predicted_rate"], colors):
+    # not strict: colors is a palette, longer than the scales of the quick and full configurations
+    for s, e, pred, color in zip(data["scales"], data["errors"], data["predicted_rate"], colors, strict=False):
         ell = np.arange(1, len(e) + 1)
         ax.semilogy(ell, e, color=color, label=rf"scale {s:g}")
         # a rate r per full iteration is r^(1/2) per half-iteration; anchored at the first error
@@ -145,7 +148,8 @@ def convergence_plot(data: dict, cfg: ConvergenceConfig):
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # under the axes: no line hidden
     s = data["scales"]
     rates.plot(s, data["bound_rate"], "s--", color=COLORS["bound"], label=r"bound $\tanh(\Delta/4)^2$ (Birkhoff-Hopf)")
-    rates.plot(s, data["predicted_rate"], "x:", color=COLORS["reference"], ms=7, label=r"predicted $\sigma_2(P)^2$ (Knight)")
+    rates.plot(s, data["predicted_rate"], "x:", color=COLORS["reference"], ms=7,
+               label=r"predicted $\sigma_2(P)^2$ (Knight)")
     rates.plot(s, data["observed_rate"], "o", color=COLORS["sinkhorn"], mfc="none", label="observed (fit)")
     rates.set_xscale("log", base=2)
     rates.set_xticks(s, [f"{v:g}" for v in s])

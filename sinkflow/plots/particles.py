@@ -47,7 +47,8 @@ def compute_flows(cfg: FlowConfig) -> dict:
         out[f"{kind}_energy"] = traj.monitors["energy_inf"]
         idx = np.arange(0, cfg.steps + 1, cfg.error_every)
         out[f"{kind}_error_times"] = traj.times[idx]
-        out[f"{kind}_identity_error"] = np.array([sinkflow.gradient_flow_error(traj.positions[k], kind, Wf) for k in idx])
+        out[f"{kind}_identity_error"] = np.array([sinkflow.gradient_flow_error(traj.positions[k], kind, Wf)
+                                                  for k in idx])
     out["times"] = traj.times
     return out
 
@@ -94,7 +95,8 @@ def plot_energy(data: dict, cfg: FlowConfig):
     for kind, label in (("softmax", "SoftMax"), ("sinkhorn", "Sinkhorn")):
         ax.plot(t, data[f"{kind}_energy"], color=COLORS[kind], label=label)
         ax2.semilogy(data[f"{kind}_error_times"], data[f"{kind}_identity_error"], "o-", color=COLORS[kind], ms=3,
-                     label={"softmax": r"SoftMax vs $-n\nabla F^1$", "sinkhorn": r"Sinkhorn vs $-n\nabla F^\infty$"}[kind])
+                     label={"softmax": r"SoftMax vs $-n\nabla F^1$",
+                            "sinkhorn": r"Sinkhorn vs $-n\nabla F^\infty$"}[kind])
     ax.set_xlabel(r"$t$")
     ax.set_ylabel(r"$F^\infty(\mu_t) = \frac{1}{2}\mathrm{OT}_1(\mu_t, \mu_t)$")
     ax.set_title("energy along the flow")
@@ -165,7 +167,8 @@ def plot_jacobian(data: dict, cfg: JacobianConfig):
 
 register("particles_jacobian", compute=compute_jacobian, plot=plot_jacobian,
          quick=JacobianConfig(n=10, n_iters=(1, 2, 4, 8, 16, 32), temperatures=(1.0, 2.0)), full=JacobianConfig(n=24),
-         default=False, description="Asymmetry of the particle-field Jacobian vs Sinkhorn iterations: SoftMax -> gradient flow")
+         default=False,
+         description="Asymmetry of the particle-field Jacobian vs Sinkhorn iterations: SoftMax -> gradient flow")
 
 
 # ----------------------------------------------------------------------------------------
@@ -241,7 +244,8 @@ def plot_sphere(data: dict, cfg: SphereConfig):
 
 
 register("particles_sphere", compute=compute_sphere, plot=plot_sphere,
-         quick=SphereConfig(n=32, betas=(1.0, 4.0, 9.0), phase_betas=(0.5, 1.0, 2.0, 4.0, 9.0, 16.0), t_max=15.0, h=0.15),
+         quick=SphereConfig(n=32, betas=(1.0, 4.0, 9.0), phase_betas=(0.5, 1.0, 2.0, 4.0, 9.0, 16.0), t_max=15.0,
+                            h=0.15),
          full=SphereConfig(), default=False,
          description="Clustering on the sphere (SA dynamics, n=64, d=3) and a beta x time phase diagram")
 

@@ -57,7 +57,7 @@ def plot_phase(data, cfg):
     from sinkflow.plots.style import LABELS, new_figure
 
     fig, axes = new_figure(len(cfg.normalizations), 1, width=3.3, height=3.0)
-    for ax, norm in zip(axes[0], cfg.normalizations):
+    for ax, norm in zip(axes[0], cfg.normalizations, strict=True):
         fraction = data[f"fraction_{norm}"].T
         im = ax.pcolormesh(data["beta"], data["t"], fraction, shading="nearest", cmap="magma", vmin=0, vmax=1)
         ax.contour(data["beta"], data["t"], fraction, levels=[0.5], colors="cyan", linewidths=1.0)

@@ -76,5 +76,6 @@ register(
     quick=SweepRatesConfig(),
     full=SweepRatesConfig(n=100, scales=(0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0), seeds=tuple(range(10))),
     default=False,
-    description="Sinkhorn contraction rate vs temperature over a grid: observed, sigma_2(P)^2 and the Birkhoff-Hopf bound",
+    description="Sinkhorn contraction rate vs temperature over a grid: observed, sigma_2(P)^2 and the Birkhoff-Hopf "
+                "bound",
 )

@@ -74,7 +74,7 @@ def plot_column_sums(report, variants=None):
     panels = [v for v in variants if "reused_from" not in _runs(report, v)[0]]
     fig, axes = new_figure(len(panels) + 1, 1, width=2.9, height=2.6)
     cmap = mpl.colormaps["viridis"]
-    for ax, v in zip(axes[0], panels):
+    for ax, v in zip(axes[0], panels, strict=False):  # not strict: the last axis is the extra panel drawn after
         run = _runs(report, v)[0]
         S = np.asarray(run["history"]["sorted_column_sums"], dtype=float)
         E = len(S) - 1
@@ -233,7 +233,8 @@ def plot_paper_comparison(report: dict, rows: list[dict] | None = None):
     names = [c["variant"] for c in rows]
     x = np.arange(len(names))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    for ax, key, label in ((axes[0], "accuracy", "test accuracy (%)"), (axes[1], "instability_ratio", "instability x SoftMax")):
+    for ax, key, label in ((axes[0], "accuracy", "test accuracy (%)"),
+                           (axes[1], "instability_ratio", "instability x SoftMax")):
         ours = [np.nan if c[key] is None else c[key] for c in rows]
         paper = [np.nan if c[f"paper_{key}"] is None else c[f"paper_{key}"] for c in rows]
         ax.bar(x - 0.2, ours, 0.4, label=f"sinkflow ({report['mode']}, {report['config']['device']})")

@@ -124,17 +124,18 @@ def _plateau_note(curve: dict, k: int) -> str:
 
 
 def _point_cloud_section(study: dict) -> list[str]:
-    """The Sinkformers point-cloud study (:func:`sinkflow.studies.point_clouds.point_cloud_report`) beside ModelNet40."""
+    """The Sinkformers point-cloud study (:func:`sinkflow.studies.point_clouds.point_cloud_report`) beside
+    ModelNet40."""
     s, paper = study["setting"], SINKFORMERS["modelnet40"]
     lines = [f"## Sinkformers: point clouds (generated shapes, {s['size']}, {s['epochs']} epochs, CPU)", "",
              f"Set Transformer (a point-wise embedding of the coordinates and their norm, 2 ISABs with "
              f"{s['inducing']} inducing points, width {s['dim']}, {s['heads']} heads, PMA with one seed, dropout "
-             f"{s['dropout']}) with SoftMax or Sinkhorn ({s['n_iter']} half-iterations) attention, on {len(s['classes'])} "
-             f"generated shape classes ({', '.join(s['classes'])}): {s['n_train']} training and {s['n_test']} test "
-             f"clouds per class of {s['n_points']} points, stretched per axis, noised, rotated about the vertical "
-             f"axis. Adam lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs; a run's accuracy is the mean "
-             f"test accuracy of its last {s['tail']} epochs; seeds {s['seeds']}, paired (same data, initialization "
-             f"and batches); `{study['command']}`{_machine_of(study)}"
+             f"{s['dropout']}) with SoftMax or Sinkhorn ({s['n_iter']} half-iterations) attention, on "
+             f"{len(s['classes'])} generated shape classes ({', '.join(s['classes'])}): {s['n_train']} training and "
+             f"{s['n_test']} test clouds per class of {s['n_points']} points, stretched per axis, noised, rotated "
+             f"about the vertical axis. Adam lr {s['lr']:g}, batch {s['batch_size']}, {s['epochs']} epochs; a run's "
+             f"accuracy is the mean test accuracy of its last {s['tail']} epochs; seeds {s['seeds']}, paired (same "
+             f"data, initialization and batches); `{study['command']}`{_machine_of(study)}"
              + (f"; {study['note']}" if study.get("note") else "") + ". ModelNet40 (the paper's Table 1: 40 classes, "
              "1,000 points, width 256, 4 runs, 16 inducing points) cannot be downloaded here: compare the gap, "
              "not the accuracies. The paper's column was entered from its Table 1 without a copy of the paper "

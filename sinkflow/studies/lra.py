@@ -5,8 +5,8 @@ paper's model — 2 pre-LN blocks, embedding 64, feed-forward 128, 2 heads of di
 mean pooling, 128 Nyström landmarks — in ``--full`` mode, a smaller one in ``--quick``, on
 data from :mod:`sinkflow.datasets`. :func:`paper_comparison` puts a report's accuracy,
 time per step, memory and instability score beside the papers' numbers (:data:`PAPER`)
-and says where they disagree; :func:`sinkflow.studies.pages.report_markdown` and :func:`sinkflow.plots.training.plot_paper_comparison`
-turn that into the report's markdown and figure.
+and says where they disagree; :func:`sinkflow.studies.pages.report_markdown` and
+:func:`sinkflow.plots.training.plot_paper_comparison` turn that into the report's markdown and figure.
 
 Settings that differ from the paper in quick and full mode (stated in every report): sequences
 are padded to a fixed length and padding is attended like any token (no masks, the same for
@@ -98,8 +98,8 @@ def paper_comparison(report: dict) -> list[dict]:
 
     ``verdict`` is ``"agrees"``, ``"contradicts"`` or ``"-"`` (no claim): accuracy is
     compared by the sign of the difference to SoftMax (the paper: every kernel method above
-    SoftMax) when the seeds' accuracy ranges do not overlap, the instability ratio by the side of 1 it falls on, time by the paper's
-    direction (Skyformer faster than SoftMax, Sinkhorn within 10% of SoftMax).
+    SoftMax) when the seeds' accuracy ranges do not overlap, the instability ratio by the side of 1 it
+    falls on, time by the paper's direction (Skyformer faster than SoftMax, Sinkhorn within 10% of SoftMax).
     """
     task, rows = report["task"], report["summary"]
     paper = PAPER.get(task, {})
@@ -132,7 +132,8 @@ def paper_comparison(report: dict) -> list[dict]:
                     "paper_accuracy": p_acc, "instability_ratio": inst, "paper_instability_ratio": p_inst,
                     "step_time": r["step_time"]["median"], "step_time_ratio": time_ratio, "paper_time_ratio": p_time,
                     "memory": r["memory"]["median"], "memory_ratio": mem_ratio,
-                    "paper_memory_ratio": 1 / PAPER["skyformer_memory_saving"] if r["attention"] == "skyformer" else None,
+                    "paper_memory_ratio": (1 / PAPER["skyformer_memory_saving"] if r["attention"] == "skyformer"
+                                           else None),
                     "verdict": verdict})
     return out
 
@@ -163,7 +164,8 @@ def _table(report: dict, rows: list[dict], with_setting: bool) -> str:
     for c in rows:
         lines.append(
             prefix + f"| {c['variant']} | {_f(c['accuracy'], '{:.1f}')} / {_f(c['paper_accuracy'])} | "
-            f"{_f(c['instability_ratio'])} / {_f(c['paper_instability_ratio'])} | {_f(c['step_time'] and 1e3 * c['step_time'], '{:.1f}')} | "
-            f"{_f(c['step_time_ratio'])} / {_f(c['paper_time_ratio'])} | {_f(c['memory'] and c['memory'] / 2**20, '{:.1f}')} | "
+            f"{_f(c['instability_ratio'])} / {_f(c['paper_instability_ratio'])} | "
+            f"{_f(c['step_time'] and 1e3 * c['step_time'], '{:.1f}')} | {_f(c['step_time_ratio'])} / "
+            f"{_f(c['paper_time_ratio'])} | {_f(c['memory'] and c['memory'] / 2**20, '{:.1f}')} | "
             f"{_f(c['memory_ratio'])} / {_f(c['paper_memory_ratio'])} | {c['verdict']} |")
     return "\n".join(lines)

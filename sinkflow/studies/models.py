@@ -64,7 +64,8 @@ class AttentionBlock(nn.Module):
                  pre_norm: bool = True, mlp_ratio: int = 0, dropout: float = 0.0, landmarks: int = 64):
         super().__init__()
         self.norm = nn.LayerNorm(dim) if pre_norm else nn.Identity()
-        self.attn = MultiheadAttention(dim, heads, batch_first=True, dropout=dropout, normalization=normalization, n_iter=n_iter,
+        self.attn = MultiheadAttention(dim, heads, batch_first=True, dropout=dropout, normalization=normalization,
+                                       n_iter=n_iter,
                                        landmarks=landmarks)
         self.mlp = None
         if mlp_ratio:

@@ -30,6 +30,7 @@ sinkflow's attention blocks do not.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -200,6 +201,10 @@ def _loss(model, x, y):
     return F.cross_entropy(model(x).float(), y)
 
 
+def _backward(model, x, y) -> None:
+    _loss(model, x, y).backward()
+
+
 def cost_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 3, n_iter: int = 3) -> list[dict]:
     """Time (median of ``steps`` training steps after one warm-up step) and memory of a training step.
 
@@ -231,7 +236,7 @@ def cost_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 3
                 opt.step()
                 times.append(time.perf_counter() - t0)
         for attention, (model, _, times, env) in runs.items():
-            memory, method = step_bytes(lambda: _loss(model, x, y).backward(), x.device)
+            memory, method = step_bytes(functools.partial(_backward, model, x, y), x.device)
             model.zero_grad(set_to_none=True)
             rows.append({"attention": attention, "seed": int(seed), "step_time": float(np.median(times[1:])),
                          "step_times": times[1:], "memory": memory, "memory_method": method,
@@ -254,7 +259,8 @@ def _taus(setting: PaperSetting, attention: str, seed: int, steps: int, n_iter: 
     return taus
 
 
-def instability_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 20, n_iter: int = 3) -> list[dict]:
+def instability_rows(setting: PaperSetting, attentions, seeds=(0, 1, 2), steps: int = 20,
+                     n_iter: int = 3) -> list[dict]:
     """The paper's instability ratio (Appendix F) per attention: per seed, the mean over the
     first ``steps`` optimizer steps of :math:`\\tau_i / \\tau_i^{SoftMax}` (same initialization
     seed and batches); rows hold the per-seed ratios, their median, min and max.
@@ -313,11 +319,13 @@ def residual_share(setting: PaperSetting, attention: str, seed: int = 0) -> floa
 
 
 def residual_shares(setting: PaperSetting, seeds=(0, 1, 2)) -> dict:
-    """:func:`residual_share` of SoftMax and the Gaussian kernel, official and N(0, 1) embeddings (median over seeds)."""
+    """:func:`residual_share` of SoftMax and the Gaussian kernel, official and N(0, 1) embeddings (median over
+    seeds)."""
     out = {}
     for label, std in (("official", setting.embed_std), ("N(0, 1)", None)):
         s = replace(setting, embed_std=std)
-        out[label] = {a: float(np.median([residual_share(s, a, seed) for seed in seeds])) for a in ("softmax", "gaussian")}
+        out[label] = {a: float(np.median([residual_share(s, a, seed) for seed in seeds]))
+                      for a in ("softmax", "gaussian")}
     return out
 
 
@@ -427,7 +435,8 @@ def run_paper_setting(task: str, attentions=("softmax", "sinkhorn", "gaussian", 
                       seeds=(0, 1, 2), *, cost_batch: int | None = None, cost_steps: int = 3,
                       instability_attentions=("softmax", "gaussian", "skyformer", "nystromformer"),
                       instability_batch: int | None = None, instability_seeds=None, steps: int = 20,
-                      decomposition_length: int | None = None, decomposition_batch: int = 4, max_length: int | None = None,
+                      decomposition_length: int | None = None, decomposition_batch: int = 4,
+                      max_length: int | None = None,
                       log=None) -> dict:
     """The ``--paper`` report of one task: cost table, instability ratios and (optionally) the decomposition.
 

@@ -5,7 +5,8 @@ The Sinkformers paper classifies ModelNet40 point clouds with a Set Transformer 
 Sinkhorn. ModelNet40 cannot be downloaded here, so :func:`shape_classes` generates a stand-in:
 ``K`` shape classes (sphere, ellipsoid, cube, cylinder, cone, torus, square pyramid,
 octahedron), points sampled on each surface, stretched by a random factor per axis, noised,
-rotated by a random angle about the vertical axis, centred and scaled to unit RMS radius (:func:`sinkflow.studies.data.point_clouds`).
+rotated by a random angle about the vertical axis, centred and scaled to unit RMS radius
+(:func:`sinkflow.studies.data.point_clouds`).
 
 Blocks (``(batch, n, d)`` in, permutation-equivariant or -invariant in the points):
 
@@ -206,7 +207,8 @@ class PMA(nn.Module):
 
 
 class SetTransformer(nn.Module):
-    r"""Point-cloud classifier of the Sinkformers paper's ModelNet40 runs: encoder blocks, dropout, PMA, dropout, linear.
+    r"""Point-cloud classifier of the Sinkformers paper's ModelNet40 runs: encoder blocks, dropout, PMA,
+    dropout, linear.
 
     Parameters
     ----------

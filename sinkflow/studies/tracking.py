@@ -116,7 +116,8 @@ class StochasticitySummary(Summarized):
         return head, [[("sorted column sums", f"{sums.size} columns, {span(sums)} of their target")]]
 
 
-def stochasticity_summary(K: torch.Tensor, with_kl: bool = True, *, mask: torch.Tensor | None = None) -> StochasticitySummary:
+def stochasticity_summary(K: torch.Tensor, with_kl: bool = True, *,
+                          mask: torch.Tensor | None = None) -> StochasticitySummary:
     """Summarize how doubly stochastic attention matrices ``K (..., n, n)`` are.
 
     Computed in float64 on the matrices' device (the KL needs a converged Sinkhorn
@@ -215,14 +216,15 @@ def instability_score(model: nn.Module, inputs, eps: float = 1e-3, n_draws: int 
     scores = []
     try:
         for _ in range(n_draws):
-            deltas = [eps * torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device, p.dtype) for p in params]
+            deltas = [eps * torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device, p.dtype)
+                      for p in params]
             saved = [p.detach().clone() for p in params]  # (p + d) - d != p in floating point
-            for p, d in zip(params, deltas):
+            for p, d in zip(params, deltas, strict=True):
                 p.add_(d)
             try:
                 out = forward()
             finally:
-                for p, s in zip(params, saved):
+                for p, s in zip(params, saved, strict=True):
                     p.copy_(s)
             num = float(((out - base) ** 2).sum()) / batch
             den = float(sum((d.float() ** 2).sum() for d in deltas))
@@ -302,5 +304,5 @@ def update_instability(model: nn.Module, inputs, step, seed: int = 0) -> float:
     after = embed()
     with torch.no_grad():
         num = float(((after - before) ** 2).sum())
-        den = float(sum(((p.detach() - s).float() ** 2).sum() for p, s in zip(params, saved)))
+        den = float(sum(((p.detach() - s).float() ** 2).sum() for p, s in zip(params, saved, strict=True)))
     return num / den if den > 0 else float("nan")

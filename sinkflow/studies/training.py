@@ -146,7 +146,8 @@ def _autocast(device: torch.device, amp: bool):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Dataset, batch_size: int = 256, device="cpu", amp: bool = False) -> tuple[float, float]:
+def evaluate(model: nn.Module, data: Dataset, batch_size: int = 256, device="cpu",
+             amp: bool = False) -> tuple[float, float]:
     """``(mean cross-entropy, accuracy)`` of ``model`` on ``data`` (eval mode).
 
     Examples
@@ -192,7 +193,8 @@ def _probe(model, x, cfg, device):
     return summary, inst
 
 
-def train(model: nn.Module, train_data: Dataset, test_data: Dataset, config: TrainConfig = TrainConfig()) -> TrainingHistory:
+def train(model: nn.Module, train_data: Dataset, test_data: Dataset,
+          config: TrainConfig = TrainConfig()) -> TrainingHistory:
     """Train ``model`` (Adam, cross-entropy) and record the per-epoch trajectory.
 
     Parameters

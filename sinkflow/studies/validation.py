@@ -185,7 +185,8 @@ TASKS: dict[str, Task] = {
                       quick=TaskSize(720, 32, 6, seq_len=128, n_classes=8, batch_size=32, probe_size=16),
                       full=TaskSize(8000, 64, 30, seq_len=1024, n_classes=4, batch_size=32, lr=1e-3, probe_size=16,
                                     n_needles=2)),
-    "listops": Task("listops", "LRA ListOps: value of nested MAX/MIN/MED/SM expressions, 10 classes (Skyformer Table 1)",
+    "listops": Task("listops",
+                    "LRA ListOps: value of nested MAX/MIN/MED/SM expressions, 10 classes (Skyformer Table 1)",
                     *_lra("listops"),
                     quick=TaskSize(2000, 32, 6, batch_size=32, lr=3e-3, seq_len=39, n_classes=10, probe_size=16,
                                    depth=2, heads=2, mlp_ratio=2, landmarks=32,
@@ -203,7 +204,8 @@ TASKS: dict[str, Task] = {
                                      **{**_PAPER_MODEL, "lr": 2e-4}),
                        learn=TaskSize(3000, 32, 20, batch_size=32, lr=2e-3, seq_len=144, n_classes=2, probe_size=16,
                                       depth=2, heads=2, mlp_ratio=2, landmarks=32, mask=True,
-                                      embed_std=0.02, data=(("resolution", 12), ("path_length", 2), ("n_distractors", 0)))),
+                                      embed_std=0.02,
+                                      data=(("resolution", 12), ("path_length", 2), ("n_distractors", 0)))),
 }
 
 
@@ -283,7 +285,8 @@ def run_validation(task: str, attentions=("softmax", "sinkhorn"), n_iters=(1, 3,
             "config": {"size": dataclasses.asdict(size), "attentions": list(attentions),
                        "n_iters": [int(k) for k in n_iters], "seeds": [int(s) for s in seeds], "device": device,
                        "amp": amp, "n_train": len(train_data), "n_test": len(test_data)},
-            "environment": {"torch": torch.__version__, "python": sys.version.split()[0], "platform": platform.platform(),
+            "environment": {"torch": torch.__version__, "python": sys.version.split()[0],
+                            "platform": platform.platform(),
                             "threads": torch.get_num_threads(),
                             "gpu": torch.cuda.get_device_name(0) if str(device).startswith("cuda") else None},
             "total_time": time.perf_counter() - t_start,
@@ -412,7 +415,8 @@ def summarize(runs: list[dict]) -> list[dict]:
         h = [r["history"] for r in rs]
         cd = [np.asarray(x["column_deviation"], dtype=float) for x in h]
         rows.append({
-            "variant": variant, "attention": rs[0]["attention"], "n_iter": rs[0]["n_iter"], "seeds": [r["seed"] for r in rs],
+            "variant": variant, "attention": rs[0]["attention"], "n_iter": rs[0]["n_iter"],
+            "seeds": [r["seed"] for r in rs],
             "test_accuracy": _stats([x["test_accuracy"][-1] for x in h]),
             "column_deviation_epoch0": _stats([c[0] for c in cd]),
             "column_deviation_epoch1": _stats([c[min(1, len(c) - 1)] for c in cd]),
@@ -424,8 +428,9 @@ def summarize(runs: list[dict]) -> list[dict]:
             "step_time": _stats([r["step_time"] for r in rs if r.get("step_time") is not None]),
             "memory": _stats([r["memory"] for r in rs if r.get("memory") is not None]),
             "update_instability_ratio_to_softmax": _stats([
-                _update_instability_ratio(r, next((s for s in runs if s["variant"] == "softmax" and s["seed"] == r["seed"]),
-                                                  None)) for r in rs])["median"],
+                _update_instability_ratio(r, next((s for s in runs
+                                                   if s["variant"] == "softmax" and s["seed"] == r["seed"]), None))
+                for r in rs])["median"],
         })
     ref = next((r for r in rows if r["variant"] == "softmax"), None)
     for r in rows:

@@ -72,7 +72,8 @@ def expand_grid(grid) -> list[dict]:
     --------
     >>> from sinkflow.sweeps import expand_grid
     >>> expand_grid({"n": [8, 16], "scale": [1.0, 2.0], "seed": 0})
-    [{'n': 8, 'scale': 1.0, 'seed': 0}, {'n': 8, 'scale': 2.0, 'seed': 0}, {'n': 16, 'scale': 1.0, 'seed': 0}, {'n': 16, 'scale': 2.0, 'seed': 0}]
+    [{'n': 8, 'scale': 1.0, 'seed': 0}, {'n': 8, 'scale': 2.0, 'seed': 0},
+     {'n': 16, 'scale': 1.0, 'seed': 0}, {'n': 16, 'scale': 2.0, 'seed': 0}]
     >>> expand_grid([{"n": 8}, {"n": 16, "scale": 4.0}])
     [{'n': 8}, {'n': 16, 'scale': 4.0}]
     """
@@ -85,7 +86,8 @@ def expand_grid(grid) -> list[dict]:
                 raise TypeError(f"grid parameter names must be strings, got {name!r}")
             if isinstance(values, np.ndarray):
                 if values.ndim != 1:
-                    raise ValueError(f"grid parameter {name!r}: give a 1D list of values, got an array of shape {values.shape}")
+                    raise ValueError(f"grid parameter {name!r}: give a 1D list of values, got an array of shape "
+                                     f"{values.shape}")
                 values = values.tolist()
             if isinstance(values, (list, tuple, range)):
                 values = list(values)
@@ -94,7 +96,7 @@ def expand_grid(grid) -> list[dict]:
             else:
                 values = [values]
             axes.append([_jsonable(v, f"grid parameter {name!r}") for v in values])
-        points = [dict(zip(grid, combo)) for combo in itertools.product(*axes)]
+        points = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*axes)]
     elif isinstance(grid, (list, tuple)):
         if not grid:
             raise ValueError("empty grid: the list of points is empty")

@@ -124,7 +124,7 @@ def sweep(grid, fn, executor="dask", *, cache_dir: str | os.PathLike | None = ".
 
     results: dict[int, Any] = {}
     if not recompute:
-        for i, (p, path) in enumerate(zip(points, paths)):
+        for i, (p, path) in enumerate(zip(points, paths, strict=True)):
             if path is not None and (cached := _read_cached(path, experiment, p)) is not None:
                 results[i] = cached
     n_cached = len(results)

@@ -80,7 +80,8 @@ def test_registry_errors_are_clear(user_variant):
 def test_output_only_normalization_still_registers_for_models():
     sinkflow.nn.register_normalization("value_mean", lambda q, k, v, mask, n_iter: v.mean(-2, keepdim=True).expand(
         *q.shape[:-1], v.shape[-1]), overwrite=True)
-    out, w = MultiheadAttention(8, 2, batch_first=True, normalization="value_mean")(torch.ones(1, 3, 8), torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    x = torch.ones(1, 3, 8)
+    out, w = MultiheadAttention(8, 2, batch_first=True, normalization="value_mean")(x, x, x)
     assert out.shape == (1, 3, 8) and w is None
     with pytest.raises(ValueError, match="normalize"):
         sinkflow.simulate(np.eye(3), "value_mean", steps=1)

@@ -6,6 +6,7 @@ block, Cbar~ the Nyström approximation on landmark indices J, E = Cbar - Cbar~.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -164,7 +165,7 @@ def test_iterative_inverse_converges_to_the_inverse_on_well_conditioned_blocks()
     M = _gauss(X, X)
     target = np.linalg.inv(M + 0.1 * np.eye(12))
     errors = [np.abs(sinkflow.iterative_inverse(M, n_iter=k) - target).max() for k in (2, 4, 6, 12)]
-    assert all(b <= a for a, b in zip(errors, errors[1:]))
+    assert all(b <= a for a, b in itertools.pairwise(errors))
     assert errors[-1] < 1e-12   # converged to rounding
     # With gamma = 0 and enough iterations, the practical Nyström equals the pinv Nyström.
     Q, K = _data(20, 3, 2.0, 10)
@@ -382,7 +383,10 @@ def test_landmarks_beyond_the_stacked_points_cost_what_the_points_do(monkeypatch
     Cbar = np.exp(-0.5 * np.square(np.concatenate([Q, K])[:, None] - np.concatenate([Q, K])[None]).sum(-1)
                   / math.sqrt(3))
     J = np.array([0, 3, 3, 7, 0, 11, 7])
-    approx = lambda J: Cbar[:, J] @ np.linalg.pinv(Cbar[np.ix_(J, J)], hermitian=True) @ Cbar[:, J].T
+
+    def approx(J):
+        return Cbar[:, J] @ np.linalg.pinv(Cbar[np.ix_(J, J)], hermitian=True) @ Cbar[:, J].T
+
     assert np.abs(approx(J) - approx(np.unique(J))).max() <= 1e-10
     blocks = []
     pinv = np.linalg.pinv

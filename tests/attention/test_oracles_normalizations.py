@@ -54,7 +54,7 @@ def test_the_oracle_distinguishes_consecutive_half_iterations():
     # Guard for the counting tests below: one half-iteration more or less changes the matrix.
     C = moderate_scores()
     mats = [sinkhorn_log(C, k)[0] for k in range(1, 10)]
-    assert min(np.abs(p - q).max() for p, q in zip(mats, mats[1:])) > 1e-4
+    assert min(np.abs(p - q).max() for p, q in itertools.pairwise(mats)) > 1e-4
 
 
 @pytest.mark.parametrize("n_iter", range(1, 10))

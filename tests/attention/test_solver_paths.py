@@ -361,7 +361,8 @@ def test_iterative_inverse_official_start_is_the_more_accurate():
         X = rng.normal(size=(64, 32)) * 0.7
         M = sinkflow.gaussian_kernel(X, X)
         exact = np.linalg.inv(M + 0.1 * np.eye(64))
-        err = {init: np.linalg.norm(sinkflow.iterative_inverse(M, init=init) - exact, 2) for init in ("official", "norms")}
+        err = {init: np.linalg.norm(sinkflow.iterative_inverse(M, init=init) - exact, 2)
+               for init in ("official", "norms")}
         wins += err["official"] < err["norms"]  # strict: an ignored init would tie
     assert wins >= 8
 

@@ -85,7 +85,8 @@ def test_a_fixed_count_of_particles_spread_far_is_the_plain_loop(monkeypatch, nu
     g0 = rng.standard_normal((3, 40))
     for n_iter in (1, 2, 3, 4, 7):
         for init in (None, g0):
-            K, g = fixed_symmetric(torch.as_tensor(C), torch.as_tensor(a), n_iter, None if init is None else torch.as_tensor(init))
+            K, g = fixed_symmetric(torch.as_tensor(C), torch.as_tensor(a), n_iter,
+                                   None if init is None else torch.as_tensor(init))
             for b in range(3):
                 oracle = plain_sinkhorn(C[b], a[b], n_iter, None if init is None else init[b])
                 # rounding of exponents of size |C| (1e4 here: 1e-12 relative)
@@ -99,7 +100,8 @@ def test_float32_reaches_its_tolerance():
     C = torch.as_tensor(np.stack([scores(6, 40, 1.0, 0.2), scores(7, 40, 1.0, 0.5)]), dtype=torch.float32)
     res = solve_symmetric(C, torch.full((40,), 1 / 40), None, 1e-5, 200)
     assert res.attention.dtype == torch.float32 and res.converged.all()
-    np.testing.assert_allclose(res.attention.double().numpy()[0], plain_sinkhorn(C[0].double().numpy(), np.full(40, 1 / 40), 3000),
+    np.testing.assert_allclose(res.attention.double().numpy()[0],
+                               plain_sinkhorn(C[0].double().numpy(), np.full(40, 1 / 40), 3000),
                                atol=2e-5)
 
 
@@ -132,7 +134,8 @@ def test_systems_far_from_their_warm_start_take_heavy_ball_steps_the_others_newt
     C = torch.as_tensor(np.stack([scores(s, 20, 1.0, 0.2) for s in range(4)]))
     a = torch.full((20,), 1 / 20, dtype=torch.float64)
     solved = solve_symmetric(C, a, None, 1e-11, 200)
-    kick = torch.as_tensor(np.random.default_rng(0).standard_normal((4, 20))) * torch.tensor([0.0, 3.0, 0.0, 3.0])[:, None]
+    kick = (torch.as_tensor(np.random.default_rng(0).standard_normal((4, 20)))
+            * torch.tensor([0.0, 3.0, 0.0, 3.0])[:, None])
     warm = solve_symmetric(C, a, solved.g + kick, 1e-11, 200)
     assert warm.converged.all()
     np.testing.assert_allclose(warm.attention.numpy(), solved.attention.numpy(), atol=1e-9)

@@ -86,7 +86,8 @@ def test_gradients_are_those_of_the_reduced_problem(n_iter):
     r, c = kept(6, (2,)), kept(5, (1,))
     R = torch.tensor(np.random.default_rng(3).normal(size=C.shape))
     full = torch.tensor(C, requires_grad=True)
-    (solve_sinkhorn(full, n_iter=n_iter, a=torch.tensor(a), b=torch.tensor(b), tol=1e-12).attention * R).sum().backward()
+    solved = solve_sinkhorn(full, n_iter=n_iter, a=torch.tensor(a), b=torch.tensor(b), tol=1e-12)
+    (solved.attention * R).sum().backward()
     sub = torch.tensor(C[np.ix_(r, c)], requires_grad=True)
     K = solve_sinkhorn(sub, n_iter=n_iter, a=torch.tensor(a[r]), b=torch.tensor(b[c]), tol=1e-12).attention
     (K * R[np.ix_(r, c)]).sum().backward()

@@ -34,4 +34,5 @@ def test_binomial_interval_does_not_import_scipy_stats():
     import sys
 
     code = "import sys, sinkflow; sinkflow.binomial_interval(3, 10); print('scipy.stats' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

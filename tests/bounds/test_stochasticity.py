@@ -1,4 +1,7 @@
-"""Doubly-stochasticity measures and Sinkhorn's contraction rate (docs/theory/normalizations.md and docs/theory/training.md)."""
+"""Doubly-stochasticity measures and Sinkhorn's contraction rate (docs/theory/normalizations.md and
+docs/theory/training.md)."""
+
+import itertools
 
 import numpy as np
 import ot
@@ -111,7 +114,7 @@ def test_kl_from_the_limit_decreases_along_half_iterations_by_the_pythagorean_id
     S = sinkhorn_log(C, 400)[0] / n
     plans = [sinkhorn_log(C, ell)[0] / n for ell in range(1, 9)]
     forward = [kl(S, P) for P in plans]
-    assert all(x > y for x, y in zip(forward, forward[1:])) and forward[0] > 1e-2
+    assert all(x > y for x, y in itertools.pairwise(forward)) and forward[0] > 1e-2
     for ell in range(len(plans) - 1):
         gap = forward[ell] - forward[ell + 1]
         assert gap == pytest.approx(kl(plans[ell + 1], plans[ell]), rel=1e-9, abs=1e-15)

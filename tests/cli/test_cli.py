@@ -29,7 +29,8 @@ def test_unknown_figure_exit_code(tmp_path, capsys):
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "sinkflow.cli", "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "sinkflow.cli", "--version"], capture_output=True, text=True,
+                         check=True)
     assert out.stdout.startswith("sinkflow ")
 
 

@@ -80,11 +80,11 @@ def test_rates_and_fastest_modes_past_the_overflow_of_e_beta(beta):
     import mpmath
 
     ks = np.arange(1, int(4 * math.sqrt(beta)) + 5)
-    I = [mpmath.besseli(int(k), beta) for k in ks]
+    bessel = [mpmath.besseli(int(k), beta) for k in ks]
     I0 = mpmath.besseli(0, beta)
-    want = {"softmax": [k * k * i / (beta * I0) for k, i in zip(ks, I)],
-            "sinkhorn": [k * k * i / (beta * (I0 + i)) for k, i in zip(ks, I)],
-            "unnormalized": [k * k * i / beta for k, i in zip(ks, I)]}
+    want = {"softmax": [k * k * i / (beta * I0) for k, i in zip(ks, bessel, strict=True)],
+            "sinkhorn": [k * k * i / (beta * (I0 + i)) for k, i in zip(ks, bessel, strict=True)],
+            "unnormalized": [k * k * i / beta for k, i in zip(ks, bessel, strict=True)]}
     for normalization, rates in want.items():
         assert fastest_mode(beta, normalization) == ks[int(np.argmax([float(r / rates[0]) for r in rates]))]
         if normalization == "unnormalized" and beta > 709.8:
@@ -96,7 +96,8 @@ def test_rates_and_fastest_modes_past_the_overflow_of_e_beta(beta):
 
 def test_fastest_mode_predicts_the_metastable_cluster_count_of_particles():
     """12 runs (4 betas x 3 seeds, n = 256, i.i.d. uniform starts), counted at twice the formation time."""
-    hits = [particle_cluster_count(beta, seed) == fastest_mode(beta) for beta in (3.0, 5.0, 8.0, 12.0) for seed in range(3)]
+    hits = [particle_cluster_count(beta, seed) == fastest_mode(beta)
+            for beta in (3.0, 5.0, 8.0, 12.0) for seed in range(3)]
     assert np.mean(hits) >= 0.6, hits
 
 
@@ -158,17 +159,20 @@ def test_sphere_d3_zonal_harmonics_grow_at_the_funk_hecke_rate(normalization):
 
     from sinkflow.clustering import sphere_growth_rate
 
-    n, l, beta, h = 150, 2, 4.0, 0.05
+    n, degree, beta, h = 150, 2, 4.0, 0.05
     k = np.arange(n) + 0.5
     z, phi = 1 - 2 * k / n, np.pi * (1 + 5 ** 0.5) * k
     x0 = np.stack([np.sqrt(1 - z ** 2) * np.cos(phi), np.sqrt(1 - z ** 2) * np.sin(phi), z], 1)
-    dP = legendre.legval(z, legendre.legder(np.eye(l + 1)[l]))
+    dP = legendre.legval(z, legendre.legder(np.eye(degree + 1)[degree]))
     grad = dP[:, None] * (np.array([0.0, 0.0, 1.0]) - z[:, None] * x0)  # surface gradient of P_l(z)
     xp = x0 + 1e-6 * grad
     xp /= np.linalg.norm(xp, axis=1, keepdims=True)
-    lam = sphere_growth_rate(l, beta, normalization)
-    run = lambda x: sinkflow.simulate(x, normalization, h=h, steps=int(1.5 / lam / h), manifold="sphere",
-                                      temperature=1 / beta, integrator="rk4").positions
+    lam = sphere_growth_rate(degree, beta, normalization)
+
+    def run(x):
+        return sinkflow.simulate(x, normalization, h=h, steps=int(1.5 / lam / h), manifold="sphere",
+                                 temperature=1 / beta, integrator="rk4").positions
+
     base, pert = run(x0), run(xp)  # the difference removes the lattice's own (non-uniform) drift
     amp = np.einsum("tij,ij->t", pert - base, grad) / (grad ** 2).sum()
     fit = np.polyfit(h * np.arange(amp.size), np.log(np.abs(amp)), 1)[0]

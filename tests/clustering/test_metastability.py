@@ -20,7 +20,7 @@ def test_hessian_is_the_second_derivative_of_the_energy():
     fd = np.empty((n, n))
     for i in range(n):
         for j in range(n):
-            def shifted(si, sj):
+            def shifted(si, sj, i=i, j=j):
                 t = theta.copy()
                 t[i] += si
                 t[j] += sj

@@ -141,13 +141,14 @@ def test_sinkhorn_slope_from_the_schroedinger_system_in_sympy():
     for s_val, a_val in [(0.3, 0.5), (2.0, 1.7), (0.05, 10.0)]:
         assert abs(sinkhorn_slope(np.array([[s_val]]), np.array([[a_val]]))[0, 0] - slope(s_val, a_val)) < 1e-12
     S = np.diag([0.3, 2.0])  # isotropic A on a diagonal S: each axis is the 1D plan
-    np.testing.assert_allclose(np.diag(sinkhorn_slope(S, 0.5 * np.eye(2))), [slope(0.3, 0.5), slope(2.0, 0.5)], rtol=1e-12)
+    np.testing.assert_allclose(np.diag(sinkhorn_slope(S, 0.5 * np.eye(2))), [slope(0.3, 0.5), slope(2.0, 0.5)],
+                               rtol=1e-12)
 
 
 def _multihead_field(x, w, As, Vs):
     """sum_h W_V^h (SoftMax barycentre of the weighted particles under scores x^T A_h y)."""
     out = np.zeros_like(x)
-    for A, V in zip(As, Vs):
+    for A, V in zip(As, Vs, strict=True):
         C = x @ A @ x.T + np.log(w)[None, :]
         K = np.exp(C - C.max(1, keepdims=True))
         out += (K / K.sum(1, keepdims=True)) @ x @ V.T
@@ -159,7 +160,7 @@ def test_multihead_flow_is_the_sum_of_head_fields():
     Q = np.array([[[1.0, 0.5]], [[0.2, -1.0]]])
     K = np.array([[[0.8, -0.3]], [[1.0, 0.4]]])
     V = np.array([WV, [[0.3, 0.0], [0.2, 0.1]]])
-    As = [q.T @ k / TAU for q, k in zip(Q, K)]
+    As = [q.T @ k / TAU for q, k in zip(Q, K, strict=True)]
     x, w = gauss_hermite(M0, S0, 12)
     v = sinkflow.gaussian_attention_field(M0, S0, normalization="softmax", W_Q=Q, W_K=K, W_V=V, temperature=TAU,
                                           heads=2)
@@ -182,7 +183,7 @@ def test_multihead_sinkhorn_field_against_pot():
     Q, K, V = np.array([WQ, np.eye(2)]), np.array([WK, -np.eye(2)]), np.array([WV, np.eye(2)])
     x, w = gauss_hermite(M0, S0, 16)
     want = np.zeros_like(x)
-    for q, k, vv in zip(Q, K, V):
+    for q, k, vv in zip(Q, K, V, strict=True):
         plan = ot.sinkhorn(w, w, -(x @ q.T @ k @ x.T) / TAU, reg=1.0, method="sinkhorn_log", stopThr=1e-13,
                            numItermax=20_000)
         want += (plan / w[:, None]) @ x @ vv.T
@@ -302,6 +303,7 @@ def test_mean_field_flow_2d_error_is_second_order_in_the_cells():
         X = np.stack(np.meshgrid(a, a, indexing="ij"), -1) - m
         rho = np.exp(-0.5 * np.einsum("...i,ij,...j", X, np.linalg.inv(S), X))
         rho /= rho.sum() * (a[1] - a[0]) ** 2
-        _, C = _grid_moments(sinkflow.mean_field_flow(rho, (a, a), 0.2, normalization="sinkhorn", eps=eps).final, [a, a])
+        _, C = _grid_moments(sinkflow.mean_field_flow(rho, (a, a), 0.2, normalization="sinkhorn", eps=eps).final,
+                             [a, a])
         errs.append(np.abs(C - r.covs[-1]).max())
     assert errs[1] < 2e-3 and errs[0] / errs[1] > 3  # measured 6.8e-3 -> 1.6e-3 (ratio 4.3)

@@ -35,7 +35,8 @@ STD_1D = GaussianMixture.gaussian([0.0], [[1.0]])
 
 
 def mean_field_variance(S0: float, eps: float, t: float) -> float:
-    """Variance at time t of the mean-field Sinkhorn flow of a 1D Gaussian (symbolic.sinkhorn_variance_rate_gaussian)."""
+    """Variance at time t of the mean-field Sinkhorn flow of a 1D Gaussian
+    (symbolic.sinkhorn_variance_rate_gaussian)."""
     def rate(_, S):
         return 8 * S / (2 * S + eps + np.sqrt(eps ** 2 + 4 * S ** 2))
     return float(solve_ivp(rate, [0, t], [S0], rtol=1e-10, atol=1e-12).y[0, -1])
@@ -181,7 +182,7 @@ def test_softmax_dot_drives_the_cloud_to_size_sqrt_eps_not_to_heat(eps):
     S0 = x0.var()
     times = eps * np.array([0.25, 0.5, 1.0])
     res = heat_trajectory(x0, times, eps, eps / 100, "softmax_dot")
-    for t, x in zip(times, res.positions):
+    for t, x in zip(times, res.positions, strict=True):
         logistic = eps / (1 + (eps / S0 - 1) * math.exp(-4 * t / eps))
         assert x.var() == pytest.approx(logistic, rel=0.03)
     assert res.positions[-1].var() == pytest.approx(eps, rel=0.1)  # at the fixed point S = eps
@@ -337,7 +338,7 @@ def test_wasserstein2_tabulates_each_reference_once_and_only_for_equal_values(mo
             Barenblatt(dim=1, time=0.31), Plain(), Plain()]
     values = [sinkflow.wasserstein2(x, r).value for r in refs]
     assert [id(r) for r in calls] == [id(refs[k]) for k in (0, 2, 3, 5, 6, 7)]
-    for r, v in zip(refs, values):
+    for r, v in zip(refs, values, strict=True):
         assert v == math.sqrt(distances._empirical_w2_squared_1d(x, tabulate(r, 20000)))
     assert values[0] != values[2] and values[3] != values[5]
 

@@ -54,7 +54,7 @@ def ode_variance(name, S0, eps, t):
 def test_gaussian_variance_follows_the_mean_field_ode(name, S0, eps, t, box):
     y = np.linspace(-box, box, 321 if name != "softmax_dot" else 241)
     r = mean_field_flow(gaussian_cells(y, S0), y, [t / 2, t], normalization=name, eps=eps)
-    for rho, tt in zip(r.densities, r.times):
+    for rho, tt in zip(r.densities, r.times, strict=True):
         assert variance(rho, y) == pytest.approx(ode_variance(name, S0, eps, tt), rel=3e-3)
     assert r.mass_error < 1e-12 and r.min_density >= 0 and r.converged
 
@@ -270,9 +270,13 @@ def test_wasserstein2_to_grid_is_exact_on_a_coarse_grid():
     rho /= rho.sum() * 0.5
     x = np.sort(rng.uniform(-0.5, 3.0, 7))
     cdf = np.concatenate([[0], np.cumsum(rho * 0.5)])
-    Q = lambda u: np.interp(u, cdf, np.arange(6) * 0.5)  # the quantile function, linear on each cell
+
+    def Q(u):  # the quantile function, linear on each cell
+        return np.interp(u, cdf, np.arange(6) * 0.5)
+
     points = np.unique(np.concatenate([cdf, np.arange(8) / 7]))
-    exact = sum(quad(lambda u: (x[min(int(7 * u), 6)] - Q(u)) ** 2, a, b)[0] for a, b in zip(points[:-1], points[1:]))
+    exact = sum(quad(lambda u: (x[min(int(7 * u), 6)] - Q(u)) ** 2, a, b)[0]
+                for a, b in zip(points[:-1], points[1:], strict=True))
     assert wasserstein2_to_grid(x, rho, y) ** 2 == pytest.approx(exact, rel=1e-10)
 
 

@@ -19,7 +19,8 @@ MIXTURE_Y = np.linspace(-6, 6, 241)
 
 
 def mixture_cells(y):
-    rho = 0.4 * np.exp(-(y + 1) ** 2 / 0.6) / math.sqrt(0.6 * math.pi) + 0.6 * np.exp(-(y - 0.8) ** 2 / 1.0) / math.sqrt(math.pi)
+    rho = (0.4 * np.exp(-(y + 1) ** 2 / 0.6) / math.sqrt(0.6 * math.pi)
+           + 0.6 * np.exp(-(y - 0.8) ** 2 / 1.0) / math.sqrt(math.pi))
     return rho / (rho.sum() * (y[1] - y[0]))
 
 
@@ -45,9 +46,11 @@ def test_remap_cells_integrates_the_linear_reconstruction_exactly():
                 total += rho[j] * (hi - lo) + slope[j] * ((hi - j - 0.5) ** 2 - (lo - j - 0.5) ** 2) / 2
         return total
 
-    t = lambda a: torch.tensor(a, dtype=torch.float64)
+    def t(a):
+        return torch.tensor(a, dtype=torch.float64)
+
     got = remap_cells(t(rho), t(slope), t(u)).numpy()
-    assert got == pytest.approx([integral(a, b) for a, b in zip(u[:-1], u[1:])], rel=1e-13, abs=1e-15)
+    assert got == pytest.approx([integral(a, b) for a, b in zip(u[:-1], u[1:], strict=True)], rel=1e-13, abs=1e-15)
     assert got.sum() == pytest.approx(rho.sum(), rel=1e-14)
 
 
@@ -95,7 +98,10 @@ def test_second_order_in_dt(monkeypatch):
     monkeypatch.setattr(mf, "LOCAL_TOL", math.inf)
     y, h, T = MIXTURE_Y, MIXTURE_Y[1] - MIXTURE_Y[0], 0.25
     rho = mixture_cells(y)
-    run = lambda dt: mean_field_flow(rho, y, [T], normalization="sinkhorn", eps=0.1, dt=dt).final
+
+    def run(dt):
+        return mean_field_flow(rho, y, [T], normalization="sinkhorn", eps=0.1, dt=dt).final
+
     ref = run(T / 256)
     dts = np.array([T / 8, T / 16, T / 32])
     errs = [np.abs(run(dt) - ref).sum() * h for dt in dts]
@@ -152,7 +158,8 @@ def test_one_equispaced_check_for_every_grid():
 
 
 def test_circle_remap_through_clustering_keeps_mass_and_sign_and_agrees_with_explicit():
-    """beta = 5 from a near-uniform start to t = 15 and 20 (3 clusters have formed): the periodic remap against the explicit scheme."""
+    """beta = 5 from a near-uniform start to t = 15 and 20 (3 clusters have formed): the periodic remap against
+    the explicit scheme."""
     from sinkflow.clustering import count_clusters
     from sinkflow.heat import uniform_angles
 

@@ -1,4 +1,5 @@
-"""sinkflow.nn: attention modules, models, tracking, training (docs/theory/normalizations.md and docs/theory/training.md)."""
+"""sinkflow.nn: attention modules, models, tracking, training (docs/theory/normalizations.md and
+docs/theory/training.md)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def _reference(mha: MultiheadAttention, x, normalization, n_iter, key_padding_ma
 # the module computes attention
 
 
-@pytest.mark.parametrize("normalization,n_iter", [("softmax", 1), ("sinkhorn", 1), ("sinkhorn", 2), ("sinkhorn", 5), ("gaussian", 1)])
+@pytest.mark.parametrize("normalization,n_iter",
+                         [("softmax", 1), ("sinkhorn", 1), ("sinkhorn", 2), ("sinkhorn", 5), ("gaussian", 1)])
 def test_module_matches_reference_computation(normalization, n_iter):
     torch.manual_seed(0)
     mha = MultiheadAttention(12, 3, batch_first=True, normalization=normalization, n_iter=n_iter, dtype=torch.float64)
@@ -124,7 +126,8 @@ def test_nystrom_modules_approximate_their_exact_attention(normalization, exact)
     errors = []
     for landmarks in (8, 64):
         torch.manual_seed(0)
-        approx = MultiheadAttention(16, 2, batch_first=True, normalization=normalization, landmarks=landmarks, dtype=torch.float64)
+        approx = MultiheadAttention(16, 2, batch_first=True, normalization=normalization, landmarks=landmarks,
+                                    dtype=torch.float64)
         ref = MultiheadAttention(16, 2, batch_first=True, normalization=exact, dtype=torch.float64)
         ref.load_state_dict(approx.state_dict())
         out, w = approx(x, x, x)
@@ -282,7 +285,7 @@ def test_factored_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter
     grads = torch.autograd.grad((P * W).sum() + (out * G).sum(), (C, V))
     assert torch.allclose(P, ref, rtol=0, atol=1e-13)
     assert torch.allclose(out, ref @ V, rtol=0, atol=1e-13)
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         assert torch.allclose(got, want, rtol=0, atol=1e-12)
     (scores_only,) = torch.autograd.grad((sinkhorn_attention(C, n_iter, mask, values=V.detach()) * G).sum(), C)
     assert torch.allclose(scores_only, ref_out[0], rtol=0, atol=1e-12)  # values that need no gradient
@@ -291,7 +294,7 @@ def test_factored_sinkhorn_equals_the_solver_forward_and_gradients(shape, n_iter
     out32 = sinkhorn_attention(C32, n_iter, mask, values=V32)
     g32 = torch.autograd.grad((out32 * G.float()).sum(), (C32, V32))
     assert torch.allclose(out32.double(), (ref @ V).detach(), atol=1e-5)
-    assert all(torch.allclose(a.double(), b, atol=1e-5) for a, b in zip(g32, ref_out))
+    assert all(torch.allclose(a.double(), b, atol=1e-5) for a, b in zip(g32, ref_out, strict=True))
     # the factored path itself ran (no fallback to the solver it is compared with)
     assert torch.allclose(_FactoredSinkhorn.apply(C.detach(), None, n_iter, mask), ref.detach(), rtol=0, atol=1e-13)
     direct = _FactoredSinkhorn.apply(C.detach(), V.detach(), n_iter, mask)
@@ -312,8 +315,9 @@ def test_factored_path_itself_matches_the_log_domain_oracle():
         P_oracle = np.stack([sinkhorn_log(c, n_iter)[0] for c in C.numpy()])
         assert np.allclose(_FactoredSinkhorn.apply(C, None, n_iter).numpy(), P_oracle, rtol=0, atol=1e-13)
         assert np.allclose(_FactoredSinkhorn.apply(C, V, n_iter).numpy(), P_oracle @ V.numpy(), rtol=0, atol=1e-13)
-        assert torch.autograd.gradcheck(lambda c: _FactoredSinkhorn.apply(c, None, n_iter), (C.clone().requires_grad_(),))
-        assert torch.autograd.gradcheck(lambda c, v: _FactoredSinkhorn.apply(c, v, n_iter),
+        assert torch.autograd.gradcheck(lambda c, n_iter=n_iter: _FactoredSinkhorn.apply(c, None, n_iter),
+                                        (C.clone().requires_grad_(),))
+        assert torch.autograd.gradcheck(lambda c, v, n_iter=n_iter: _FactoredSinkhorn.apply(c, v, n_iter),
                                         (C.clone().requires_grad_(), V.clone().requires_grad_()))
 
 
@@ -321,7 +325,8 @@ def test_factored_sinkhorn_falls_back_to_the_solver_on_underflow_and_masks():
     import sinkflow
     from sinkflow.nn import _factored_sinkhorn as fs
 
-    C = torch.tensor([[0.0, -300.0], [0.0, -300.0]], dtype=torch.float64).mul(10).requires_grad_()  # column 2 underflows
+    # column 2 underflows
+    C = torch.tensor([[0.0, -300.0], [0.0, -300.0]], dtype=torch.float64).mul(10).requires_grad_()
     V = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
     with pytest.raises(fs._OutOfRange):
         fs._FactoredSinkhorn.apply(C, V, 3)
@@ -345,13 +350,13 @@ def test_sinkhorn_layer_without_weights_is_the_same_layer_and_saves_what_softmax
     results = []
     for need in (True, False):
         mha.zero_grad()
-        nbytes, (out, w) = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=need))
+        nbytes, (out, w) = saved_bytes(lambda need=need: mha(x, x, x, key_padding_mask=pad, need_weights=need))
         out.square().mean().backward()
         results.append((nbytes, out.detach(), [p.grad.clone() for p in mha.parameters()], w))
     (_, out_w, grads_w, w), (nbytes, out_f, grads_f, none) = results
     assert w is not None and none is None
     assert torch.allclose(out_w, out_f, rtol=0, atol=1e-6)
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads_w, grads_f))
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads_w, grads_f, strict=True))
     softmax = MultiheadAttention(16, 2, batch_first=True, normalization="softmax")
     softmax_bytes, _ = saved_bytes(lambda: softmax(x, x, x, need_weights=True))  # the eager (matrix) SoftMax
     matrix = 2 * 2 * 48 * 48 * 4  # batch x heads x n x n float32

@@ -68,8 +68,9 @@ def test_fused_equals_the_eager_path_forward_and_gradients(shape, variant, n_ite
     assert K is not None and none is None and fused.dtype == dtype
     tol = TOL[dtype]  # relative to the largest entry (the Gaussian kernel's outputs are sums, not means)
     assert torch.allclose(fused, eager, rtol=0, atol=tol * max(1.0, float(eager.abs().max())))
-    assert torch.allclose(fused.double(), _plain(q, k, v, variant, mask, n_iter=n_iter), rtol=0, atol=10 * tol * max(1.0, float(eager.abs().max())))
-    for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w)):
+    assert torch.allclose(fused.double(), _plain(q, k, v, variant, mask, n_iter=n_iter), rtol=0,
+                          atol=10 * tol * max(1.0, float(eager.abs().max())))
+    for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w), strict=True):
         assert torch.allclose(got, want, rtol=0, atol=5 * tol * max(1.0, float(want.abs().max())))
     if mask_kind == "empty row":  # a query with no admissible key: zero output, zero gradient, no NaN
         assert torch.equal(fused[..., 1, :], torch.zeros_like(fused[..., 1, :]))
@@ -91,7 +92,7 @@ def test_softmax_zeroes_empty_rows_where_the_kernel_would_not(monkeypatch, bias)
     got = fused_attention(q, k, v, allowed=mask, bias=extra)
     assert torch.equal(got[..., 1, :], torch.zeros_like(got[..., 1, :]))
     assert torch.allclose(got, want, rtol=0, atol=1e-14)
-    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w)):
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-14)
 
 
@@ -108,7 +109,7 @@ def test_fused_with_an_additive_bias_is_the_biased_formula(variant):
     got = fused_attention(q, k, v, variant, allowed=allowed, bias=bias)
     assert torch.allclose(got, want, rtol=0, atol=1e-12)
     w = torch.randn(2, 6, 4, generator=g, dtype=torch.float64)
-    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w)):
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)
 
 
@@ -161,7 +162,7 @@ def test_gaussian_fused_is_exact_at_large_norms_and_another_value_width():
     assert bool(torch.isfinite(got).all()) and want.abs().max() > 1e-3
     assert torch.allclose(got.double(), want, rtol=0, atol=rel * float(want.abs().max()))
     w = torch.randn(2, 3, 12, 6, generator=g)
-    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w.double())):
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w.double()), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=rel * float(b.abs().max()))
 
 
@@ -175,9 +176,11 @@ def test_fused_half_inputs_compute_in_float32_and_return_their_dtype(variant, n_
     out = fused_attention(qh, kh, vh, variant, n_iter=n_iter, allowed=mask)
     want = _plain(qh, kh, vh, variant, mask, n_iter=n_iter)  # the same rounded inputs, in float64
     assert out.dtype == dtype
-    assert torch.allclose(out.double(), want, rtol=0, atol=2 * float(torch.finfo(dtype).eps) * (1 + float(want.abs().max())))
+    assert torch.allclose(out.double(), want, rtol=0,
+                          atol=2 * float(torch.finfo(dtype).eps) * (1 + float(want.abs().max())))
     out.float().square().sum().backward()
-    assert all(t.grad is not None and t.grad.dtype == dtype and bool(torch.isfinite(t.grad).all()) for t in (qh, kh, vh))
+    assert all(t.grad is not None and t.grad.dtype == dtype and bool(torch.isfinite(t.grad).all())
+               for t in (qh, kh, vh))
 
 
 @pytest.mark.parametrize("normalization", ["softmax", "gaussian"])
@@ -235,7 +238,7 @@ def test_fused_sinkhorn_equals_the_eager_factored_path(shape, n_iter, mask_kind,
     assert fused.dtype == dtype and torch.allclose(fused, eager, rtol=0, atol=tol)
     solver = sinkflow.sinkhorn(C.detach().double(), n_iter=n_iter, mask=mask) @ v.detach().double()
     assert torch.allclose(fused.double(), solver, rtol=0, atol=10 * tol)
-    for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w)):
+    for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w), strict=True):
         assert torch.allclose(got, want, rtol=0, atol=5 * tol * max(1.0, float(want.abs().max())))
 
 
@@ -274,12 +277,12 @@ def test_sinkhorn_layer_without_weights_takes_the_fused_passes():
     results = []
     for need in (True, False):
         mha.zero_grad()
-        nbytes, (out, _) = saved_bytes(lambda: mha(x, x, x, key_padding_mask=pad, need_weights=need))
+        nbytes, (out, _) = saved_bytes(lambda need=need: mha(x, x, x, key_padding_mask=pad, need_weights=need))
         out.square().mean().backward()
         results.append((nbytes, out.detach(), [p.grad.clone() for p in mha.parameters()]))
     (_, out_w, grads_w), (nbytes, out_f, grads_f) = results
     assert torch.allclose(out_f, out_w, rtol=0, atol=1e-6)
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads_f, grads_w))
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads_f, grads_w, strict=True))
     assert nbytes < factored / 2, (nbytes, factored)
 
 
@@ -314,9 +317,9 @@ def test_combined_sinkhorn_backward_equals_the_chain_of_passes(n_iter, mask_kind
     got = sinkhorn_passes(q, k, v, n_iter, allowed=mask, bias=bias)
     want = sinkhorn_passes(q, k, v, n_iter, allowed=mask, bias=bias, chain=True)
     assert torch.allclose(got, want, rtol=0, atol=1e-13)
-    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w)):
+    for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)
-    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v)), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)  # the gradient of a sum is expanded (stride 0)
 
 
@@ -339,7 +342,7 @@ def test_combined_sinkhorn_backward_falls_back_to_the_chain_past_its_range(monke
     chain = _grads(sinkhorn_passes(q, k, v, n_iter), (q, k, v), w)
     assert spy.call_count == 1
     want = _grads(sinkflow.sinkhorn(q @ k.transpose(-1, -2) / 2.0, n_iter=n_iter) @ v, (q, k, v), w)
-    for a, b, c in zip(combined, chain, want):
+    for a, b, c in zip(combined, chain, want, strict=True):
         assert torch.allclose(a, c, rtol=0, atol=1e-10 * max(1.0, float(c.abs().max())))
         assert torch.allclose(b, c, rtol=0, atol=1e-10 * max(1.0, float(c.abs().max())))
 
@@ -410,10 +413,12 @@ def test_cold_float32_fused_gradients_are_within_10x_of_the_eager_path(factor, s
     f32 = [t.float() for t in (q, k, v)]
     got = {}
     for need_weights in (False, True):
-        out = lambda q, k, v: scaled_attention(q, k, v, "sinkhorn", n_iter=n_iter, need_weights=need_weights)[0]
+        def out(q, k, v, need_weights=need_weights):
+            return scaled_attention(q, k, v, "sinkhorn", n_iter=n_iter, need_weights=need_weights)[0]
+
         inputs = [t.clone().requires_grad_() for t in f32]
         ds = torch.autograd.grad((out(*inputs) * w.float()).sum(), inputs[:2])
-        got[need_weights] = max(float((d.double() - r).norm() / r.norm()) for d, r in zip(ds, want))
+        got[need_weights] = max(float((d.double() - r).norm() / r.norm()) for d, r in zip(ds, want, strict=True))
     assert got[True] < 1e-3  # the eager path (the matrix)
     assert got[False] <= 10 * got[True]
 
@@ -437,5 +442,5 @@ def test_eager_backward_of_the_fused_pass_equals_its_combined_backward(monkeypat
     monkeypatch.setattr(fs, "SCORE_RANGE_LIMIT", {torch.float64: -math.inf})
     eager = _grads(sinkhorn_passes(q, k, v, 3, allowed=mask, bias=bias), (q, k, v), w)
     assert spy.call_count == 1
-    for a, b in zip(eager, combined):
+    for a, b in zip(eager, combined, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)

@@ -71,7 +71,8 @@ def test_separate_projection_weights_when_key_and_value_widths_differ():
     mha = MultiheadAttention(4, 4, kdim=2, vdim=3, dtype=torch.float64)
     assert mha.in_proj_weight is None and mha.q_proj_weight.shape == (4, 4)
     assert mha.k_proj_weight.shape == (4, 2) and mha.v_proj_weight.shape == (4, 3)
-    q, k, v = torch.rand(4, 5, 4, dtype=torch.float64), torch.rand(6, 5, 2, dtype=torch.float64), torch.rand(6, 5, 3, dtype=torch.float64)
+    q, k, v = (torch.rand(4, 5, 4, dtype=torch.float64), torch.rand(6, 5, 2, dtype=torch.float64),
+               torch.rand(6, 5, 3, dtype=torch.float64))
     assert mha(q, k, v)[0].shape == (4, 5, 4)
 
 
@@ -101,7 +102,8 @@ def _numpy_mha(mha, query, key, value, key_padding_mask, attn_mask, average):
     else:
         w_q, w_k, w_v = f(mha.q_proj_weight), f(mha.k_proj_weight), f(mha.v_proj_weight)
     b_q, b_k, b_v = np.split(f(mha.in_proj_bias), 3)
-    q, k, v = (np.swapaxes(f(x), 0, 1) @ w.T + bias for x, w, bias in ((query, w_q, b_q), (key, w_k, b_k), (value, w_v, b_v)))
+    q, k, v = (np.swapaxes(f(x), 0, 1) @ w.T + bias
+               for x, w, bias in ((query, w_q, b_q), (key, w_k, b_k), (value, w_v, b_v)))
     batch, m = k.shape[0], k.shape[1]
     blocked = np.zeros((batch, 1, q.shape[1], m), dtype=bool)
     if key_padding_mask is not None:
@@ -189,7 +191,8 @@ def _masks(kind, batch, heads, n, m, gen):
         "attn_2d_bool": {"attn_mask": blocked},
         "attn_2d_float": {"attn_mask": torch.randn(n, m, generator=gen)},
         "attn_3d_bool": {"attn_mask": blocked3},
-        "attn_3d_float": {"attn_mask": torch.randn(batch * heads, n, m, generator=gen).masked_fill(blocked3, -math.inf)},
+        "attn_3d_float": {"attn_mask": torch.randn(batch * heads, n, m,
+                                                   generator=gen).masked_fill(blocked3, -math.inf)},
         "both": {"key_padding_mask": torch.randn(batch, m, generator=gen).masked_fill(pad, -math.inf),
                  "attn_mask": torch.randn(n, m, generator=gen).masked_fill(blocked, -math.inf)},
     }
@@ -220,7 +223,8 @@ def test_unbatched_inputs_and_masks_match_torch(kind):
              for k, v in _masks(kind, 1, 4, 5, 6, gen).items()}  # (m,) and (heads, n, m) unbatched
     q, kv = torch.randn(5, 16, generator=gen), torch.randn(6, 16, generator=gen)
     for average in (True, False):
-        (a, wa), (b, wb) = ref(q, kv, kv, **masks, average_attn_weights=average), ours(q, kv, kv, **masks, average_attn_weights=average)
+        (a, wa), (b, wb) = (ref(q, kv, kv, **masks, average_attn_weights=average),
+                            ours(q, kv, kv, **masks, average_attn_weights=average))
         assert b.shape == (5, 16) and wb.shape == ((5, 7) if average else (4, 5, 7))
         _assert_same((a, wa), (b, wb))
 
@@ -230,9 +234,11 @@ def test_float64_and_two_boolean_masks_in_self_attention_match_torch():
     ref, ours = _pair(14, 7, batch_first=True, dtype=torch.float64)
     x = torch.rand(8, 5, 14, dtype=torch.float64)
     attn_mask, kpm = torch.randint(0, 2, (5, 5)).bool(), torch.randint(0, 2, (8, 5)).bool()
-    (a, wa), (b, wb) = ref(x, x, x, attn_mask=attn_mask, key_padding_mask=kpm), ours(x, x, x, attn_mask=attn_mask, key_padding_mask=kpm)
+    (a, wa), (b, wb) = (ref(x, x, x, attn_mask=attn_mask, key_padding_mask=kpm),
+                        ours(x, x, x, attn_mask=attn_mask, key_padding_mask=kpm))
     empty = (attn_mask[None] | kpm[:, None, :]).all(-1)  # queries without keys: NaN in torch, zero rows here
-    assert torch.isnan(a[empty]).all() and (wb[empty] == 0).all() and torch.equal(b[empty], ours.out_proj.bias.expand_as(b[empty]))
+    assert (torch.isnan(a[empty]).all() and (wb[empty] == 0).all()
+            and torch.equal(b[empty], ours.out_proj.bias.expand_as(b[empty])))
     torch.testing.assert_close(b[~empty], a[~empty], rtol=1e-12, atol=1e-13)  # float64 rounding
     torch.testing.assert_close(wb[~empty], wa[~empty], rtol=1e-12, atol=1e-13)
 
@@ -416,8 +422,8 @@ def test_a_learned_float_mask_gets_torchs_gradient_and_sinkhorns_passes_gradchec
     q, k, v = torch.randn(3, 4, 3, generator=gen, dtype=torch.float64)
     bias = torch.randn(4, 4, generator=gen, dtype=torch.float64).requires_grad_()
     for need in (True, False):  # the matrix path and the factored output path
-        assert torch.autograd.gradcheck(lambda b: scaled_attention(q, k, v, "sinkhorn", n_iter=4, bias=b,
-                                                                   need_weights=need)[0], (bias,))
+        assert torch.autograd.gradcheck(lambda b, need=need: scaled_attention(q, k, v, "sinkhorn", n_iter=4, bias=b,
+                                                                              need_weights=need)[0], (bias,))
 
 
 def test_half_precision_float_masks_under_autocast():
@@ -426,7 +432,8 @@ def test_half_precision_float_masks_under_autocast():
     x = torch.randn(2, 6, 16)
     pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        _, w = mha(x, x, x, key_padding_mask=torch.zeros(2, 6, dtype=torch.float16).masked_fill(pad, torch.finfo(torch.float16).min))
+        float_pad = torch.zeros(2, 6, dtype=torch.float16).masked_fill(pad, torch.finfo(torch.float16).min)
+        _, w = mha(x, x, x, key_padding_mask=float_pad)
         _, w_bool = mha(x, x, x, key_padding_mask=pad)
     assert w.dtype == torch.float32 and torch.equal(w, w_bool) and (w[1, :, 4:] == 0).all()
 

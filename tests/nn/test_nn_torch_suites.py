@@ -139,7 +139,7 @@ def test_module_samples_equal_torchs_with_softmax(sample):
         out, grads = _run(ours, shapes, kwargs)
         ref_out, ref_grads = _run(ref, shapes, kwargs)
         torch.testing.assert_close(out, ref_out, **F64, equal_nan=True)  # torch's fully masked rows: NaN both
-        for g, r in zip(grads, ref_grads):
+        for g, r in zip(grads, ref_grads, strict=True):
             assert (g is None) == (r is None)
             if g is not None:
                 torch.testing.assert_close(g, r, **F64, equal_nan=True)
@@ -212,7 +212,7 @@ def test_jagged_nested_inputs_outside_torchs_fast_path(extra):
             for args in ((q, q, q), (q, k, v)):
                 out = mha(*args)[0]
                 assert out.is_nested and out.layout == torch.jagged
-                for got, *single in zip(out.unbind(), *(a.unbind() for a in args)):
+                for got, *single in zip(out.unbind(), *(a.unbind() for a in args), strict=True):
                     torch.testing.assert_close(got, mha(*(s[None] for s in single))[0][0], rtol=1e-5, atol=1e-6)
     for p in mha.parameters():
         p.requires_grad_(False)

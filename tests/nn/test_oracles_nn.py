@@ -18,7 +18,7 @@ def linear(x, weight, bias):
 
 def projections(mha):
     """(weight, bias) of the query, key and value projections, from torch's packed layout."""
-    return list(zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)))
+    return list(zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3), strict=True))
 
 
 def reference_heads(C, normalization, n_iter, rows, cols):
@@ -40,7 +40,8 @@ def reference_mha(mha, x, normalization, n_iter, n_real_q, n_real_k):
     for s in range(b):
         q, k, v = (linear(x[s], *wb).reshape(n, h, p).transpose(1, 0, 2) for wb in projections(mha))
         rows, cols = np.arange(n_real_q[s]), np.arange(n_real_k[s])
-        Ks = np.stack([reference_heads(q[j] @ k[j].T / math.sqrt(p), normalization, n_iter, rows, cols) for j in range(h)])
+        Ks = np.stack([reference_heads(q[j] @ k[j].T / math.sqrt(p), normalization, n_iter, rows, cols)
+                       for j in range(h)])
         heads = Ks @ v  # (h, n, p)
         outs.append(linear(heads.transpose(1, 0, 2).reshape(n, e), mha.out_proj.weight, mha.out_proj.bias))
         weights.append(Ks.mean(0))

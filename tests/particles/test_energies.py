@@ -1,5 +1,7 @@
 """Sinkhorn attention is a Wasserstein gradient flow; SoftMax is not (docs/theory/gradient_flows.md)."""
 
+import itertools
+
 import numpy as np
 import ot
 import pytest
@@ -107,7 +109,7 @@ def test_jacobian_asymmetry_decreases_with_sinkhorn_iterations():
     W = spd(2, rng)
     values = [jacobian_asymmetry(x, "sinkhorn", W, n_iter=k) for k in (1, 3, 9, 27)]
     assert values[0] == pytest.approx(jacobian_asymmetry(x, "softmax", W), rel=1e-12)  # 1 half-iteration = SoftMax
-    assert all(a > b for a, b in zip(values, values[1:]))
+    assert all(a > b for a, b in itertools.pairwise(values))
 
 
 def test_weighted_jacobian_is_symmetric_after_weighting():

@@ -29,7 +29,9 @@ def plain_field(x, attention, W, W_V, a, tau):
 
 
 def field(attention, W, W_V, a, tau, dtype=torch.float64, symmetric=True):
-    t = lambda v: None if v is None else torch.as_tensor(v, dtype=dtype)
+    def t(v):
+        return None if v is None else torch.as_tensor(v, dtype=dtype)
+
     return EnsembleField(get_attention(attention), t(W), t(W_V), None, t(a), tau, 1e-12 if dtype == torch.float64
                          else 1e-5, 2000, False, None, False, False, False, symmetric=symmetric)
 

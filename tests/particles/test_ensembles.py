@@ -30,7 +30,10 @@ def _assert_as_alone(batched, alone, index):
     ("gaussian", None, "euler", "sphere"),
 ])
 def test_each_system_of_a_batch_evolves_as_alone(attention, n_iter, integrator, manifold):
-    x0 = _sphere((2, 3, 7, 2), seed=1) if manifold == "sphere" else 0.3 * np.random.default_rng(1).standard_normal((2, 3, 7, 2))
+    if manifold == "sphere":
+        x0 = _sphere((2, 3, 7, 2), seed=1)
+    else:
+        x0 = 0.3 * np.random.default_rng(1).standard_normal((2, 3, 7, 2))
     temperature = np.array([[0.8], [2.0]])  # broadcast against the batch (2, 3)
     kwargs = dict(h=0.05, steps=6, n_iter=n_iter, integrator=integrator, manifold=manifold, monitors=MONITORS)
     batched = sinkflow.simulate(x0, attention, temperature=temperature, **kwargs)
@@ -86,7 +89,8 @@ def test_a_batch_too_large_for_memory_runs_in_chunks(monkeypatch):
 def test_torch_in_torch_out_and_systems_that_converge_at_their_own_pace():
     x0 = torch.as_tensor(_sphere((2, 8, 2), seed=5))
     temperature = [10.0, 0.02]
-    traj = sinkflow.simulate(x0, "sinkhorn", h=0.005, steps=4, manifold="sphere", temperature=torch.tensor(temperature, dtype=torch.float64))
+    traj = sinkflow.simulate(x0, "sinkhorn", h=0.005, steps=4, manifold="sphere",
+                             temperature=torch.tensor(temperature, dtype=torch.float64))
     assert isinstance(traj.positions, torch.Tensor) and traj.positions.shape == (5, 2, 8, 2)
     assert traj.converged.all()
     for b in range(2):  # each system stops when it has converged: its own count, not the batch's

@@ -36,7 +36,8 @@ def _particles(n, d, seed, weighted):
 
 def _dense(x, attention, beta, weights, **kw):
     w = None if weights is None else torch.tensor(weights)
-    return attention_field(torch.tensor(x), attention, None, None, weights=w, temperature=1 / beta, **kw).velocity.numpy()
+    return attention_field(torch.tensor(x), attention, None, None, weights=w, temperature=1 / beta,
+                           **kw).velocity.numpy()
 
 
 def _scipy_harmonics(x, L):
@@ -86,8 +87,8 @@ def test_coefficients_are_the_kernel_expansion(beta):
     quad = (np.exp(beta * (np.cos(t) - 1))[None, :] * np.cos(np.outer(k, t))).mean(1)
     np.testing.assert_allclose(circle.coefficients, quad, rtol=1e-9, atol=1e-15)
     nodes, w = np.polynomial.legendre.leggauss(300)
-    l = np.arange(sphere.order + 1)
-    quad = 0.5 * (special.eval_legendre(l[:, None], nodes[None, :]) * np.exp(beta * (nodes - 1)) * w).sum(1)
+    degrees = np.arange(sphere.order + 1)
+    quad = 0.5 * (special.eval_legendre(degrees[:, None], nodes[None, :]) * np.exp(beta * (nodes - 1)) * w).sum(1)
     np.testing.assert_allclose(sphere.coefficients, quad, rtol=1e-8, atol=2e-14)  # rounding of the quadrature sum
 
 
@@ -113,9 +114,10 @@ def test_sphere_features_obey_the_addition_theorem():
     cos = np.clip(x @ x.T, -1, 1)
     degrees = _sphere_degrees(9)
     assert np.array_equal(np.bincount(degrees), 2 * np.arange(10) + 1)  # 2l + 1 harmonics of degree l
-    for l in range(10):
-        rows = F[degrees == l]
-        np.testing.assert_allclose(rows.T @ rows, (2 * l + 1) / (4 * np.pi) * special.eval_legendre(l, cos), atol=1e-12)
+    for degree in range(10):
+        rows = F[degrees == degree]
+        np.testing.assert_allclose(rows.T @ rows, (2 * degree + 1) / (4 * np.pi) * special.eval_legendre(degree, cos),
+                                   atol=1e-12)
 
 
 def test_circle_features_are_cos_and_sin():
@@ -209,7 +211,7 @@ def test_a_flow_with_a_straggler_pays_the_second_evaluation_once(attention, monk
                         evaluate(kernel, *args))
     field = HarmonicParticleField(attention, None, None, None, None, 1 / beta, 1e-10, 20_000, False, None, True,
                                   True, False, symmetric=True, kernel=likely)
-    for step in range(3):
+    for _step in range(3):
         v, _ = field.velocity(x)
         dense = attention_field(x, attention, None, None, temperature=1 / beta, tol=1e-13).velocity
         dense = dense - (dense * x).sum(1, keepdim=True) * x

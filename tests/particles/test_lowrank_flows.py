@@ -1,5 +1,7 @@
 """Landmark-approximated flows: exact with every point a landmark, close with few, never NaN."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -194,7 +196,7 @@ def test_farthest_points_cover_the_cloud_and_certify_the_radius():
         assert float(D[full[m], J].min()) == pytest.approx(radii[-1], rel=1e-9)
         pair = D[full[:m + 1]][:, full[:m + 1]] + torch.diag(torch.full((m + 1,), torch.inf, dtype=D.dtype))
         assert float(pair.min()) >= radii[-1] * (1 - 1e-9)
-    assert all(b <= a for a, b in zip(radii, radii[1:]))
+    assert all(b <= a for a, b in itertools.pairwise(radii))
     uniform = sinkflow.particles.landmark_indices(len(x), 39, points=z, generator=1)
     assert _covering_radius(D, uniform) > 1.5 * radii[-1]  # the outliers are what uniform draws miss
     assert sinkflow.particles.farthest_point_indices(z, 400).tolist() == list(range(len(x)))

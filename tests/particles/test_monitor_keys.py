@@ -15,7 +15,7 @@ def _documented_keys() -> dict:
     documented = {}
     for line in re.findall(r"- (.+?): keys? (.+?)(?:;|\.|,\s*the|$)", entry.replace("\n        ", " ")):
         names, keys = re.findall(r'``"(\w+)"``', line[0]), re.findall(r'``"(\w+)"``', line[1])
-        for name, key in zip(names, keys) if len(names) == len(keys) else [(names[0], k) for k in keys]:
+        for name, key in zip(names, keys, strict=True) if len(names) == len(keys) else [(names[0], k) for k in keys]:
             documented.setdefault(name, []).append(key)
     return documented
 

@@ -142,7 +142,8 @@ def test_sphere_energy_monitor_uses_beta_equal_one_over_temperature():
     rng = np.random.default_rng(7)
     x = rng.normal(size=(10, 3))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    traj = sinkflow.simulate(x, "unnormalized", h=0.01, steps=1, temperature=TAU, manifold="sphere", monitors=["energy"])
+    traj = sinkflow.simulate(x, "unnormalized", h=0.01, steps=1, temperature=TAU, manifold="sphere",
+                             monitors=["energy"])
     beta = 1 / TAU
     expected = np.exp(beta * x @ x.T).mean() / (2 * beta)  # E_beta with uniform weights
     assert traj.monitors["energy"][0] == pytest.approx(expected, rel=1e-12)

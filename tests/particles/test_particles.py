@@ -1,4 +1,5 @@
-"""A residual attention layer is an Euler step of a particle flow (docs/theory/gradient_flows.md and docs/theory/sphere.md)."""
+"""A residual attention layer is an Euler step of a particle flow (docs/theory/gradient_flows.md and
+docs/theory/sphere.md)."""
 
 import numpy as np
 import pytest
@@ -53,7 +54,8 @@ def test_euler_converges_to_rk4_at_order_one():
     t_end = 0.4
     ref = sinkflow.simulate(x0, "sinkhorn", W_K=W, W_V=W, h=0.01, steps=40, integrator="rk4").final
     hs = np.array([0.04, 0.02, 0.01])
-    errs = [np.abs(sinkflow.simulate(x0, "sinkhorn", W_K=W, W_V=W, h=h, steps=round(t_end / h)).final - ref).max() for h in hs]
+    errs = [np.abs(sinkflow.simulate(x0, "sinkhorn", W_K=W, W_V=W, h=h, steps=round(t_end / h)).final - ref).max()
+            for h in hs]
     slope = np.polyfit(np.log(hs), np.log(errs), 1)[0]
     assert 0.85 < slope < 1.15  # Euler is first order; RK4's own error (~h^4 = 1e-8) is negligible
 
@@ -198,7 +200,8 @@ def test_lazy_sinkhorn_equals_dense_sinkhorn(seed, n_iter, block_rows, weighted)
 @pytest.mark.parametrize("attention", ["softmax", "sinkhorn", "unnormalized", "gaussian"])
 def test_chunked_simulation_matches_dense(attention):
     x = sinkflow.random_particles(25, 2, seed=6, scale=0.5)  # K^0 = e^{C} blows up in finite time from larger x
-    kw = dict(h=0.05, steps=5, temperature=2.0, n_iter=5 if attention == "sinkhorn" else None, monitors=["marginal_errors"])
+    kw = dict(h=0.05, steps=5, temperature=2.0, n_iter=5 if attention == "sinkhorn" else None,
+              monitors=["marginal_errors"])
     dense = sinkflow.simulate(x, attention, **kw)
     lazy = sinkflow.simulate(x, attention, chunked=True, **kw)
     assert lazy.chunked and not dense.chunked
@@ -372,5 +375,6 @@ def test_saved_positions_carry_the_graph_of_a_value_matrix_the_start_does_not_ha
         for j in range(2):
             E = torch.zeros(2, 2, dtype=torch.float64)
             E[i, j] = eps
-            fd[i, j] = (loss(torch.eye(2, dtype=torch.float64) + E) - loss(torch.eye(2, dtype=torch.float64) - E)) / (2 * eps)
+            eye = torch.eye(2, dtype=torch.float64)
+            fd[i, j] = (loss(eye + E) - loss(eye - E)) / (2 * eps)
     torch.testing.assert_close(W.grad, fd, rtol=1e-7, atol=1e-7)

@@ -32,7 +32,8 @@ def test_one_system_takes_the_batched_solvers_iterates_bit_for_bit(n):
     kick = 1e-4 * np.random.default_rng(0).standard_normal((3, n))
     cold = solve_symmetric(torch.as_tensor(C), torch.as_tensor(a), None, 1e-11, 200)
     for init in (None, cold.g.numpy() + kick):
-        batch = solve_symmetric(torch.as_tensor(C), torch.as_tensor(a), None if init is None else torch.as_tensor(init), 1e-11, 200)
+        batch = solve_symmetric(torch.as_tensor(C), torch.as_tensor(a), None if init is None else torch.as_tensor(init),
+                                1e-11, 200)
         for b in range(3):
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 K, g, count, err = solve_one(C[b], a[b], None if init is None else init[b], 1e-11, 200)
@@ -44,7 +45,8 @@ def test_one_system_takes_the_batched_solvers_iterates_bit_for_bit(n):
 @pytest.mark.parametrize("n_iter", [None, 3])
 def test_the_small_field_is_the_plain_loops_field(n_iter):
     x, C, a = problem(4, 20, 1.0)
-    ev = dense_fields.attention_field(torch.as_tensor(x), "sinkhorn", None, None, n_iter=n_iter, weights=torch.as_tensor(a),
+    ev = dense_fields.attention_field(torch.as_tensor(x), "sinkhorn", None, None, n_iter=n_iter,
+                                      weights=torch.as_tensor(a),
                                       temperature=0.2, tol=1e-12, symmetric=True, need_errors=True)
     oracle = plain_sinkhorn(C, a, 6001 if n_iter is None else n_iter)  # ends on a row step
     if n_iter is None:

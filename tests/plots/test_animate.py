@@ -54,7 +54,7 @@ def test_panels_side_by_side_share_limits_and_colour_by_final_cluster():
     anim = sinkflow.animate(runs, frames=3, cluster_tol=0.05)
     axes = anim.figure.axes
     assert len(axes) == 2 and axes[0].get_xlim() == axes[1].get_xlim() and axes[0].get_ylim() == axes[1].get_ylim()
-    for points, traj in zip(_points(anim), runs.values()):
+    for points, traj in zip(_points(anim), runs.values(), strict=True):
         colors = points.get_facecolors()
         final = traj.final
         close = final @ final.T > 1 - 0.05  # the cluster relation, here with direct links only
@@ -147,7 +147,7 @@ def test_an_ensemble_animates_as_a_grid_of_its_systems_each_as_run_alone():
     assert [ax.get_title() for ax in anim.figure.axes] == ["sinkhorn [0]", "sinkhorn [1]", "sinkhorn [2]"]
     for k in (0, len(anim) - 1):  # each panel moves its system's particles, at that system's times
         anim.animation._func(k)
-        for points, one in zip(_points(anim), singles):
+        for points, one in zip(_points(anim), singles, strict=True):
             at = np.searchsorted(one.times, anim.times[k], side="right") - 1
             np.testing.assert_allclose(points.get_offsets(), one.positions[at], atol=1e-9)
     alone = sinkflow.animate(singles[1], frames=4)
@@ -178,7 +178,7 @@ def test_an_ensemble_plots_each_system_as_run_alone():
     ens, singles = _ensemble(steps=4)
     axes = ens.plot()
     assert len(axes) == 3
-    for ax, one in zip(axes, singles):
+    for ax, one in zip(axes, singles, strict=True):
         np.testing.assert_allclose(ax.collections[-1].get_offsets(), one.final, atol=1e-9)
     ax = ens.plot(system=2)
     np.testing.assert_allclose(ax.collections[-1].get_offsets(), singles[2].final, atol=1e-9)
@@ -201,5 +201,6 @@ def test_the_classroom_page_runs_as_written():
     for block in blocks:
         exec(compile(textwrap.dedent(block), "classroom.md", "exec"), namespace)
     anim = namespace["anim"]
-    assert len(anim) == 200 and [ax.get_title() for ax in anim.figure.axes] == ["SoftMax: $k^* = 4$", "Sinkhorn: $k^* = 5$"]
+    assert len(anim) == 200
+    assert [ax.get_title() for ax in anim.figure.axes] == ["SoftMax: $k^* = 4$", "Sinkhorn: $k^* = 5$"]
     assert namespace["runs"].batch_shape == (3,)

@@ -96,7 +96,7 @@ def test_rerender_is_byte_identical(tmp_path, quick_data):
     first = render(name, out=tmp_path / "a", data=quick_data(name))
     second = render(name, out=tmp_path / "b", formats=("pdf", "png"))  # the order asked for does not matter
     assert [p.name for p in first] == [q.name for q in second]
-    for p, q in zip(first, second):
+    for p, q in zip(first, second, strict=True):
         assert hashlib.sha256(p.read_bytes()).digest() == hashlib.sha256(q.read_bytes()).digest(), p.name
 
 

@@ -65,9 +65,10 @@ def test_plain_log_ticks_keeps_settings():
     before = ax.xaxis.get_major_formatter(), ax.xaxis.get_minor_formatter()
     plain_log_ticks(fig)
     after = ax.xaxis.get_major_formatter(), ax.xaxis.get_minor_formatter()
-    for old, new in zip(before, after):
+    for old, new in zip(before, after, strict=True):
         assert isinstance(new, _PlainLogFormatter)
-        assert (new._base, new.labelOnlyBase, new.minor_thresholds) == (old._base, old.labelOnlyBase, old.minor_thresholds)
+        assert ((new._base, new.labelOnlyBase, new.minor_thresholds)
+                == (old._base, old.labelOnlyBase, old.minor_thresholds))
     plt.close(fig)
 
 

@@ -31,7 +31,8 @@ def test_the_committed_cost_rows_timed_todays_attention_code():
     today = attention_code_digest()
     stale = [p.name for p in REPORTS if json.loads(p.read_text())["cost"].get("code_digest") != today]
     assert not stale, (f"the attention code changed since the cost rows of {stale} were measured: "
-                       f"re-run `{RERUN}`, then `python -m sinkflow.studies.pages docs/data/*.json > docs/reproducing.md`")
+                       f"re-run `{RERUN}`, then `python -m sinkflow.studies.pages docs/data/*.json > "
+                       "docs/reproducing.md`")
 
 
 def test_the_digest_ignores_docstrings_comments_and_blank_lines(tmp_path):

@@ -84,8 +84,10 @@ def _fake_learn(task, median, baseline):
 @pytest.mark.parametrize("task", ["listops", "pathfinder"])
 def test_the_bar_needs_the_target_and_the_margin_over_the_baseline(task):
     bar = LEARN_TARGET[task]
-    row = lambda median, base: next(l for l in learn_markdown(_fake_learn(task, median, base))  # noqa: E731
-                                    if l.startswith("| softmax"))
+
+    def row(median, base):
+        return next(line for line in learn_markdown(_fake_learn(task, median, base)) if line.startswith("| softmax"))
+
     above = bar["accuracy"] + 0.05
     assert "| yes |" in row(above, above - bar["margin"] - 0.01)
     assert "| no |" in row(above, above - bar["margin"] + 0.01)  # above the target but too close to the baseline
@@ -130,7 +132,8 @@ def test_a_run_off_the_setting_says_what_it_changed():
     rep["config"]["size"]["data"] = [["resolution", 32] if k == "resolution" else [k, v] for k, v in learn.data]
     rep["config"]["size"]["epochs"] = 3
     assert learn_markdown(rep)[0] == (f"## pathfinder: CPU, learns (`--learn`), resolution 32, epochs 3 "
-                                      f"(the setting: resolution {dict(learn.data)['resolution']}, epochs {learn.epochs})")
+                                      f"(the setting: resolution {dict(learn.data)['resolution']}, epochs "
+                                      f"{learn.epochs})")
 
 
 def test_cli_data_override_names_an_unknown_key(tmp_path):

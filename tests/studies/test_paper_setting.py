@@ -29,7 +29,8 @@ TINY = PaperSetting("listops", batch_size=2, max_length=24)
 
 @pytest.mark.parametrize("attention", ["softmax", "gaussian", "sinkhorn"])
 def test_padding_is_invisible_to_real_tokens(attention):
-    """Official masks: more padding changes neither the real tokens' features nor (up to the n of the mean) the logits."""
+    """Official masks: more padding changes neither the real tokens' features nor (up to the n of the mean) the
+    logits."""
     torch.manual_seed(0)
     model = paper_model(replace_len(24), attention).eval()
     short = torch.tensor([[3, 5, 7, 11, 0, 0]])

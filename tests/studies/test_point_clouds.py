@@ -215,11 +215,11 @@ def test_point_cloud_verdict_follows_the_interval():
     from sinkflow.studies.pages import reproducing_page
 
     soft = [0.50, 0.60, 0.55, 0.52]
-    ahead = reproducing_page([_study(soft, [s + d for s, d in zip(soft, (0.01, 0.02, 0.03, 0.02))])])
-    line = next(l for l in ahead.splitlines() if l.startswith("**Verdict.**"))
+    ahead = reproducing_page([_study(soft, [s + d for s, d in zip(soft, (0.01, 0.02, 0.03, 0.02), strict=True)])])
+    line = next(row for row in ahead.splitlines() if row.startswith("**Verdict.**"))
     assert "Sinkhorn ahead" in line and "inside our interval" in line and "+2.1 points" in line
-    flat = reproducing_page([_study(soft, [s + d for s, d in zip(soft, (0.01, -0.01, 0.005, -0.005))])])
-    line = next(l for l in flat.splitlines() if l.startswith("**Verdict.**"))
+    flat = reproducing_page([_study(soft, [s + d for s, d in zip(soft, (0.01, -0.01, 0.005, -0.005), strict=True)])])
+    line = next(row for row in flat.splitlines() if row.startswith("**Verdict.**"))
     assert "no difference resolved" in line and "above our interval" in line
 
 
@@ -229,7 +229,8 @@ def test_patch_trend_verdict_is_paired_by_seed():
 
     def row(p, gaps):
         soft = [0.8, 0.7, 0.9, 0.85]
-        return {"patch_size": p, "accuracy": {"softmax": soft, "sinkhorn": [s + g for s, g in zip(soft, gaps)]}}
+        return {"patch_size": p,
+                "accuracy": {"softmax": soft, "sinkhorn": [s + g for s, g in zip(soft, gaps, strict=True)]}}
 
     grows = _patch_trend([row(1, [0.04, 0.06, 0.05, 0.06]), row(4, [0.0, 0.01, 0.0, 0.02])])
     assert "grows as the patch shrinks" in grows and "+4.5 points" in grows

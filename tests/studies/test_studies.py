@@ -10,6 +10,18 @@ import numpy as np
 import pytest
 import torch
 
+from sinkflow.nn import MultiheadAttention
+from sinkflow.studies import (
+    AttentionRecorder,
+    PatchViT,
+    SetClassifier,
+    TrainConfig,
+    instability_score,
+    stochasticity_summary,
+    train,
+)
+from sinkflow.studies.data import _rotations, digits, point_clouds, retrieval_sequences, split
+
 
 def _digits_run(seed, epochs, pre_norm=True, pooling="cls", normalization="softmax", n=1200):
     train_data, test_data = split(digits().subset(slice(0, n)), 0.25, seed=0)
@@ -28,24 +40,13 @@ def _fake_report(task, inst_ratio, acc, time_ratio):
     rows = [{"variant": "softmax", "attention": "softmax", "test_accuracy": stat(0.5), "step_time": stat(1.0),
              "memory": stat(1.0), "update_instability_ratio_to_softmax": 1.0, "step_time_ratio_to_softmax": 1.0,
              "memory_ratio_to_softmax": 1.0},
-            {"variant": "skyformer", "attention": "skyformer", "test_accuracy": stat(acc), "step_time": stat(time_ratio),
+            {"variant": "skyformer", "attention": "skyformer", "test_accuracy": stat(acc),
+             "step_time": stat(time_ratio),
              "memory": stat(0.5), "update_instability_ratio_to_softmax": inst_ratio,
              "instability_ratio_to_softmax": 1 / inst_ratio,  # the perturbation proxy: not what the paper measured
              "step_time_ratio_to_softmax": time_ratio,
              "memory_ratio_to_softmax": 0.5}]
     return {"task": task, "summary": rows}
-
-from sinkflow.nn import MultiheadAttention
-from sinkflow.studies import (
-    AttentionRecorder,
-    PatchViT,
-    SetClassifier,
-    TrainConfig,
-    instability_score,
-    stochasticity_summary,
-    train,
-)
-from sinkflow.studies.data import _rotations, digits, point_clouds, retrieval_sequences, split
 
 
 def test_set_classifier_is_permutation_invariant_and_clouds_are_rotated_rigidly():
@@ -73,7 +74,8 @@ def test_recorder_captures_the_matrices_the_module_returns():
         model(x)
     (K,) = rec.matrices["blocks.0.attn.kernel"]
     attn = model.blocks[0].attn
-    h = model.blocks[0].norm(torch.cat([model.cls_token.expand(4, -1, -1), model.embed(model.patches(x))], 1) + model.pos)
+    tokens = torch.cat([model.cls_token.expand(4, -1, -1), model.embed(model.patches(x))], 1)
+    h = model.blocks[0].norm(tokens + model.pos)
     _, w = attn(h, h, h, average_attn_weights=False)
     torch.testing.assert_close(K, w.detach())
     assert not attn.kernel._forward_hooks  # removed on exit
@@ -157,7 +159,7 @@ def test_update_instability_is_the_papers_ratio_of_squared_changes_across_one_st
     with torch.random.fork_rng():
         torch.manual_seed(3)
         f1 = model.features(x).detach()
-    dw = sum(float(((p.detach() - w) ** 2).sum()) for p, w in zip(model.parameters(), w0))
+    dw = sum(float(((p.detach() - w) ** 2).sum()) for p, w in zip(model.parameters(), w0, strict=True))
     assert dw > 0 and tau == pytest.approx(float(((f1 - f0) ** 2).sum()) / dw, rel=1e-5)
     assert math.isnan(update_instability(model, x, lambda: None))  # no weight change: no score
     with pytest.raises(ValueError, match="features"):

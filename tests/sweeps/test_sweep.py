@@ -194,7 +194,8 @@ def test_killed_sweep_resumes_without_recomputing_finished_points(tmp_path):
         import sinkflow
         sinkflow.sweep({grid!r}, "test_sweep:counted", executor="sequential", cache_dir={str(cache)!r}, progress=False)
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", script], env=env)
     deadline = time.monotonic() + 240  # a loaded machine may take long to start Python and import torch
     while len(list(cache.rglob("*.json"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
