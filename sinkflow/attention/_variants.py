@@ -89,6 +89,30 @@ class AttentionVariant:
         """Whether :math:`K` is at least row-normalized (rows sum to 1)."""
         return self.normalization in ("row", "sinkhorn")
 
+    @property
+    def solver(self) -> str | None:
+        """The normalization sinkflow itself computes for this variant (``"row"``, ``"sinkhorn"`` or
+        ``"none"``), or None.
+
+        A variant described by its data (its ``normalization``, as every built-in and a variant
+        registered with ``normalization=``) is computed by sinkflow's own solvers, so every evaluation
+        applies to it: dense, block-wise, landmarks, the harmonic field, batched ensembles, the fused
+        torch passes. A variant given as a callable on dense scores (or output-only) has no solver
+        here: it gets the dense path, its own function, never a built-in in its place.
+        """
+        return self.normalization if self.normalize is not None else None
+
+    @property
+    def batched(self) -> bool:
+        """Whether an ensemble of its flows runs as one batched tensor flow."""
+        return self.solver is not None
+
+    @property
+    def harmonic(self) -> bool:
+        """Whether its field on the circle and :math:`S^2` has the exact harmonic expansion (SoftMax and
+        Sinkhorn of dot-product scores)."""
+        return self.solver in ("row", "sinkhorn") and self.scores == "dot"
+
 
 def _softmax(C, *, n_iter=None, mask=None, weights=None, tol=None, max_iter=None, init_g=None):
     return Normalized(softmax(C, mask=mask), None, 1, True)
@@ -196,8 +220,13 @@ def _user_normalize(fn: Callable) -> Callable:
     return normalize
 
 
-def register_attention(name: str, normalize: Callable | None = None, *, scores: str = "dot",
-                       heads: Callable | None = None, overwrite: bool = False) -> AttentionVariant:
+#: sinkflow's own normalization of the scores, by the name a variant declares (``normalization=``).
+_SOLVERS = {"row": _softmax, "sinkhorn": _sinkhorn, "none": _exponential}
+
+
+def register_attention(name: str, normalize: Callable | None = None, *, normalization: str | None = None,
+                       scores: str = "dot", heads: Callable | None = None,
+                       overwrite: bool = False) -> AttentionVariant:
     r"""Add an attention variant, usable by name in particle flows, the heat layer and models.
 
     Parameters
@@ -206,7 +235,14 @@ def register_attention(name: str, normalize: Callable | None = None, *, scores: 
     normalize : callable, optional
         ``normalize(C, *, n_iter, mask) -> K``: the attention matrix (same shape as the
         torch scores ``C``; ``mask`` is None or boolean, ``True`` = admissible; ``n_iter`` is
-        the caller's iteration count, free to ignore). Differentiable if ``C`` is.
+        the caller's iteration count, free to ignore). Differentiable if ``C`` is. A variant given
+        this way runs on the dense path only (sinkflow cannot evaluate an arbitrary function
+        block-wise, with landmarks or harmonically); ``Trajectory.evaluation`` says so.
+    normalization : {"row", "sinkhorn", "none"}, optional
+        Instead of ``normalize``: describe the variant by its data, and sinkflow's own solvers
+        compute it (SoftMax rows, Sinkhorn, or :math:`e^C` unnormalized, of ``scores``), on every
+        evaluation path (block-wise, landmarks, the harmonic field, batched ensembles, fused torch
+        passes), as fast as the built-ins.
     scores : {"dot", "gaussian"}
         Scores used by :func:`sinkflow.simulate` with this variant (the heat layer always
         uses Gaussian scores, models always :math:`qk^T/\sqrt p`).
@@ -226,13 +262,24 @@ def register_attention(name: str, normalize: Callable | None = None, *, scores: 
     >>> v = sinkflow.register_attention("sharp_softmax", lambda C, n_iter, mask: sinkflow.softmax(2 * C),
     ...                                 overwrite=True)
     >>> traj = sinkflow.simulate(np.eye(3), "sharp_softmax", h=0.1, steps=2)
-    >>> traj.positions.shape
-    (3, 3, 3)
+    >>> traj.positions.shape, traj.evaluation.name
+    ((3, 3, 3), 'dense')
+    >>> v = sinkflow.register_attention("gaussian_sinkhorn", normalization="sinkhorn", scores="gaussian",
+    ...                                 overwrite=True)   # described by data: every path
+    >>> v.solver, sinkflow.simulate(np.eye(3), v, h=0.1, steps=2, chunked=True).evaluation.name
+    ('sinkhorn', 'block-wise')
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
-    if normalize is None and heads is None:
-        raise ValueError("give normalize (scores -> attention matrix) or heads (per-head output), or both")
+    if normalization is not None:
+        if normalization not in _SOLVERS:
+            raise ValueError(f"normalization must be one of {tuple(_SOLVERS)}, got {normalization!r}")
+        if normalize is not None:
+            raise ValueError("give normalize (a callable on dense scores) or normalization (sinkflow's own "
+                             "solver), not both")
+    elif normalize is None and heads is None:
+        raise ValueError("give normalize (scores -> attention matrix), normalization (\"row\", \"sinkhorn\", "
+                         "\"none\") or heads (per-head output)")
     for fn, what in ((normalize, "normalize"), (heads, "heads")):
         if fn is not None and not callable(fn):
             raise TypeError(f"{what} must be callable")
@@ -240,7 +287,12 @@ def register_attention(name: str, normalize: Callable | None = None, *, scores: 
         raise ValueError(f"scores must be 'dot' or 'gaussian', got {scores!r}")
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"attention {name!r} is already registered (pass overwrite=True to replace it)")
-    variant = AttentionVariant(name, None if normalize is None else _user_normalize(normalize), scores, heads=heads)
+    if normalization is not None:
+        variant = AttentionVariant(name, _SOLVERS[normalization], scores, normalization,
+                                   "lifted" if scores == "gaussian" else "nystrom", heads=heads)
+    else:
+        variant = AttentionVariant(name, None if normalize is None else _user_normalize(normalize), scores,
+                                   heads=heads)
     _add(variant)
     return variant
 

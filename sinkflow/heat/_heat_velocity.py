@@ -14,7 +14,7 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, lift_half, to_torch
 from sinkflow.attention._scores import dot_scores, gaussian_scores
-from sinkflow.attention._variants import _sinkhorn, _softmax, get_attention
+from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import attention_field
 from sinkflow.particles._lowrank_fields import lowrank_attention_field
 
@@ -91,7 +91,7 @@ def _symmetric_velocity(x: torch.Tensor, eps: float, layer: _Layer, g, tol, max_
     exponential pass, a few Newton or heavy-ball iterations from the warm start); None where that
     solver does not apply (a graph to keep, a user variant; half precision was lifted by :func:`_velocity`)."""
     variant = layer.variant
-    if variant.normalize is not _sinkhorn or (torch.is_grad_enabled() and x.requires_grad):
+    if variant.solver != "sinkhorn" or (torch.is_grad_enabled() and x.requires_grad):
         return None
     ev = attention_field(x, dataclasses.replace(variant, scores=layer.scores), None, None, temperature=eps,
                          init_g=g, tol=tol, max_iter=max_iter, need_errors=True, symmetric=True)
@@ -108,7 +108,7 @@ def _softmax_velocity(x: torch.Tensor, eps: float, layer: _Layer):
     then ``K x = (E x) / (E 1)`` from one product with ``[x, 1]`` (one n x n pass fewer, and no second
     n x n allocation); None under autograd (the graph of :func:`sinkflow.softmax` is kept) or for another
     layer."""
-    if layer.variant.normalize is not _softmax or (torch.is_grad_enabled() and x.requires_grad):
+    if layer.variant.solver != "row" or (torch.is_grad_enabled() and x.requires_grad):
         return None
     C = _scores(x, eps, layer)
     E = C.sub_(C.amax(1, keepdim=True)).exp_()  # C is a fresh buffer

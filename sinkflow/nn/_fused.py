@@ -44,9 +44,6 @@ import torch.nn.functional as F
 
 from sinkflow.attention._variants import (
     AttentionVariant,
-    _exponential,
-    _sinkhorn,
-    _softmax,
     compute_dtype,
     get_attention,
 )
@@ -57,12 +54,12 @@ from sinkflow.nn._fused_sinkhorn import sinkhorn_passes
 __all__ = ["fused_available", "fused_kind", "fused_preferred", "fused_attention"]
 
 def _kind(variant: AttentionVariant, n_iter: int) -> str | None:
-    """Which fused pass computes a built-in variant (not a user's override), or None."""
-    if variant.normalize is _softmax or (variant.normalize is _sinkhorn and n_iter == 1):
+    """Which fused pass computes a variant that sinkflow's own solvers compute (not a user's callable), or None."""
+    if variant.solver == "row" or (variant.solver == "sinkhorn" and n_iter == 1):
         return "softmax"
-    if variant.normalize is _exponential and variant.scores == "gaussian":
+    if variant.solver == "none" and variant.scores == "gaussian":
         return "gaussian"
-    if variant.normalize is _sinkhorn and n_iter >= 2:
+    if variant.solver == "sinkhorn" and n_iter >= 2:
         return "sinkhorn"
     return None
 

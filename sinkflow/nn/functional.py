@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from sinkflow._backend import check_finite, compiling
 from sinkflow.attention._scores import dot_scores, gaussian_scores
-from sinkflow.attention._variants import _sinkhorn as _builtin_sinkhorn
 from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
 from sinkflow.nn._float_mask import split_bias as _split_bias
@@ -70,7 +69,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
 def _weights(q, k, variant, n_iter, mask, bias):
     with torch.autocast(device_type=q.device.type, enabled=False):
         scores = _scores(q, k, variant, bias)
-        if variant.normalize is _builtin_sinkhorn:  # the training hot path (not a user's override)
+        if variant.solver == "sinkhorn":  # the training hot path (not a user's callable)
             return sinkhorn_attention(scores, n_iter, mask)  # factored fast path, the solver otherwise
         return variant.normalize(scores, n_iter=n_iter, mask=mask).attention
 
@@ -218,7 +217,7 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
         kind = None
     if kind is not None:
         return fused_output(kind, q, k, v, n_iter, allowed=mask, bias=bias), None  # no n x m matrix
-    if not need_weights and variant.normalize is _builtin_sinkhorn and not (dropout > 0 and training):
+    if not need_weights and variant.solver == "sinkhorn" and not (dropout > 0 and training):
         with torch.autocast(device_type=q.device.type, enabled=False):
             scores = _scores(q, k, variant, bias)
             out = sinkhorn_attention(scores, n_iter, mask, values=v.to(scores.dtype))

@@ -29,7 +29,7 @@ from sinkflow._summary import Summarized, describe_array, number, shape_text
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
-from sinkflow.attention._variants import _sinkhorn, get_attention
+from sinkflow.attention._variants import get_attention
 from sinkflow.bounds._stochasticity import marginal_errors
 from sinkflow.particles._blockwise_fields import lazy_attention_field
 from sinkflow.particles._causal import key_targets
@@ -174,7 +174,7 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
         raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
                          "normalize(scores, n_iter, mask) to use it on particles")
     # n_iter=1 is SoftMax
-    symmetric_solve = (symmetric and mask is None and variant.normalize is _sinkhorn and n_iter != 1
+    symmetric_solve = (symmetric and mask is None and variant.solver == "sinkhorn" and n_iter != 1
                        and x.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and (
                            x.requires_grad or (W is not None and W.requires_grad))))
     if symmetric_solve and x.ndim == 2 and x.device.type == "cpu" and x.shape[0] <= NUMPY_N:

@@ -49,7 +49,6 @@ import torch
 
 from sinkflow._backend import empty_large
 from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, iterate_kernel
-from sinkflow.attention._variants import _sinkhorn, _softmax
 from sinkflow.particles._dense_fields import SYMMETRIC_BUDGET, FieldEvaluation, _general_fallback
 from sinkflow.particles._integrators import ParticleField
 
@@ -70,7 +69,7 @@ def takes_ensemble(variant, n_iter, symmetric: bool, need_errors: bool, X: torch
     with a symmetric PSD ``W``; dot-product scores, float32 / float64, no marginal-error monitor."""
     if variant.scores != "dot" or need_errors or X.dtype not in UNSHIFTED_MAX or X.shape[-2] ** 2 > BLOCK_ENTRIES:
         return False
-    return variant.normalize is _softmax or (variant.normalize is _sinkhorn and n_iter is None and symmetric)
+    return variant.solver == "row" or (variant.solver == "sinkhorn" and n_iter is None and symmetric)
 
 
 @dataclass
@@ -86,7 +85,7 @@ class EnsembleField(ParticleField):
         Y, q, V, weights, init_g = (_host(t) for t in (Y, q, V, self.weights, init_g))
         if self.temperature != 1.0:
             q = _product(q, 1.0 / self.temperature, self._buffer("queries", q, q.shape))
-        if self.attention.normalize is _softmax:
+        if self.attention.solver == "row":
             return self._softmax(Y, q, V, weights)
         return self._sinkhorn(Y, q, V, weights, init_g)
 

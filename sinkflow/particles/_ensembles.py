@@ -26,7 +26,6 @@ import torch
 
 from sinkflow._backend import broadcast_shapes, check_finite, check_float, from_torch, leading
 from sinkflow._progress import progress_bar
-from sinkflow.attention._variants import _exponential, _sinkhorn, _softmax
 from sinkflow.particles._dense_fields import (
     DENSE_BYTES_LIMIT,
     check_matrix,
@@ -49,8 +48,6 @@ from sinkflow.particles._system import run_system
 from sinkflow.particles._trajectory import Trajectory, _check_positions
 
 __all__ = ["is_ensemble", "simulate_ensemble"]
-
-_BATCHED = (_softmax, _sinkhorn, _exponential)  # normalizations that run as one batched tensor flow
 
 
 def _ndim(value) -> int:
@@ -171,13 +168,13 @@ def _interaction(systems):
 def _not_batched(variant, systems, settings: FlowSettings) -> str | None:
     """Why the systems cannot run as one batched tensor flow (None when they can)."""
     asked, solver = settings.evaluation, settings.solver
-    if variant.normalize not in _BATCHED:
-        return f"attention {variant.name!r} has no batched flow"
+    if not variant.batched:
+        return f"attention {variant.name!r} is a callable on dense scores: it has no batched flow"
     if asked.causal or asked.landmarks is not None or asked.chunked:
         return "causal, landmarks or chunked asked for"
     if systems.X.shape[-2] > dense_limit(systems.X.dtype):
         return "one n x n matrix would exceed the dense budget"
-    if variant.normalize is _sinkhorn and solver.n_iter is None and not _symmetric_psd(_interaction(systems)):
+    if variant.solver == "sinkhorn" and solver.n_iter is None and not _symmetric_psd(_interaction(systems)):
         return "Sinkhorn to tolerance with a W_Q^T W_K that is not symmetric positive semi-definite"
     return None
 

@@ -64,6 +64,7 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 from sinkflow._checks import check_choice
+from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import FieldEvaluation, check_weights
 from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, likely_kernel, retruncated
 from sinkflow.particles._harmonic_solvers import alternating_sinkhorn, passes, symmetric_sinkhorn
@@ -256,7 +257,7 @@ class HarmonicParticleField(ParticleField):
     memory: dict = dataclasses.field(default_factory=dict)  # per stage: what the last solve learned
 
     def velocity(self, Y: torch.Tensor):
-        variant = self.attention if isinstance(self.attention, str) else self.attention.name
+        normalization = get_attention(self.attention).solver
         stage = self.calls % self.stages
         self.calls += 1
         a = self.weights
@@ -266,7 +267,7 @@ class HarmonicParticleField(ParticleField):
             a = a.to(torch.float64)
         extrapolate = self.symmetric and self.n_iter is None and self.warm_start
         zero = torch.zeros((), dtype=torch.float64, device=Y.device)  # the scaling's w is its g (no score diagonal)
-        ev, self.kernel = _evaluate(self.kernel, Y.detach().to(torch.float64), a, _NORMALIZATIONS[variant],
+        ev, self.kernel = _evaluate(self.kernel, Y.detach().to(torch.float64), a, normalization,
                                     self.n_iter, self.tol, self.max_iter,
                                     self._start(stage, zero if extrapolate else None),
                                     self.need_errors, self.memory.setdefault(stage, {}) if self.warm_start else None)
@@ -295,7 +296,7 @@ def harmonic_choice(X: torch.Tensor, variant, W, W_V, weights, temperature: floa
     n, d = X.shape
     if not sphere or landmarks is not None or d not in (2, 3) or n < HARMONIC_MIN_N:
         return None
-    if getattr(variant, "name", variant) not in _NORMALIZATIONS:
+    if not get_attention(variant).harmonic:
         return None
     eye = torch.eye(d, dtype=X.dtype, device=X.device)
     if any(M is not None and not torch.equal(M.detach(), eye) for M in (W, W_V)):

@@ -151,24 +151,28 @@ def checked_settings(*, integrator, manifold, n_iter, tol, max_iter, warm_start,
     return FlowSettings(integrator, manifold, solver, evaluation, recording)
 
 
-def choose_path(n: int, dtype: torch.dtype, evaluation: EvaluationSettings, tracks_grad: bool,
+def choose_path(n: int, dtype: torch.dtype, variant, evaluation: EvaluationSettings, tracks_grad: bool,
                 harmonic: Callable[[], object]) -> tuple[EvaluationPath, object]:
-    """The evaluation path of one system of ``n`` particles, and the harmonic kernel when that is the path.
+    """The evaluation path of one system of ``n`` particles under ``variant``, and the harmonic kernel when
+    that is the path.
 
     In this order: the caller's ``landmarks`` or ``chunked``; the exact harmonic field where it applies
     and is cheaper (``harmonic()`` returns its kernel, or None; never with gradients or a causal mask);
-    block-wise when one ``n x n`` matrix would exceed the dense budget; else dense. Gradients need the
-    dense field: a path that is not dense raises a ``ValueError`` when ``tracks_grad``.
+    the dense path for a variant given as a callable on dense scores (``variant.normalization`` None:
+    nothing else can evaluate it); block-wise when one ``n x n`` matrix would exceed the dense budget;
+    else dense. Gradients need the dense field: a path that is not dense raises a ``ValueError`` when
+    ``tracks_grad``.
 
     Examples
     --------
-    >>> import torch
+    >>> import sinkflow, torch
     >>> from sinkflow.particles._settings import EvaluationSettings, choose_path
     >>> asked = EvaluationSettings(chunked=None, landmarks=None, landmark_seed=0, landmark_sampling="farthest",
     ...                            causal=False)
-    >>> print(choose_path(64, torch.float64, asked, False, lambda: None)[0])
+    >>> softmax = sinkflow.get_attention("softmax")
+    >>> print(choose_path(64, torch.float64, softmax, asked, False, lambda: None)[0])
     dense (one n x n matrix fits the dense budget of 512 MiB)
-    >>> print(choose_path(10**5, torch.float64, asked, False, lambda: None)[0])
+    >>> print(choose_path(10**5, torch.float64, softmax, asked, False, lambda: None)[0])
     block-wise (one n x n matrix of n = 100000 would exceed the dense budget of 512 MiB)
     """
     kernel = None
@@ -180,6 +184,9 @@ def choose_path(n: int, dtype: torch.dtype, evaluation: EvaluationSettings, trac
         path = EvaluationPath(name, f"chunked={evaluation.chunked} asked for")
     elif not (tracks_grad or evaluation.causal) and (kernel := harmonic()) is not None:
         path = EvaluationPath("harmonic", f"order {kernel.order}: rank {kernel.rank} is cheaper than n = {n}")
+    elif variant.normalization is None:
+        path = EvaluationPath("dense", f"attention {variant.name!r} is a callable on dense scores: only the dense "
+                                       "path can evaluate it")
     elif n > dense_limit(dtype):
         path = EvaluationPath("block-wise", f"one n x n matrix of n = {n} would exceed {budget}")
     else:

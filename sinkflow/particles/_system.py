@@ -35,7 +35,7 @@ def run_system(X: torch.Tensor, variant, Wq, Wk, Wv, a, tau: float, h, steps: in
     W = _interaction_matrix(Wq, Wk, d, X)
     tracks_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, Wq, Wk, Wv))
     X = X.clone() if tracks_grad else X.detach().clone()
-    path, kernel = choose_path(n, X.dtype, asked, tracks_grad, lambda: harmonic_choice(
+    path, kernel = choose_path(n, X.dtype, variant, asked, tracks_grad, lambda: harmonic_choice(
         X, variant, W, Wv, a, tau, tol, settings.sphere, asked.landmarks))
     _check_monitors_fit(keep.monitors, n)
     _check_step_size(h, X, W, Wv, tau, variant, settings.integrator)

@@ -33,7 +33,8 @@ class Kernel:
 ])
 def test_one_place_chooses_the_path_in_order_of_precedence(kw, grad, harmonic, n, expected):
     n = dense_limit(torch.float64) + 1 if n == "above" else n
-    path, kernel = choose_path(n, torch.float64, asked(**kw), grad, lambda: harmonic)
+    sinkhorn = sinkflow.get_attention("sinkhorn")
+    path, kernel = choose_path(n, torch.float64, sinkhorn, asked(**kw), grad, lambda: harmonic)
     assert path.name == expected and path.reason
     assert kernel is (harmonic if expected == "harmonic" else None)
 
@@ -42,7 +43,7 @@ def test_one_place_chooses_the_path_in_order_of_precedence(kw, grad, harmonic, n
 def test_gradients_refuse_every_path_but_the_dense_one(kw):
     n = dense_limit(torch.float64) + 1 if not kw else 16
     with pytest.raises(ValueError, match="gradients through simulate need the dense evaluation"):
-        choose_path(n, torch.float64, asked(**kw), True, lambda: None)
+        choose_path(n, torch.float64, sinkflow.get_attention("softmax"), asked(**kw), True, lambda: None)
 
 
 def test_the_trajectory_records_the_path_and_why():
@@ -117,3 +118,38 @@ def test_the_fast_paths_switch_changes_no_number_of_a_blockwise_or_landmark_flow
         assert bool(calls) is on
     scale = np.abs(runs[False].positions).max()
     np.testing.assert_allclose(runs[True].positions / scale, runs[False].positions / scale, rtol=0, atol=1e-13)
+
+
+def test_a_variant_described_by_its_data_takes_every_fast_path_a_callable_the_dense_one():
+    """Registered by its normalization, a variant is computed by sinkflow's own solvers on every path, bit
+    for bit as the built-in; given as a callable on dense scores, it runs densely and the trajectory says why."""
+    by_data = sinkflow.register_attention("test_sinkhorn_by_data", normalization="sinkhorn", overwrite=True)
+    by_call = sinkflow.register_attention("test_softmax_by_call", lambda C, n_iter, mask: sinkflow.softmax(C),
+                                          overwrite=True)
+    x0 = sinkflow.random_particles(600, 2, seed=2, manifold="sphere")
+    kw = dict(h=0.1, steps=2, manifold="sphere", temperature=0.2)
+    ours, builtin = sinkflow.simulate(x0, by_data, **kw), sinkflow.simulate(x0, "sinkhorn", **kw)
+    assert ours.evaluation.name == builtin.evaluation.name == "harmonic"
+    np.testing.assert_array_equal(ours.positions, builtin.positions)
+    ensemble = np.stack([x0[:30], x0[30:60]])
+    assert sinkflow.simulate(ensemble, by_data, **kw).evaluation.name == "batched"
+    assert sinkflow.simulate(x0[:40], by_data, chunked=True, **kw).evaluation.name == "block-wise"
+    theirs = sinkflow.simulate(x0, by_call, **kw)
+    assert theirs.evaluation.name == "dense" and "callable on dense scores" in theirs.evaluation.reason
+    np.testing.assert_allclose(theirs.positions, sinkflow.simulate(x0, "softmax", **kw).positions, atol=1e-10)
+    alone = sinkflow.simulate(ensemble, by_call, **kw).evaluation
+    assert alone.name == "dense" and alone.reason.startswith("system by system")
+    with pytest.raises(ValueError, match="not both"):
+        sinkflow.register_attention("test_both", lambda C, n_iter, mask: C, normalization="row", overwrite=True)
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        sinkflow.register_attention("test_bad", normalization="softmax", overwrite=True)
+
+
+def test_a_variant_described_by_its_data_takes_the_fused_torch_pass():
+    from sinkflow.nn._fused import fused_kind
+
+    by_data = sinkflow.register_attention("test_row_by_data", normalization="row", overwrite=True)
+    by_call = sinkflow.register_attention("test_row_by_call", lambda C, n_iter, mask: sinkflow.softmax(C),
+                                          overwrite=True)
+    assert fused_kind(by_data) == fused_kind("softmax") == "softmax"
+    assert fused_kind(by_call) is None
