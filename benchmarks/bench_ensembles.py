@@ -28,14 +28,14 @@ run alternately): float64 SoftMax 10.2 / 7.9 ms a step on the circle / in R^2 (b
 torch's); Sinkhorn 1/14 / 1/12 (1/9, 1/6), 27x / 33x the floor (one or two Newton steps of a dense
 32 x 32 solve per system cost 5-6x the floor each). float32: SoftMax 1/80 / 1/56, 4.5x / 5.7x;
 Sinkhorn 1/21 / 1/18 (docs/performance.md).
-Measured (``--small-only --repeats 5``, load 9.1 -> 6.0, CPU time; docs/performance.md, *Third pass*):
+Measured (``--small-only --repeats 5``, load 9.1 -> 6.0, CPU time; docs/performance.md):
 to tolerance 1.30x / 1.41x / 1.11x on the circle at n = 16 / 64 / 256 and 1.76x / 1.33x / 1.46x / 1.85x
 in R^2 at n = 16 / 64 / 256 / 1,024 (before, load 0.2 -> 4: 1.92x / 1.76x / 1.08x and 2.29x / 3.01x /
 1.66x / 2.09x); Sinkhorn(3) 0.83-1.45x everywhere (before up to 1.82x). The circle at n = 1,024 takes
 the harmonic field (~4x to tolerance). Run-to-run spread at load 8-12: about 0.3.
 
 Measured (``--ensembles-only --repeats 5``, CPU time, load 3.3-3.4; before: main at 0dd0da0, run
-just before; docs/performance.md, *Ensembles, third pass*): float64 SoftMax 7.9 / 8.5 ms a step on the
+just before; docs/performance.md, *Ensembles*): float64 SoftMax 7.9 / 8.5 ms a step on the
 circle / in R^2 (before 10.9 / 7.9), 3.65x / 3.37x numpy's exp floor (4.45x / 3.15x), 1/42 / 1/45 of a
 single step; Sinkhorn 42.9 / 47.2 ms (61.2 / 60.1), 1/15 / 1/11 (1/11 / 1/8), 17x / 19x the floor
 (27x / 24x): the dense Newton step each system takes alone costs ~8x the floor by itself. A second
@@ -43,7 +43,7 @@ run (load 2.6): SoftMax 3.94x / 3.51x, Sinkhorn 1/13 / 1/10. ``--small-only --re
 2.8 -> 3.6; the single-system path unchanged): to tolerance 1.05-1.78x, Sinkhorn(3) 0.59-1.02x.
 
 Measured (``--ensembles-only --repeats 5``, CPU time, idle machine, load 0.7-0.9, two runs; docs/performance.md,
-*Ensembles, fourth pass*): float64 SoftMax 5.8 / 6.9 ms a step on the circle (before, same day: 8.0),
+*Ensembles*): float64 SoftMax 5.8 / 6.9 ms a step on the circle (before, same day: 8.0),
 2.81x / 3.56x numpy's exp floor (4.22x before); in R^2 5.0 / 6.3 ms, 2.47x / 2.74x (2.80x); 1/54-1/57 of a
 single step. Sinkhorn 1/15-1/16 and 1/10-1/11 per system-step, 14-18x the floor (16-17x). With the work
 arrays on huge pages (four runs, the first at a burst of load): circle SoftMax 4.91x, 3.26x, 2.95x, 2.66x;

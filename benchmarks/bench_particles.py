@@ -55,8 +55,8 @@ twice as fast), both are printed, and every ratio is against the faster. Last me
 (AuthenticAMD, avx2 avx512f, torch AVX512, L2 1 MiB; ``--floor --repeats 3``, two rounds, load
 0.6-1.6), against numpy's ``exp``: exact step 1.89x and 2.00x (3.06x and 3.16x for the commit before,
 alternated with it), landmark step at 10^6 with its choice 6.67x and 7.06x (8.70x, 8.31x), uniform
-landmarks 4.16x and 4.13x (5.21x, 5.95x); docs/performance.md, *Large n: numpy's exp*. No Intel CPU was
-at hand.
+landmarks 4.16x and 4.13x (5.21x, 5.95x); docs/performance.md, *Large n: block-wise and landmark steps*.
+No Intel CPU was at hand.
 Usage: ``python benchmarks/bench_particles.py [--quick] [--landmarks] [--baseline REV] [--skip-exact] [--floor]``.
 """
 

@@ -84,7 +84,8 @@ def _l2_bytes() -> int | None:
 #: Least budget of the default block: a score buffer of 2^20 float32 entries (4 MiB). A block costs about a
 #: dozen calls (~30 us) besides its passes (~1 ns an entry, numpy's exp included), so smaller blocks lose
 #: 10-40% to the calls once ``exp`` is fast: at n = 20,000 (CPU time) an L2-sized buffer (13 rows) ran
-#: 1.95-2.24x the exp floor and this one 1.77-1.94x (docs/performance.md, *Large n: numpy's exp*).
+#: 1.95-2.24x the exp floor and this one 1.77-1.94x (docs/performance.md, *Large n: block-wise and landmark
+#: steps*).
 MIN_DEFAULT_BLOCK_BYTES = 3 * 2**22
 
 #: Memory per block of rows (counted as three score buffers), in bytes: :func:`cache_block_bytes`, at least
