@@ -345,9 +345,14 @@ def _uniform_axis(ax, i) -> tuple[np.ndarray, float]:
     ax = _real_array(ax, f"grid axis {i}")
     if ax.ndim != 1 or ax.size < 8:
         raise ValueError(f"grid axis {i} must be a 1D array with at least 8 points, got shape {ax.shape}")
+    if not np.isfinite(ax).all():
+        raise ValueError(f"grid axis {i} must be finite")
     h = np.diff(ax)
     if not (np.all(h > 0) and np.allclose(h, h[0], rtol=1e-9, atol=0)):
         raise ValueError(f"grid axis {i} must be uniform and increasing")
+    if not 1e-150 <= h[0] <= 1e150:  # the squared frequencies (pi / h)^2 and the squared lengths stay in float64
+        raise ValueError(f"grid axis {i} has spacing {h[0]:g}, outside [1e-150, 1e150]: the solve squares the "
+                         "frequencies pi / spacing and the grid's lengths, which would leave float64; rescale x and t")
     return ax, float(h[0])
 
 
@@ -511,10 +516,7 @@ def _sampling_error(rho0, steps, times, z, out, spectral_tail):
     error of the fine solve, taken twice for the pre-asymptotic grids. Where the data is rough
     (``spectral_tail`` > :data:`_ROUGH_TAIL`) and the heat kernel, of width :math:`\sqrt{2t}`, is narrower
     than the sub-lattice spacing, the comparison says nothing: a warning, and the trivial bound
-    :math:`(\max|
-ho_t| + \max|
-ho_0|) / \max|
-ho_0|` (the exact solution obeys the maximum principle).
+    :math:`(\max|\rho_t| + \max|\rho_0|) / \max|\rho_0|` (the exact solution obeys the maximum principle).
     """
     import itertools
     import warnings
