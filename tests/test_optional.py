@@ -192,7 +192,7 @@ def test_a_figure_that_needs_a_missing_extra_is_named_in_one_line(monkeypatch, t
                  "--format", "png"]) == NEEDS_EXTRA
     err = capsys.readouterr().err
     assert 'training_column_sums: not made: needs scikit-learn: pip install "sinkflow[models]"' in err.splitlines()
-    assert "Traceback" not in err and "not made (an extra is missing): training_column_sums" in err
+    assert "Traceback" not in err and "not made (what they need is not installed): training_column_sums" in err
     assert (out / "normalizations_attention.png").exists() and not list(out.glob("training_column_sums*"))
     # --check: the figure is reported and not compared; the status says an extra is missing
     assert main(["figures", "training_column_sums", "--check", "--out", str(ROOT / "figures")]) == NEEDS_EXTRA

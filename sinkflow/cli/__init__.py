@@ -4,8 +4,9 @@ Each subcommand is a module of this package, listed in :data:`COMMANDS` as
 ``name -> (module, help)``; the module provides ``add_arguments(parser)`` and
 ``run(args) -> int``. Only the module of the command being run is imported, so
 ``sinkflow --help`` and ``sinkflow figures --list`` start without importing torch.
-A command that needs a package of an extra that is not installed says which extra to
-install, in one line, and exits with status 3 (:data:`NEEDS_EXTRA`).
+A command that needs a package of an extra that is not installed (or a file of the source
+checkout that a wheel lacks) says what to install in one line and exits with status 3
+(:data:`NEEDS_EXTRA`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _requested_command(argv) -> list[str]:
     return [next((a for a in argv if a in COMMANDS), None)] if argv else []
 
 
-#: Exit status of a command that needs a package of an extra that is not installed.
+#: Exit status of a command that needs what is not installed (a package of an extra, the checkout's data).
 NEEDS_EXTRA = 3
 
 

@@ -5,9 +5,10 @@ default ``./figures``) and says where it wrote. A figure whose recomputed data a
 its reference data in ``OUT/data/`` within tolerance is left untouched (``--force`` redraws
 it). ``--check`` writes nothing: it recomputes and compares with ``OUT``.
 
-A figure that needs a package of an extra that is not installed (``needs`` of its
-registration, marked in ``--list``) is not made: one line names the extra to install, the
-other figures are made, and the exit status is 3.
+A figure that needs a package of an extra that is not installed, or a data file of the
+source checkout that a wheel lacks (``needs`` of its registration, marked in ``--list``),
+is not made: one line says what to install, the other figures are made, and the exit
+status is 3.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def add_arguments(p) -> None:
 
 
 def _compute_or_skip(name: str, mode: str, log, not_made: list[str]):
-    """The data of ``name``, or None (logged, and ``name`` appended to ``not_made``) when an extra is missing."""
+    """The data of ``name``, or None (logged, ``name`` appended to ``not_made``) when what it needs is missing."""
     from sinkflow._optional import MissingExtraError, NeedsCheckoutError, install_hint
     from sinkflow.plots import compute, get
 
@@ -70,8 +71,8 @@ def check(names, mode: str, reference: Path, log=print, not_made: list[str] | No
 
     Each figure's data must agree with its reference data (``reference/data/NAME.npz``)
     within the figure's tolerances, for the configuration the manifest names, and the files
-    must be those the manifest lists. Nothing is drawn or written. A figure that needs a
-    missing extra is logged and appended to ``not_made``, not compared.
+    must be those the manifest lists. Nothing is drawn or written. A figure whose needs are
+    missing (an extra, the checkout's data) is logged and appended to ``not_made``, not compared.
     """
     from sinkflow.plots import stale
 
@@ -158,4 +159,4 @@ def run(args) -> int:
 
 
 def _not_made_note(not_made: list[str]) -> str:
-    return f"; not made (an extra is missing): {', '.join(not_made)}" if not_made else ""
+    return f"; not made (what they need is not installed): {', '.join(not_made)}" if not_made else ""
