@@ -77,9 +77,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sinkflow.clustering": (
         "circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formation_time", "fourier_amplitude",
         "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram",
-        "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
-        "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history", "count_history",
-        "dwell_times", "energy_hessian", "unstable_directions", "tangent_basis", "two_cluster_dwell",
+        "clustered_fractions", "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error",
+        "plateau_clusters", "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history",
+        "count_history", "dwell_times", "energy_hessian", "unstable_directions", "tangent_basis", "two_cluster_dwell",
         "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run",
     ),
     # torch attention layers

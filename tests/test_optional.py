@@ -123,7 +123,7 @@ def test_a_broken_optional_install_is_not_called_missing(monkeypatch):
 
 def test_phase_diagram_says_which_extra_before_computing(monkeypatch):
     hide(monkeypatch, "pandas")
-    monkeypatch.setattr("sinkflow.clustering._phase_diagram._clustered_fractions",
+    monkeypatch.setattr("sinkflow.clustering._phase_diagram.clustered_fractions",
                         lambda *a, **k: pytest.fail("computed before the import"))
     message = 'sinkflow.phase_diagram needs pandas: pip install "sinkflow[sweep]"'
     with pytest.raises(ImportError, match=re.escape(message)):

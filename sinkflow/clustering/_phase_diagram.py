@@ -44,7 +44,7 @@ from sinkflow._checks import check_choice
 from sinkflow._optional import require
 from sinkflow._progress import progress_bar
 
-__all__ = ["phase_diagram", "NORMALIZATIONS"]
+__all__ = ["phase_diagram", "clustered_fractions", "NORMALIZATIONS"]
 
 #: The attentions of the phase diagram (names of :func:`sinkflow.simulate`).
 NORMALIZATIONS = ("softmax", "sinkhorn")
@@ -241,19 +241,39 @@ def phase_diagram(beta, *, n: int, d: int, normalization: str, systems: int, tim
     0.0
     """
     pd = require("pandas", "sinkflow.phase_diagram")  # before the long computation
-    betas, t, fractions = _clustered_fractions(beta, n=n, d=d, normalization=normalization, systems=systems,
+    betas, t, fractions = clustered_fractions(beta, n=n, d=d, normalization=normalization, systems=systems,
                                               times=times, threshold=threshold, seed=seed, h=h, max_angle=max_angle,
                                               progress=progress)
     return pd.DataFrame({"beta": np.repeat(betas, len(t)), "t": np.tile(t, len(betas)),
                          "clustered_fraction": fractions.reshape(-1)})
 
 
-def _clustered_fractions(beta, *, n: int, d: int, normalization: str, systems: int, times, threshold: float = 0.999,
+def clustered_fractions(beta, *, n: int, d: int, normalization: str, systems: int, times, threshold: float = 0.999,
                         seed=0, h: float = 0.1, max_angle: float | None = 0.02, progress: bool = True):
-    """:func:`phase_diagram` as numpy arrays (no pandas): ``(beta, t, fraction)``, ``fraction`` of shape ``(B, T)``.
+    r""":func:`phase_diagram`'s numbers as numpy arrays, without pandas.
 
-    Same parameters and numbers as :func:`phase_diagram`; ``fraction[i, j]`` is the clustered
-    fraction at ``beta[i]`` and ``t[j]`` (the figure ``clustering_phase_diagram`` draws it).
+    Parameters
+    ----------
+    beta, n, d, normalization, systems, times, threshold, seed, h, max_angle, progress
+        As for :func:`phase_diagram`.
+
+    Returns
+    -------
+    beta : ndarray (B,)
+        The inverse temperatures.
+    t : ndarray (T,)
+        The times.
+    fraction : ndarray (B, T)
+        ``fraction[i, j]``: the fraction of systems clustered at ``beta[i]`` by ``t[j]``
+        (the figure ``clustering_phase_diagram`` draws it).
+
+    Examples
+    --------
+    >>> import sinkflow
+    >>> beta, t, fraction = sinkflow.clustered_fractions([1.0, 4.0], n=8, d=2, normalization="softmax",
+    ...                                                  systems=16, times=[0.0, 10.0], progress=False)
+    >>> fraction.shape, float(fraction[0, 0])   # uniform starts are not clustered at t = 0
+    ((2, 2), 0.0)
     """
     from sinkflow.particles import random_particles
 

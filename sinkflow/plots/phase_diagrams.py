@@ -40,8 +40,6 @@ class PhaseConfig:
 
 
 def compute_phase(cfg: PhaseConfig) -> dict:
-    from sinkflow.clustering._phase_diagram import _clustered_fractions
-
     betas = np.linspace(*cfg.beta_range, cfg.betas)
     decades = np.log10(cfg.horizon / cfg.t_first)
     times = np.geomspace(cfg.t_first, cfg.horizon, int(round(decades * cfg.per_decade)) + 1)
@@ -49,7 +47,7 @@ def compute_phase(cfg: PhaseConfig) -> dict:
     with sinkflow.torch_threads(1):
         for norm in cfg.normalizations:
             # sinkflow.phase_diagram's numbers without its pandas table: the figure runs on a bare install
-            _, _, data[f"fraction_{norm}"] = _clustered_fractions(
+            _, _, data[f"fraction_{norm}"] = sinkflow.clustered_fractions(
                 betas, n=cfg.n, d=2, normalization=norm, systems=cfg.systems, times=times, threshold=cfg.threshold,
                 seed=cfg.seed, h=cfg.h, max_angle=cfg.max_angle, progress=False)
     return data
