@@ -4,6 +4,9 @@ Each subcommand is a module of this package, listed in :data:`COMMANDS` as
 ``name -> (module, help)``; the module provides ``add_arguments(parser)`` and
 ``run(args) -> int``. Only the module of the command being run is imported, so
 ``sinkflow --help`` and ``sinkflow figures --list`` start without importing torch.
+A command that needs a package of an extra that is not installed (or a file of the source
+checkout that a wheel lacks) says what to install in one line and exits with status 3
+(:data:`NEEDS_EXTRA`).
 """
 
 from __future__ import annotations
@@ -54,7 +57,17 @@ def _requested_command(argv) -> list[str]:
     return [next((a for a in argv if a in COMMANDS), None)] if argv else []
 
 
+#: Exit status of a command that needs what is not installed (a package of an extra, the checkout's data).
+NEEDS_EXTRA = 3
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(_requested_command(argv)).parse_args(argv)
-    return int(args._run(args) or 0)
+    from sinkflow._optional import MissingExtraError, NeedsCheckoutError
+
+    try:
+        return int(args._run(args) or 0)
+    except (MissingExtraError, NeedsCheckoutError) as err:  # one line that says what to install, not a traceback
+        print(f"sinkflow {args.command}: {err}", file=sys.stderr)
+        return NEEDS_EXTRA

@@ -16,7 +16,8 @@ saddles of the climbed energy (:math:`E_\beta` for SoftMax, :math:`-F^\infty` fo
 :func:`unstable_directions`); ``prediction_study`` and ``metastability_study`` run the studies whose data
 the theory page reads (``python -m sinkflow.clustering.<study> --help``);
 ``_phase_diagram.py``: the fraction of clustered systems against :math:`\beta` and :math:`t`
-(:func:`phase_diagram`, thousands of systems per ensemble call).
+(:func:`phase_diagram`, a pandas table; :func:`clustered_fractions`, the same numbers as arrays;
+thousands of systems per ensemble call).
 The mean-field velocity on a circle grid that :func:`sinkflow.mean_field_flow` integrates stays in
 :mod:`sinkflow.heat` (``_circle_field.py``), one floor down.
 """
@@ -41,7 +42,7 @@ from sinkflow.clustering._metastability import (
     staircase_level,
     two_cluster_dwell,
 )
-from sinkflow.clustering._phase_diagram import phase_diagram
+from sinkflow.clustering._phase_diagram import clustered_fractions, phase_diagram
 from sinkflow.clustering._predictions import (
     ClusterPrediction,
     cluster_centers,
@@ -57,8 +58,7 @@ from sinkflow.clustering._saddles import energy_hessian, tangent_basis, unstable
 
 __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formation_time", "fourier_amplitude",
            "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram",
-           "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error", "plateau_clusters",
-           "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history", "count_history",
-           "dwell_times", "energy_hessian",
-           "unstable_directions", "tangent_basis", "two_cluster_dwell", "point_cluster_dwell", "staircase_level",
-           "fit_exponent", "plateau_run"]
+           "clustered_fractions", "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error",
+           "plateau_clusters", "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history",
+           "count_history", "dwell_times", "energy_hessian", "unstable_directions", "tangent_basis",
+           "two_cluster_dwell", "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run"]

@@ -42,9 +42,10 @@ import torch
 
 from sinkflow._backend import check_number, check_seed
 from sinkflow._checks import check_choice
+from sinkflow._optional import require
 from sinkflow._progress import progress_bar
 
-__all__ = ["phase_diagram", "NORMALIZATIONS"]
+__all__ = ["phase_diagram", "clustered_fractions", "NORMALIZATIONS"]
 
 #: The attentions of the phase diagram (names of :func:`sinkflow.simulate`).
 NORMALIZATIONS = ("softmax", "sinkhorn")
@@ -240,8 +241,41 @@ def phase_diagram(beta, *, n: int, d: int, normalization: str, systems: int, tim
     >>> float(table.clustered_fraction.iloc[0])   # uniform starts are not clustered at t = 0
     0.0
     """
-    import pandas as pd
+    pd = require("pandas", "sinkflow.phase_diagram")  # before the long computation
+    betas, t, fractions = clustered_fractions(beta, n=n, d=d, normalization=normalization, systems=systems,
+                                              times=times, threshold=threshold, seed=seed, h=h, max_angle=max_angle,
+                                              progress=progress)
+    return pd.DataFrame({"beta": np.repeat(betas, len(t)), "t": np.tile(t, len(betas)),
+                         "clustered_fraction": fractions.reshape(-1)})
 
+
+def clustered_fractions(beta, *, n: int, d: int, normalization: str, systems: int, times, threshold: float = 0.999,
+                        seed=0, h: float = 0.1, max_angle: float | None = 0.02, progress: bool = True):
+    r""":func:`phase_diagram`'s numbers as numpy arrays, without pandas.
+
+    Parameters
+    ----------
+    beta, n, d, normalization, systems, times, threshold, seed, h, max_angle, progress
+        As for :func:`phase_diagram`.
+
+    Returns
+    -------
+    beta : ndarray (B,)
+        The inverse temperatures.
+    t : ndarray (T,)
+        The times.
+    fraction : ndarray (B, T)
+        ``fraction[i, j]``: the fraction of systems clustered at ``beta[i]`` by ``t[j]``
+        (the figure ``clustering_phase_diagram`` draws it).
+
+    Examples
+    --------
+    >>> import sinkflow
+    >>> beta, t, fraction = sinkflow.clustered_fractions([1.0, 4.0], n=8, d=2, normalization="softmax",
+    ...                                                  systems=16, times=[0.0, 10.0], progress=False)
+    >>> fraction.shape, float(fraction[0, 0])   # uniform starts are not clustered at t = 0
+    ((2, 2), 0.0)
+    """
     from sinkflow.particles import random_particles
 
     check_choice(normalization, "normalization", NORMALIZATIONS)
@@ -268,5 +302,4 @@ def phase_diagram(beta, *, n: int, d: int, normalization: str, systems: int, tim
     for b in progress_bar(betas, enabled=progress, desc=f"{normalization} phase diagram", unit="beta"):
         at = _clustering_times(x0, _Run(normalization, float(b), h, float(t[-1]), threshold, max_angle)).numpy()
         rows.append((at[None, :] <= t[:, None] + 1e-9 * np.maximum(1.0, t[:, None])).mean(1))
-    return pd.DataFrame({"beta": np.repeat(betas, len(t)), "t": np.tile(t, len(betas)),
-                         "clustered_fraction": np.concatenate(rows)})
+    return betas, t, np.stack(rows)

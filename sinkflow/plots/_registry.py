@@ -57,6 +57,11 @@ class FigureSpec:
         keys are compared within :data:`DEFAULT_TOLERANCE`.
     caption : str
         The one claim the figure makes, in at most two lines (shown under it in the gallery).
+    needs : tuple of str
+        Optional modules its computation imports (keys of :data:`sinkflow._optional.EXTRAS`,
+        e.g. ``("sklearn",)``) and files of the source checkout it reads (``"docs/data/..."``):
+        without them ``sinkflow figures`` does not make it and names what to install. A bare
+        install (no extras) from a wheel makes every other figure.
     """
 
     name: str
@@ -69,6 +74,7 @@ class FigureSpec:
     formats: tuple = FORMATS
     tolerances: tuple = ()
     caption: str = ""
+    needs: tuple = ()
 
     def writable(self, requested=None) -> tuple:
         """The formats to write for ``requested`` (default: PNG and PDF, or what the figure supports),
@@ -85,6 +91,14 @@ class FigureSpec:
         # one order, whatever was asked (the files come from one layout: the order changes no pixel)
         return tuple(f for f in self.formats if f in requested)
 
+    def missing(self) -> list[str]:
+        """What installs each of :attr:`needs` that is missing here (``'scikit-learn: pip install
+        "sinkflow[models]"'``); empty when the figure can be made. Imports nothing.
+        """
+        from sinkflow._optional import available, install_hint
+
+        return [install_hint(m) for m in self.needs if not available(m)]
+
     def config(self, mode: str = "quick"):
         if mode not in ("quick", "full"):
             raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
@@ -92,7 +106,8 @@ class FigureSpec:
 
 
 def register(name: str, *, compute, plot, quick, full=None, default: bool = True, description: str = "",
-             formats: tuple = FORMATS, tolerances: dict | None = None, caption: str = "") -> FigureSpec:
+             formats: tuple = FORMATS, tolerances: dict | None = None, caption: str = "",
+             needs: tuple = ()) -> FigureSpec:
     """Register a figure (called at import time by figure modules).
 
     Parameters
@@ -119,6 +134,10 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
         next to it: the measured spread across CPU kernels).
     caption : str
         The one claim the figure makes, for a reader of a slide: at most two lines.
+    needs : tuple of str
+        Optional modules ``compute`` imports (keys of :data:`sinkflow._optional.EXTRAS`), imported
+        through :func:`sinkflow._optional.require`, and files of the source checkout it reads
+        (paths relative to it, with a ``/``), found through :func:`sinkflow._optional.checkout_file`.
 
     Returns
     -------
@@ -147,8 +166,14 @@ def register(name: str, *, compute, plot, quick, full=None, default: bool = True
         raise ValueError(f"figure name {name!r} is registered twice")
     if not all(isinstance(t, Tolerance) for t in (tolerances or {}).values()):
         raise TypeError(f"figure {name!r}: tolerances must map key patterns to Tolerance instances")
+    from sinkflow._optional import EXTRAS
+
+    unknown = [m for m in needs if "/" not in m and m.split(".")[0] not in EXTRAS]
+    if unknown:
+        raise ValueError(f"figure {name!r}: needs {unknown} are neither optional modules (sinkflow._optional.EXTRAS) "
+                         "nor files of the checkout (paths with a /)")
     spec = FigureSpec(name, compute, plot, quick, full if full is not None else quick, default, description,
-                      tuple(formats), tuple((tolerances or {}).items()), str(caption))
+                      tuple(formats), tuple((tolerances or {}).items()), str(caption), tuple(needs))
     _REGISTRY[name] = spec
     return spec
 

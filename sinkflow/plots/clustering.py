@@ -23,9 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sinkflow._optional import checkout_file
 from sinkflow.plots import register
 
 _NORMS = ("softmax", "sinkhorn")
+#: The committed runs of the studies, in the source checkout (a wheel does not ship docs/: these figures need a clone).
+_STUDIES = "docs/data/clustering/{}.json"
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ def compute_predictions(cfg: PredictionsConfig) -> dict:
 
     path = Path(cfg.source)
     if not path.is_absolute():
-        path = Path(__file__).resolve().parents[2] / path
+        path = checkout_file(cfg.source, "the figure cluster_predictions")
     rows = summarize(json.loads(path.read_text())["runs"])
     data = {}
     for norm in _NORMS:
@@ -113,7 +116,7 @@ def plot_predictions(data, cfg):
 
 
 register("cluster_predictions", compute=compute_predictions, plot=plot_predictions, quick=PredictionsConfig(),
-         full=PredictionsConfig(), default=False,
+         full=PredictionsConfig(), default=False, needs=(PredictionsConfig.source,),
          description="Circle at N = 2e4: cluster counts and positions vs predict_clusters, SoftMax and Sinkhorn",
          caption=("At N = 20,000, SoftMax forms k*(beta) clusters in 31 of 40 runs, Sinkhorn its own k* in 19 of 52; "
                   "no run forms more than k*, and at the beta = 5 tie of modes 3 and 4 Sinkhorn mostly forms 3."))
@@ -127,16 +130,14 @@ class MetastabilityConfig:
 
 
 def _study(name: str):
-    path = Path(__file__).resolve().parents[2] / "docs" / "data" / "clustering" / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    """A committed run of the metastability study (``docs/data/clustering/NAME.json`` of the checkout)."""
+    return json.loads(checkout_file(_STUDIES.format(name), "the figure dynamic_metastability").read_text())
 
 
 def compute_metastability(cfg: MetastabilityConfig) -> dict:
     data = {}
     for name in cfg.sources:
         study = _study(name)
-        if study is None:
-            continue
         ok = [r for r in study["runs"] if r["dwell"] is not None and r["predicted"] is not None]
         data[f"{name}_beta"] = np.array([r["beta"] for r in ok])
         data[f"{name}_dwell"] = np.array([r["dwell"] for r in ok])
@@ -213,7 +214,7 @@ def plot_metastability(data, cfg):
 
 
 register("dynamic_metastability", compute=compute_metastability, plot=plot_metastability, quick=MetastabilityConfig(),
-         full=MetastabilityConfig(), default=False,
+         full=MetastabilityConfig(), default=False, needs=tuple(map(_STUDIES.format, MetastabilityConfig.sources)),
          description="Dwell time of the last plateau vs beta (circle, S^2; SoftMax, Sinkhorn) and energy staircases",
          caption="The last two clusters last as long as the two-cluster law says, ~e^{2 beta} when they formed "
                  "antipodal (circle), less on S^2; energies sit on the point-cluster levels.")

@@ -217,6 +217,7 @@ register(
     full=ColumnSumsConfig(attentions=("softmax", "sinkhorn"), seeds=(0, 1, 2), epochs=30, quick=False),
     default=False,
     description="Sorted attention column sums per training epoch, one-layer ViT on 8x8 digits (Sinkformers RQ1)",
+    needs=("sklearn",),  # scikit-learn's digits (sinkflow.studies.data.digits)
 )
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sinkflow._optional import require
+
 __all__ = ["Dataset", "digits", "point_clouds", "retrieval_sequences", "retrieval_vocab_size", "SHAPES", "split"]
 
 
@@ -77,11 +79,7 @@ def digits(dtype: torch.dtype = torch.float32) -> Dataset:
     >>> tuple(d.inputs.shape), d.n_classes, float(d.inputs.max())
     ((1797, 1, 8, 8), 10, 1.0)
     """
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as err:  # pragma: no cover - sklearn is in the 'models' extra
-        raise ImportError("the digits data set needs scikit-learn: pip install 'sinkflow[models]'") from err
-    bunch = load_digits()
+    bunch = require("sklearn.datasets", "the digits data set (sinkflow.studies.data.digits)").load_digits()
     x = torch.as_tensor(bunch.images / 16.0, dtype=dtype)[:, None]
     y = torch.as_tensor(bunch.target, dtype=torch.int64)
     return Dataset(x, y, 10, "digits")

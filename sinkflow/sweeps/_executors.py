@@ -9,6 +9,7 @@ import re
 import sys
 
 from sinkflow._checks import check_number
+from sinkflow._optional import require
 from sinkflow.sweeps._cache import _run_point
 from sinkflow.sweeps._points import SweepError
 
@@ -51,13 +52,12 @@ def _announce(client, progress: bool) -> None:
         return
     try:
         from IPython import get_ipython
+        from IPython.display import display
 
         in_kernel = get_ipython() is not None and "IPKernelApp" in get_ipython().config
     except ImportError:
         in_kernel = False
     if in_kernel:
-        from IPython.display import display
-
         display(client)
         return
     try:
@@ -88,17 +88,17 @@ def local_client(n_workers: int = 2, threads_per_worker: int = 1):
     """
     n_workers = check_number(n_workers, "n_workers", integer=True, positive=True)
     threads_per_worker = check_number(threads_per_worker, "threads_per_worker", integer=True, positive=True)
-    import dask
-    from distributed import Client, LocalCluster
+    dask = require("dask", "sinkflow.sweeps.local_client")
+    distributed = require("distributed", "sinkflow.sweeps.local_client")
 
     environ = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ", {}).items()
                if k != "MALLOC_TRIM_THRESHOLD_"}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
         # ":0": the scheduler's web server (dashboard if bokeh is installed) on any free port,
         # so several clusters (or sessions) never collide on the default 8787
-        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
+        cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
                                dashboard_address=":0")
-    return Client(cluster)
+    return distributed.Client(cluster)
 
 
 def close_client(client, timeout: float = 60.0) -> None:
@@ -139,15 +139,14 @@ def close_client(client, timeout: float = 60.0) -> None:
 
 
 def _run_dask(executor, jobs, progress, on_error, cache_dir, n_workers, threads_per_worker):
-    from distributed import Client, as_completed
-
+    distributed = require("distributed", "sinkflow.sweep")
     owned = None
-    if isinstance(executor, Client):
+    if isinstance(executor, distributed.Client):
         client = executor
     elif executor == "dask":
         client = owned = local_client(n_workers, threads_per_worker)
     else:
-        client = Client(executor)
+        client = distributed.Client(executor)
         owned = client
     try:
         _announce(client, progress)
@@ -157,7 +156,7 @@ def _run_dask(executor, jobs, progress, on_error, cache_dir, n_workers, threads_
         # in flight finish (and are cached), then the error is raised.
         pending = iter(jobs.items())
         futures, out, failed = {}, {}, None
-        ac = as_completed()
+        ac = distributed.as_completed()
 
         def top_up():
             window = max(4, 2 * sum(client.nthreads().values()))
@@ -200,10 +199,6 @@ def _check_executor(executor):
     if isinstance(executor, str) and executor != "dask" and not re.match(r"^([a-z]+://)?[\w.\-\[\]:]+:\d+$", executor):
         raise ValueError(f"executor must be 'dask' (a local cluster), 'sequential', a dask Client or a scheduler "
                          f"address such as 'tcp://127.0.0.1:8786', got {executor!r}")
-    try:
-        from distributed import Client
-    except ImportError:
-        raise ImportError(f"executor={executor!r} needs dask.distributed: pip install 'sinkflow[sweep]' "
-                          "(or use executor='sequential')") from None
-    if not isinstance(executor, (str, Client)):
+    distributed = require("distributed", f"sinkflow.sweep(executor={executor!r})")
+    if not isinstance(executor, (str, distributed.Client)):
         raise TypeError(f"executor must be a string or a dask.distributed.Client, got {type(executor).__name__}")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sinkflow._optional import require
 from sinkflow.sweeps._cache import _read_cached
 from sinkflow.sweeps._executors import _check_executor, _run_dask, _run_sequential
 from sinkflow.sweeps._points import expand_grid, point_key, resolve_experiment
@@ -103,10 +104,7 @@ def sweep(grid, fn, executor="dask", *, cache_dir: str | os.PathLike | None = ".
     >>> bool((df.observed_rate <= df.birkhoff_hopf_rate).all())
     True
     """
-    try:
-        import pandas as pd
-    except ImportError:
-        raise ImportError("sinkflow.sweep returns a pandas table: pip install 'sinkflow[sweep]'") from None
+    pd = require("pandas", "sinkflow.sweep")
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error must be 'raise' or 'record', got {on_error!r}")
     _check_executor(executor)
