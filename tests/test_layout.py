@@ -21,7 +21,7 @@ PACKAGE = Path(sinkflow.__file__).parent
 
 #: Floors from the ground up: what every folder may import is its own floor and those below.
 FLOORS = (
-    ("_backend", "_checks", "_optional", "_progress", "_summary"),  # shared private helpers (_summary: how results show)
+    ("_backend", "_checks", "_optional", "_progress", "_summary"),  # shared private helpers
     ("attention",),  # scores, normalizations, variants, Nystrom
     ("bounds",),  # stochasticity, Nystrom bounds
     ("particles",),  # fields, flows, energies
