@@ -11,7 +11,7 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 
-__all__ = ["dot_scores", "gaussian_scores"]
+__all__ = ["dot_scores", "gaussian_scores", "dot_core", "gaussian_core"]
 
 
 def _qkw(Q, K, W, temperature):
@@ -62,10 +62,13 @@ def dot_scores(Q, K, W=None, temperature: float = 1.0):
            [0., 2.]])
     """
     q, k, w, tau, numpy_out = _qkw(Q, K, W, temperature)
-    if w is not None:
-        q = q @ w
-    C = q @ k.transpose(-1, -2)
-    return from_torch(C if tau == 1.0 else C / tau, numpy_out)  # no n x m pass for tau = 1
+    return from_torch(dot_core(q, k, w, tau), numpy_out)
+
+
+def dot_core(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, tau: float) -> torch.Tensor:
+    """:func:`dot_scores` of checked torch tensors (no checks: a flow's loop calls it every step)."""
+    C = (q if w is None else q @ w) @ k.transpose(-1, -2)
+    return C if tau == 1.0 else C / tau  # no n x m pass for tau = 1
 
 
 def gaussian_scores(Q, K, W=None, temperature: float = 1.0):
@@ -96,6 +99,11 @@ def gaussian_scores(Q, K, W=None, temperature: float = 1.0):
            [-2.]])
     """
     q, k, w, tau, numpy_out = _qkw(Q, K, W, temperature)
+    return from_torch(gaussian_core(q, k, w, tau), numpy_out)
+
+
+def gaussian_core(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor | None, tau: float) -> torch.Tensor:
+    """:func:`gaussian_scores` of checked torch tensors (no checks: a flow's loop calls it every step)."""
     qw = q if w is None else q @ w
     kw = k if w is None else k @ w
     qq = (qw * q).sum(-1)
@@ -105,6 +113,6 @@ def gaussian_scores(Q, K, W=None, temperature: float = 1.0):
     sq = qw @ k.transpose(-1, -2)
     if grad_mode:
         sq = (qq[..., :, None] + kk[..., None, :] - 2 * sq).clamp_min(0)
-        return from_torch(sq * (-0.5 / tau) + 0.0, numpy_out)
-    sq.mul_(-2.0).add_(qq[..., :, None]).add_(kk[..., None, :]).clamp_min_(0).mul_(-0.5 / tau).add_(0.0)
-    return from_torch(sq, numpy_out)  # + 0.0 above turns -0.0 into 0.0
+        return sq * (-0.5 / tau) + 0.0
+    # + 0.0 turns -0.0 into 0.0
+    return sq.mul_(-2.0).add_(qq[..., :, None]).add_(kk[..., None, :]).clamp_min_(0).mul_(-0.5 / tau).add_(0.0)

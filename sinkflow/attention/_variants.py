@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from sinkflow._backend import broadcast_shapes, compiling, require
+from sinkflow.attention._log_steps import _masked_softmax
 from sinkflow.attention._marginals import uniform_attention_marginal
-from sinkflow.attention._normalizations import softmax, solve_sinkhorn
+from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._nystrom import nystrom_attention, nystromformer_attention
 
 __all__ = ["Normalized", "AttentionVariant", "register_attention", "get_attention", "available_attentions"]
@@ -115,7 +116,8 @@ class AttentionVariant:
 
 
 def _softmax(C, *, n_iter=None, mask=None, weights=None, tol=None, max_iter=None, init_g=None):
-    return Normalized(softmax(C, mask=mask), None, 1, True)
+    # the callers checked C and mask (a flow's loop, a layer's forward): SoftMax without the public checks
+    return Normalized(_masked_softmax(C, mask)[0], None, 1, True)
 
 
 def _sinkhorn(C, *, n_iter=None, mask=None, weights=None, tol=1e-9, max_iter=20_000, init_g=None):

@@ -27,7 +27,7 @@ import torch
 from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
 from sinkflow._summary import Summarized, describe_array, number, shape_text
 from sinkflow.attention._normalizations import solve_sinkhorn
-from sinkflow.attention._scores import dot_scores, gaussian_scores
+from sinkflow.attention._scores import dot_core, gaussian_core
 from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
 from sinkflow.attention._variants import get_attention
 from sinkflow.bounds._stochasticity import marginal_errors
@@ -182,7 +182,7 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
                                        tol, max_iter, need_errors)
         if small is not None:
             return small
-    C = gaussian_scores(x, x, W, temperature) if variant.scores == "gaussian" else dot_scores(x, x, W, temperature)
+    C = (gaussian_core if variant.scores == "gaussian" else dot_core)(x, x, W, float(temperature))
     if symmetric_solve:
         return _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
     if weights is not None or not variant.normalized:
@@ -229,10 +229,9 @@ def _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors) 
 
 def _numpy_scores(x, W, temperature, scores):
     """The scores of one CPU system as a numpy array: dot scores computed in numpy (the flow validated
-    ``x``; torch's product and :func:`dot_scores`' checks cost ~20 us at n = 16), Gaussian ones by
-    :func:`gaussian_scores`."""
+    ``x``; torch's product costs ~20 us at n = 16), Gaussian ones in torch."""
     if scores == "gaussian":
-        return gaussian_scores(x, x, W, temperature).detach().numpy()
+        return gaussian_core(x.detach(), x.detach(), None if W is None else W.detach(), float(temperature)).numpy()
     X = x.detach().numpy()
     C = (X if W is None else X @ W.detach().numpy()) @ X.T
     return C if temperature == 1.0 else C / temperature
