@@ -199,8 +199,8 @@ def beta_star(leverage) -> float:
     Examples
     --------
     >>> import sinkflow
-    >>> sinkflow.beta_star([0.5, 0.75])   # 1.25 / (2 * 0.75)
-    0.8333333333333334
+    >>> round(sinkflow.beta_star([0.5, 0.75]), 12)   # 1.25 / (2 * 0.75)
+    0.833333333333
     """
     lev = np.asarray(leverage)
     if lev.dtype.kind not in "iuf":
@@ -213,7 +213,7 @@ def beta_star(leverage) -> float:
     if not lev.max() > 0:
         raise ValueError(f"leverage must have a positive score (all are <= 0, max {lev.max():g}): beta* = "
                          "d_stat / (N max l_i) is then undefined")
-    return float(lev.sum() / (lev.size * lev.max()))
+    return float((lev / lev.max()).mean())  # sum / (N max), without the sum overflowing
 
 
 def landmarks_required(d_stat: float, beta: float, n_points: int, delta: float,

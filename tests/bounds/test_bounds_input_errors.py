@@ -100,3 +100,8 @@ def test_bounds_give_a_finite_result_or_an_error_naming_the_argument(name, x, y)
     values = [out.relative_error, out.norm_C] if hasattr(out, "relative_error") else \
         out.errors if hasattr(out, "errors") else out
     assert np.isfinite(np.asarray(values, dtype=float)).all(), f"{name}({x!r}, {y!r}) -> {out!r}"
+
+
+def test_beta_star_of_huge_scores_does_not_overflow_to_nan():
+    """Found by the property test: the sum of two scores of 9e307 overflowed, and inf / inf gave NaN."""
+    assert sinkflow.beta_star([8.98846567e307, 8.98846567e307]) == 1.0
