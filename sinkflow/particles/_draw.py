@@ -20,7 +20,7 @@ from sinkflow._checks import check_index, check_number
 from sinkflow.particles._monitors import cluster_labels
 
 __all__ = ["GEOMETRIES", "geometry", "positions_of", "cluster_colors", "add_axes", "shared_limits", "frame_axes",
-           "draw_points", "move_points", "panels", "plot_trajectory", "MAX_PANELS"]
+           "draw_points", "move_points", "panels", "plot_trajectory", "MAX_PANELS", "display_name"]
 
 #: How a flow is drawn, by (manifold, dimension): the plane, the unit circle, the sphere S^2, space.
 GEOMETRIES = {("euclidean", 2): "plane", ("sphere", 2): "circle", ("sphere", 3): "sphere", ("euclidean", 3): "space"}
@@ -30,6 +30,15 @@ MAX_PANELS = 6
 
 #: Colour of a particle that ends alone (a cluster of one).
 SINGLE = (0.62, 0.62, 0.62, 1.0)
+
+#: How a picture names the built-in attentions (a label chosen by the caller is shown as given).
+DISPLAY_NAMES = {"softmax": "SoftMax", "sinkhorn": "Sinkhorn", "unnormalized": "Unnormalized", "gaussian": "Gaussian",
+                 "skyformer": "Skyformer", "nystromformer": "Nyströmformer"}
+
+
+def display_name(attention: str) -> str:
+    """The name a picture gives the attention ``attention`` (``"softmax"`` -> ``"SoftMax"``; others as they are)."""
+    return DISPLAY_NAMES.get(attention, attention)
 
 
 def geometry(manifold: str, d: int) -> str:
@@ -67,8 +76,7 @@ def add_axes(fig, spec, geom: str):
 
 
 def shared_limits(arrays, geom: str) -> np.ndarray:
-    """``(d, 2)`` axis limits holding every position of ``arrays`` (fixed ``[-1.12, 1.12]`` on the circle
-    and sphere)."""
+    """``(d, 2)`` axis limits holding every position of ``arrays`` (``[-1.12, 1.12]`` on the circle and sphere)."""
     if geom in ("circle", "sphere"):
         d = 2 if geom == "circle" else 3
         return np.tile([-1.12, 1.12], (d, 1))
@@ -122,13 +130,12 @@ def panels(runs: dict, system=None, stacklevel: int = 3) -> tuple[dict, int]:
     """The flows drawn, one panel each, and the number of columns of their grid.
 
     A one-system flow is one panel (flows side by side); ``system`` picks that system of every
-    ensemble; otherwise an ensemble shows its first systems, labelled by their index, at most
-    :data:`MAX_PANELS` in all (one row per ensemble when there are several), with a warning
-    when some are left out.
+    ensemble; otherwise an ensemble shows its first systems, labelled by their index
+    (``"Sinkhorn, system 2"``), at most :data:`MAX_PANELS` in all (one row per ensemble when there
+    are several), with a warning when some are left out.
     """
-
     def named(label, index):
-        return f"{label} [{', '.join(map(str, index))}]"
+        return f"{label}, system {int(index[0]) if len(index) == 1 else tuple(int(i) for i in index)}"
 
     if system is not None:
         return {named(label, check_index(system, traj.batch_shape, "system")): traj.system(system)
@@ -145,10 +152,8 @@ def panels(runs: dict, system=None, stacklevel: int = 3) -> tuple[dict, int]:
                           f"(at most {MAX_PANELS} panels); pick one with system=i", UserWarning, stacklevel=stacklevel)
         shown = list(range(min(count, share))) if batch else [None]
         for i in shown:
-            if i is None:
-                out[label] = traj
-            else:
-                out[named(label, np.unravel_index(i, batch))] = traj.system(i)
+            name = label if i is None else named(label, np.unravel_index(i, batch))
+            out[name] = traj if i is None else traj.system(i)
         widths.append(len(shown))
     return out, max(widths) if len(runs) > 1 else min(len(out), 3)
 
@@ -177,7 +182,7 @@ def plot_trajectory(traj, ax=None, *, paths: bool = True, cluster_tol: float = 1
             ax.plot(*P[:, i, :].T, color=colors[i], lw=0.6, alpha=0.45)
     draw_points(ax, geom, P[0], [SINGLE], size=5.0)
     draw_points(ax, geom, P[-1], colors)
-    ax.set_title(f"{traj.attention}, t = {float(traj.times[-1]):.3g}")
+    ax.set_title(f"{display_name(traj.attention)}, t = {float(traj.times[-1]):.3g}")
     return ax
 
 
@@ -185,7 +190,7 @@ def _plot_grid(traj, paths: bool, cluster_tol: float) -> np.ndarray:
     """The stills of an ensemble's first systems on one figure (:func:`panels`); their Axes."""
     import matplotlib.pyplot as plt
 
-    runs, cols = panels({traj.attention: traj}, stacklevel=5)  # the caller of Trajectory.plot
+    runs, cols = panels({display_name(traj.attention): traj}, stacklevel=5)  # the caller of Trajectory.plot
     rows = -(-len(runs) // cols)
     fig = plt.figure(figsize=(3.0 * cols, 3.0 * rows), layout="constrained")
     geom = geometry(traj.manifold, np.shape(traj.positions)[-1])

@@ -92,7 +92,7 @@ def compute_causal(cfg: CausalConfig) -> dict:
 
 def _diagonal_panel(ax, data, cfg):
     ax.semilogx(data["n_iters"], data["diag_old"], "o-", ms=3, color=COLORS["bound"],
-                label="uniform targets $1/n$ (old)")
+                label="uniform targets $1/n$: collapse")
     ax.semilogx(data["n_iters"], data["diag_new"], "o-", ms=3, color=COLORS["sinkhorn"],
                 label="uniform-attention targets")
     ax.axhline(data["diag_uniform"], color=COLORS["reference"], ls=":", lw=0.8, label="uniform causal attention")

@@ -93,14 +93,15 @@ def plot_predictions(data, cfg):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(r"$\beta$")
     a.set_ylabel("clusters at $t = 2t_f$")
-    a.set_title(f"N = {cfg.n:,}: counts vs $k^*$", fontsize=9)
+    a.set_title(r"cluster counts against $k^*(\beta)$", fontsize=9)
     a.legend(fontsize=6.5, loc="upper left")
+    a.text(0.97, 0.04, f"N = {cfg.n:,} tokens", transform=a.transAxes, ha="right", va="bottom", fontsize=7)
     b.set_ylabel("fraction of runs with count $= k^*$")
     b.set_ylim(-0.05, 1.05)
-    b.set_title("agreement (exact 95% intervals)", fontsize=9)
+    b.set_title("agreement, with exact 95% intervals", fontsize=9)
     b.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: off the bars
-    c.set_ylabel("median position error (rad)")
-    c.set_title("positions vs predict_clusters\n(runs whose count is $k^*$)", fontsize=9)
+    c.set_ylabel("median position error (rad),\nruns whose count is $k^*$")
+    c.set_title("positions against the prediction", fontsize=9)
     c.legend(fontsize=6.5)
     ks, shades = np.arange(1, 7), ("#9ecae1", "#4292c6", "#08306b")  # light to dark: small to large N
     for i, (n, runs) in enumerate(zip(data["tie_n"], data["tie_runs"], strict=True)):
@@ -108,7 +109,10 @@ def plot_predictions(data, cfg):
               label=f"N = {int(n):,} ({int(runs)} seeds)")
     d.set_xlabel("clusters at $t = 2t_f$")
     d.set_ylabel("fraction of runs")
-    d.set_title(rf"Sinkhorn, $\beta = {cfg.tie_beta:g}$: $\lambda_3 = 0.495$, $\lambda_4 = 0.505$", fontsize=9)
+    d.set_title(rf"Sinkhorn at $\beta = {cfg.tie_beta:g}$: modes 3 and 4 tie", fontsize=9)
+    d.text(0.04, 0.6, "growth rates\n$\\lambda_3 = 0.495$\n$\\lambda_4 = 0.505$", transform=d.transAxes, ha="left",
+           va="top", fontsize=7)  # over the empty counts 1-2, under the legend
+    d.set_xticks(ks)
     d.set_ylim(0, 1.02)  # a fraction: ticks up to 1
     d.set_yticks(np.linspace(0, 1, 6))
     d.legend(fontsize=7, loc="upper right")  # above the empty counts 4-6
@@ -198,9 +202,11 @@ def plot_metastability(data, cfg):
         t = np.maximum(data[f"{norm}_times"], 0.5)
         ax.plot(t, data[f"{norm}_energy"], color=COLORS[norm], lw=1.2,
                 label=r"SoftMax $e^{-\beta}E_\beta$ (left)" if norm == "softmax" else r"Sinkhorn $F^\infty$ (right)")
-        for (t0, t1, level), _k in zip(data[f"{norm}_levels"], data[f"{norm}_level_counts"], strict=True):
+        for t0, t1, level in data[f"{norm}_levels"]:
             ax.hlines(level, max(t0, 0.5), max(t1, 0.5), color=COLORS[norm], ls=":", lw=1.5)
         ax.tick_params(axis="y", colors=COLORS[norm])
+    twin.spines["right"].set_visible(True)  # the right ticks sit on an axis line, not as loose dashes
+    twin.spines["right"].set_color(COLORS["sinkhorn"])
     c.set_xscale("log")
     c.set_xlabel("time")
     c.set_ylabel(r"$e^{-\beta}E_\beta$", color=COLORS["softmax"])

@@ -72,8 +72,7 @@ def compute_limits(cfg: LimitsConfig) -> dict:
 
 
 def plot_limits(data, cfg):
-    from sinkflow.plots.heat import _log_axes, _loglog_panel
-    from sinkflow.plots.style import COLORS, LABELS, new_figure
+    from sinkflow.plots.style import COLORS, LABELS, log_axes, loglog_panel, new_figure
 
     fig, axes = new_figure(3, 1, width=3.4, height=2.8)
     a, b, c = axes[0]
@@ -86,8 +85,8 @@ def plot_limits(data, cfg):
     a.set_ylabel(r"density $\rho_t(x)$")
     a.set_title(rf"Sinkhorn mean field at $t = {cfg.t:g}$")
     a.legend()
-    _loglog_panel(b, data["n"], data["w2"], data["n_slope"], COLORS["sinkhorn"], "rms", center=data["w2_rms"],
-                  alpha=0.35)
+    loglog_panel(b, data["n"], data["w2"], data["n_slope"], COLORS["sinkhorn"], "rms", center=data["w2_rms"],
+                 alpha=0.35)
     b.set_xlabel("$n$")
     b.set_ylabel(r"$W_2(\mu^n_t, \rho^\varepsilon_t)$")
     b.set_title(rf"particles $\to$ PDE ($\varepsilon = {cfg.eps_for_n:g}$; $-1/2$ expected)")
@@ -96,7 +95,7 @@ def plot_limits(data, cfg):
         if f"l1_{norm}" in data:
             c.plot(data["eps"], data[f"l1_{norm}"], "o-", color=COLORS[key], ms=4,
                    label=f"{LABELS[norm]}: slope {data[f'eps_slope_{norm}']:.2f}")
-    _log_axes(c, data["eps"])
+    log_axes(c, data["eps"])
     c.set_xlabel(r"$\varepsilon$")
     c.set_ylabel(r"$\|\rho^\varepsilon_t - \rho^{\rm heat}_t\|_{L^1}$")
     c.set_title(r"PDE $\to$ heat (order 1 expected)")
@@ -196,12 +195,11 @@ def plot_clusters(data, cfg):
     rho = np.clip(data["densities"] * 2 * np.pi, 0.1, None)  # log scale: the formation (rho ~ 1) stays visible
     im = a.pcolormesh(data["theta"], data["times"], rho, shading="nearest", cmap="viridis", norm=LogNorm(vmin=0.1),
                      rasterized=True)  # 15 000 cells: an image in the PDF
-    fig.colorbar(im, ax=a).ax.set_title(r"$2\pi\rho$", fontsize=8)  # above the bar: off panel (b)'s label
+    fig.colorbar(im, ax=a).ax.set_title(r"$2\pi\rho$ (log)", fontsize=8)  # above the bar: off panel (b)'s label
     a.set_xlabel(r"$\theta$")
     a.set_ylabel("$t$")
-    a.set_title(rf"mean field on the circle, $\beta = {cfg.beta_pde:g}$, $k^* = "
-                rf"{sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization):d}$"
-                "\n(log colour scale: the formation shows)", fontsize=9)
+    k_star = sinkflow.fastest_mode(cfg.beta_pde, cfg.normalization)
+    a.set_title(rf"mean field, $\beta = {cfg.beta_pde:g}$ ($k^* = {k_star:d}$)", fontsize=9)
     spread = np.linspace(-0.12, 0.12, data["counts"].shape[1])
     for key, norm, shift in (("counts", "softmax", -0.12), ("counts_sinkhorn", "sinkhorn", 0.12)):
         for k in range(data[key].shape[1]):
@@ -216,9 +214,10 @@ def plot_clusters(data, cfg):
     b.yaxis.set_major_locator(MaxNLocator(integer=True))
     (lo_s, hi_s), (lo_k, hi_k) = data["agree_intervals"]
     runs = int(data["runs"])
-    b.set_title(f"n = {cfg.n}, i.i.d. uniform starts: count = $k^*$ in\n"
-                f"SoftMax {data['agree'][0]}/{runs} [{100 * lo_s:.0f}, {100 * hi_s:.0f}]%, "
-                f"Sinkhorn {data['agree'][1]}/{runs} [{100 * lo_k:.0f}, {100 * hi_k:.0f}]% (95% CI)", fontsize=8)
+    b.set_title(f"particles (n = {cfg.n}): counts against $k^*$", fontsize=9)
+    b.text(0.97, 0.03, f"count = $k^*$ (95% interval):\nSoftMax {data['agree'][0]}/{runs} [{100 * lo_s:.0f}, "
+           f"{100 * hi_s:.0f}]%\nSinkhorn {data['agree'][1]}/{runs} [{100 * lo_k:.0f}, {100 * hi_k:.0f}]%",
+           transform=b.transAxes, ha="right", va="bottom", fontsize=7)
     b.legend(fontsize=7, loc="upper left")
     _energy_panel(c, data, cfg, COLORS)
     return fig
@@ -229,7 +228,7 @@ def _energy_panel(c, data, cfg, COLORS):
     count can differ from k*: its seeded count says which mode was ahead at the start)."""
     c.plot(data["particle_energy_times"], data["particle_energy"], color=COLORS["softmax"],
            label=f"particles, n = {cfg.n}: {int(data['particle_count'])} clusters\n"
-                 f"(seeded prediction {int(data['particle_seeded_count'])}, predict_clusters)")
+                 f"(predicted from their start: {int(data['particle_seeded_count'])})")
     c.plot(data["times"], data["pde_energy"], color=COLORS["reference"], ls="--",
            label=f"mean field: {int(data['pde_counts'][-1])} clusters")
     for k in range(1, 5):  # k equal point clusters: E = e^beta / (2 beta k) + O(1/k^2) cross terms
@@ -244,8 +243,7 @@ def _energy_panel(c, data, cfg, COLORS):
 
 register("circle_metastable_clusters", compute=compute_clusters, plot=plot_clusters, quick=ClustersConfig(),
          full=ClustersConfig(cells=512, betas=(1.5, 2.0, 3.0, 4.0, 5.0, 6.5, 8.0, 10.0, 12.0, 16.0, 20.0), seeds=10,
-                             n=512,
-                             h_counts=0.05),
+                             n=512, h_counts=0.05),
          default=True,
          description="Circle: near-uniform starts cluster into k*(beta) metastable clusters (linear stability)",
          caption=('From a near-uniform start on the circle the fastest-growing mode k*(beta) sets how many clusters '

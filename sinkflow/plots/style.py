@@ -9,7 +9,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.ticker import LogFormatterSciNotation
 
-__all__ = ["PALETTE", "COLORS", "LABELS", "style", "new_figure", "plain_log_ticks"]
+__all__ = ["PALETTE", "COLORS", "LABELS", "style", "new_figure", "log_axes", "loglog_panel", "plain_log_ticks"]
 
 #: Okabe & Ito (2008) colour-blind safe palette.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -87,6 +87,42 @@ def new_figure(ncols: int = 1, nrows: int = 1, width: float = 3.2, height: float
     """A figure with ``nrows x ncols`` axes of the given per-panel size (inches)."""
     return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False,
                         layout="constrained", **kwargs)
+
+
+def log_axes(ax, x) -> None:
+    """Log-log axes whose x ticks are the sampled values ``x``, written plainly (a range of less than a
+    decade would otherwise show one labelled tick)."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(x, [f"{v:g}" for v in x])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def loglog_panel(ax, x, errors, slope, color, label, center=None, alpha=0.4) -> None:
+    """Each seed's errors (columns of ``errors``, one row per value of ``x``) as dots and their
+    ``center`` (default: the geometric mean) as a line labelled with the fitted ``slope``, on
+    :func:`log_axes`.
+
+    Examples
+    --------
+    >>> import numpy as np, matplotlib.pyplot as plt
+    >>> from sinkflow.plots.style import loglog_panel
+    >>> x = np.array([100, 200, 400])
+    >>> fig, ax = plt.subplots()
+    >>> loglog_panel(ax, x, np.c_[1 / np.sqrt(x), 1.1 / np.sqrt(x)], -0.5, "C0", "rms")
+    >>> ax.get_legend_handles_labels()[1], [t.get_text() for t in ax.get_xticklabels()]
+    (['rms: slope -0.50'], ['100', '200', '400'])
+    >>> plt.close(fig)
+    """
+    import numpy as np
+
+    center = np.exp(np.log(errors).mean(1)) if center is None else center
+    for k in range(errors.shape[1]):
+        ax.plot(x, errors[:, k], ".", color=color, alpha=alpha, ms=4)
+    ax.plot(x, center, "o-", color=color, ms=4, label=f"{label}: slope {slope:.2f}")
+    log_axes(ax, x)
 
 
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
