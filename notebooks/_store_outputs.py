@@ -1,16 +1,20 @@
-"""Execute the notebooks in quick mode and store their outputs, small and stable:
+"""Build each notebook from its source, execute it in quick mode and store its outputs, small and stable:
 
-    python notebooks/_build_02_particles.py      # (re)generate a notebook from its script, then
-    python notebooks/_store_outputs.py [NAME ...] # store its outputs (all notebooks by default)
+    python notebooks/_store_outputs.py [NAME ...]   # all notebooks by default; NAME: a part of the file name
+
+The source of a notebook is its paired jupytext file ``notebooks/NN_name.py`` (percent format: ``# %%``
+starts a code cell, ``# %% [markdown]`` a markdown cell); ``NN_name.ipynb`` is made from it here and
+is never edited by hand (in JupyterLab with jupytext installed, opening either file edits both).
 
 Why stored outputs: a reader who opens a notebook on GitHub, in JupyterLab without running it,
 or in the quick docs build (which executes nothing) sees every figure and printed number.
 The outputs are those of quick mode (``SINKFLOW_QUICK=1``), without ipywidgets (each slider cell
 shows its default setting as a static figure), animations as GIFs (a live kernel shows the
-player), with volatile metadata stripped (execution timestamps, widget state, kernel versions):
-re-running the script on unchanged notebooks rewrites the same figures. Each notebook records the SHA-256 of its code
-(``metadata.sinkflow.code_sha256``); ``tests/test_notebooks.py`` fails when the code changed
-since the outputs were stored.
+player), with volatile metadata stripped (execution timestamps, widget state, kernel versions)
+and cell ids numbered in order: re-running the script on an unchanged source rewrites the same
+notebook up to the rounding of the numbers. Each notebook records the SHA-256 of its source's code
+cells (``metadata.sinkflow.code_sha256``); ``tests/test_notebook_sources.py`` fails when the source
+changed since the outputs were stored.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import jupytext
 import nbformat
 from nbclient import NotebookClient
 
@@ -46,8 +51,23 @@ _formatter.mimebundle_formatter.for_type(
 """
 
 
+#: The kernel of a source whose header names none.
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
+def source_of(path: Path) -> Path:
+    """The paired jupytext source (``NN_name.py``) of a notebook (``NN_name.ipynb``)."""
+    return path.with_suffix(".py")
+
+
+def read_source(path: Path):
+    """The notebook (no outputs) that the jupytext source ``path`` describes."""
+    return jupytext.read(path, fmt="py:percent")
+
+
 def code_sha256(nb) -> str:
-    """SHA-256 of a notebook's code cells, in order (what its outputs depend on)."""
+    """SHA-256 of a notebook's code cells, in order (what its outputs depend on): the same for a
+    source parsed by :func:`read_source` and for the notebook stored from it."""
     code = "\n\x00".join(c.source for c in nb.cells if c.cell_type == "code")
     return hashlib.sha256(code.encode()).hexdigest()
 
@@ -71,8 +91,18 @@ def strip_volatile(nb) -> None:
         cell.outputs = kept
 
 
+def from_source(path: Path):
+    """The notebook built from the source of ``path``: its cells, numbered ids, the kernelspec."""
+    source = read_source(source_of(path))
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": dict(source.metadata.get("kernelspec", KERNELSPEC))})
+    for i, cell in enumerate(source.cells):
+        new = nbformat.v4.new_code_cell if cell.cell_type == "code" else nbformat.v4.new_markdown_cell
+        nb.cells.append(new(cell.source, id=f"cell-{i:02d}"))
+    return nb
+
+
 def store(path: Path) -> None:
-    nb = nbformat.read(path, as_version=4)
+    nb = from_source(path)
     prelude = nbformat.v4.new_code_cell(PRELUDE)
     nb.cells.insert(0, prelude)
     env = {**os.environ, "SINKFLOW_QUICK": "1", "OMP_NUM_THREADS": "1",  # this checkout's sinkflow
@@ -88,13 +118,17 @@ def store(path: Path) -> None:
                 out.execution_count = i + 1
     strip_volatile(nb)
     nb.metadata["sinkflow"] = {"outputs": "quick mode (SINKFLOW_QUICK=1), stored by notebooks/_store_outputs.py",
-                               "code_sha256": code_sha256(nb)}
+                               "source": source_of(path).name, "code_sha256": code_sha256(nb)}
+    nbformat.validate(nb)
     nbformat.write(nb, path)
     print(f"{path.name}: {path.stat().st_size / 1e3:.0f} kB")
 
 
 def main(names) -> None:
-    paths = sorted(HERE.glob("[0-9]*.ipynb"))
+    paths = sorted(source.with_suffix(".ipynb") for source in HERE.glob("[0-9]*.py"))
+    unknown = [name for name in names if not any(name in path.name for path in paths)]
+    if unknown:
+        raise SystemExit(f"no notebook source notebooks/NN_name.py matches {unknown}")
     for path in paths:
         if not names or any(name in path.name for name in names):
             store(path)

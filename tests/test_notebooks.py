@@ -5,12 +5,12 @@ Each notebook is executed once per test session, two kernels at a time (with IPy
 backend, as a reader sees it); all assertions reuse that run. A kernel-side hook, injected as an extra first cell of
 the executed copy, counts the pyplot figures each cell creates: a cell that creates a figure
 draws, and it must show as many ``image/png`` outputs (in the cell, or in the output of its
-widgets). The style context is checked the same way, in fresh kernels.
+widgets). The style context is checked the same way, in fresh kernels. What needs no kernel (each
+notebook against its source, its stored outputs, its verdicts) is in ``tests/test_notebook_sources.py``.
 """
 
 import json
 import os
-import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -134,43 +134,6 @@ def executed_notebooks(request, notebook_dir):
     pool.shutdown(cancel_futures=True)
 
 
-def _store_outputs():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_store_outputs", NOTEBOOKS[0].parent / "_store_outputs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-#: The stored size of one notebook. The largest without an animation (03, nine quick-mode figures) stores
-#: 0.53 MB; the classroom animation stored as a GIF adds 0.17 MB to 02 (0.49 MB), where its JavaScript
-#: player added 1.35 MB (30 frames). 0.75 MB leaves 40% over 03 and fails on a player stored again.
-MAX_STORED_BYTES = 750_000
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_is_committed_with_current_small_stable_outputs(path):
-    # issue 31: the outputs are stored (a reader who runs nothing sees them), from the code as committed,
-    # small, and without what changes from run to run
-    store = _store_outputs()
-    nb = nbformat.read(path, as_version=4)
-    assert nb.cells[0].cell_type == "markdown", "a notebook opens with what it shows"
-    stored = nb.metadata.get("sinkflow", {}).get("code_sha256")
-    assert stored == store.code_sha256(nb), f"outputs are stale: run python notebooks/_store_outputs.py {path.stem}"
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert sum(bool(c.outputs) for c in code) >= len(code) // 2, "most cells show something"
-    assert any("image/png" in out.get("data", {}) for c in code for out in c.outputs), "figures are stored"
-    assert path.stat().st_size < MAX_STORED_BYTES, f"{path.name}: stored outputs over {MAX_STORED_BYTES} bytes"
-    scripts = [c.source.splitlines()[0] for c in code for out in c.outputs
-               if "<script" in out.get("data", {}).get("text/html", "")]
-    assert not scripts, f"outputs that need JavaScript show nothing to a reader who runs nothing: {scripts}"
-    stripped = nbformat.from_dict(json.loads(json.dumps(nb)))
-    store.strip_volatile(stripped)
-    assert stripped == nb, "volatile metadata left in the notebook (execution times, widget state)"
-    assert not [out for c in code for out in c.outputs if out.output_type == "error"]
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_shows_every_figure_it_draws(path, executed_notebooks):
@@ -184,8 +147,8 @@ def test_notebook_shows_every_figure_it_draws(path, executed_notebooks):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_shows_every_figure_without_ipywidgets(path, notebook_dir):
-    prelude = "import sys\nsys.modules['ipywidgets'] = None  # not installed\n"
-    cells = execute_notebook(path, notebook_dir, prelude=prelude)
+    no_widgets = "import sys\nsys.modules['ipywidgets'] = None  # not installed\n"
+    cells = execute_notebook(path, notebook_dir, prelude=no_widgets)
     assert not [cell.source.splitlines()[:3] for cell, created, images in cells if images < created]
     assert any(created for _, created, _ in cells)
 
@@ -227,50 +190,6 @@ def test_interact_falls_back_to_one_static_call(monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets now raises ImportError
     # the callback's result is dropped (Jupyter would print it under the figure)
-    assert interact(lambda eps=0.1, n=30: calls.append((eps, n)) or "drawn",
-                    eps=(0.01, 0.5, 0.01), n=(10, 100, 10)) is None
+    shown = interact(lambda eps=0.1, n=30: calls.append((eps, n)) or "drawn", eps=(0.01, 0.5, 0.01), n=(10, 100, 10))
+    assert shown is None
     assert calls == [(0.1, 30)]
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_widgets_have_a_static_fallback(path):
-    """ipywidgets is optional: notebooks reach it only through sinkflow.plots.interactive.interact."""
-    sources = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-    assert not [s for s in sources if re.search(r"^\s*(import|from) ipywidgets", s, re.M)]
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_says_how_to_switch_quick_mode_in_jupyter(path):
-    nb = nbformat.read(path, as_version=4)
-    assert any('os.environ["SINKFLOW_QUICK"] = "1"' in c.source for c in nb.cells)
-
-
-TRAINING_NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "05_doubly_stochastic_training.ipynb"
-
-
-def test_the_training_notebook_quotes_no_number_its_cells_do_not_print():
-    # issue 31: the prose quoted measured values (0.26 / 0.33, 0.18 ...) that the cells then printed differently;
-    # a decimal in the prose must be a constant of the code (a paper's range, chance), never a measurement
-    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
-    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    decimals = set(re.findall(r"(?<![\w.^_{])\d+\.\d+(?![\w.])", re.sub(r"\$[^$]*\$", "", prose)))
-    assert decimals and not [d for d in sorted(decimals) if d not in code]
-
-
-def test_every_verdict_of_the_training_notebook_says_why_it_contradicts():
-    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
-    import ast
-
-    calls = [node for c in nb.cells if c.cell_type == "code" for node in ast.walk(ast.parse(c.source))
-             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "versus_paper"]
-    assert len(calls) == 4 and all(len(call.args) == 3 for call in calls)  # (agrees, claim, why)
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_every_notebook_title_carries_its_number(path):
-    nb = nbformat.read(path, as_version=4)
-    title = next(line for cell in nb.cells if cell.cell_type == "markdown"
-                 for line in cell.source.splitlines() if line.startswith("# "))
-    assert title.startswith(f"# {path.name[:2]} · "), (f"{path.name}: title {title!r} should start with "
-                                                        f"'# {path.name[:2]} · '")

@@ -1,0 +1,122 @@
+"""The notebooks as committed, read without executing anything (fast: not an integration test).
+
+Each notebook ``notebooks/NN_name.ipynb`` is built from its source ``notebooks/NN_name.py`` (jupytext
+percent format) by ``notebooks/_store_outputs.py``, which stores its quick-mode outputs. Here: every
+notebook has its source and says what it says (same cells); its outputs were stored from that
+source's code (a hash); they are small and free of volatile metadata. ``tests/test_notebooks.py``
+executes the notebooks.
+"""
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+FOLDER = Path(__file__).parents[1] / "notebooks"
+NOTEBOOKS = sorted(FOLDER.glob("[0-9]*.ipynb"))
+SOURCES = sorted(FOLDER.glob("[0-9]*.py"))
+
+
+def _store_outputs():
+    spec = importlib.util.spec_from_file_location("_store_outputs", FOLDER / "_store_outputs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cells(nb):
+    return [(cell.cell_type, cell.source) for cell in nb.cells]
+
+
+def test_every_notebook_is_paired_with_its_source():
+    assert NOTEBOOKS, "no notebook found"
+    assert [p.stem for p in NOTEBOOKS] == [p.stem for p in SOURCES], \
+        "each notebooks/NN_name.ipynb is built from notebooks/NN_name.py: add the missing one"
+    assert not list(FOLDER.glob("_build_*.py")), "the sources are the jupytext files, not nbformat scripts"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_says_what_its_source_says(path):
+    # compared cell by cell as jupytext parses them (the text, not the bytes of the JSON)
+    notebook = jupytext.read(path)
+    source = jupytext.read(path.with_suffix(".py"), fmt="py:percent")
+    assert _cells(notebook) == _cells(source), \
+        f"{path.name} differs from {path.stem}.py: edit the .py, then python notebooks/_store_outputs.py {path.stem}"
+
+
+#: The stored size of one notebook: quick-mode figures at the inline backend's resolution and the
+#: classroom animation as a GIF. The largest stores well under this; a JavaScript animation player
+#: (1.35 MB for 30 frames) or a figure at print resolution fails it.
+MAX_STORED_BYTES = 750_000
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_with_current_small_stable_outputs(path):
+    # issue 31: the outputs are stored (a reader who runs nothing sees them), from the source as committed,
+    # small, and without what changes from run to run (never compared byte for byte: they differ at the
+    # rounding level from one CPU to another)
+    store = _store_outputs()
+    nb = nbformat.read(path, as_version=4)
+    assert nb.cells[0].cell_type == "markdown", "a notebook opens with what it shows"
+    stored = nb.metadata.get("sinkflow", {}).get("code_sha256")
+    source = store.read_source(path.with_suffix(".py"))
+    assert stored == store.code_sha256(source), f"outputs are stale: run python notebooks/_store_outputs.py {path.stem}"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert sum(bool(c.outputs) for c in code) >= len(code) // 2, "most cells show something"
+    assert any("image/png" in out.get("data", {}) for c in code for out in c.outputs), "figures are stored"
+    assert path.stat().st_size < MAX_STORED_BYTES, f"{path.name}: stored outputs over {MAX_STORED_BYTES} bytes"
+    scripts = [c.source.splitlines()[0] for c in code for out in c.outputs
+               if "<script" in out.get("data", {}).get("text/html", "")]
+    assert not scripts, f"outputs that need JavaScript show nothing to a reader who runs nothing: {scripts}"
+    stripped = nbformat.from_dict(json.loads(json.dumps(nb)))
+    store.strip_volatile(stripped)
+    assert stripped == nb, "volatile metadata left in the notebook (execution times, widget state)"
+    assert not [out for c in code for out in c.outputs if out.output_type == "error"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_widgets_have_a_static_fallback(path):
+    """ipywidgets is optional: notebooks reach it only through sinkflow.plots.interactive.interact."""
+    sources = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    assert not [s for s in sources if re.search(r"^\s*(import|from) ipywidgets", s, re.M)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_says_how_to_switch_quick_mode_in_jupyter(path):
+    nb = nbformat.read(path, as_version=4)
+    assert any('os.environ["SINKFLOW_QUICK"] = "1"' in c.source for c in nb.cells)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_notebook_title_carries_its_number(path):
+    nb = nbformat.read(path, as_version=4)
+    title = next(line for cell in nb.cells if cell.cell_type == "markdown"
+                 for line in cell.source.splitlines() if line.startswith("# "))
+    assert title.startswith(f"# {path.name[:2]} · "), \
+        f"{path.name}: title {title!r} should start with '# {path.name[:2]} · '"
+
+
+TRAINING_NOTEBOOK = FOLDER / "05_doubly_stochastic_training.ipynb"
+
+
+def test_the_training_notebook_quotes_no_number_its_cells_do_not_print():
+    # issue 31: the prose quoted measured values (0.26 / 0.33, 0.18 ...) that the cells then printed differently;
+    # a decimal in the prose must be a constant of the code (a paper's range, chance), never a measurement
+    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    decimals = set(re.findall(r"(?<![\w.^_{])\d+\.\d+(?![\w.])", re.sub(r"\$[^$]*\$", "", prose)))
+    assert decimals and not [d for d in sorted(decimals) if d not in code]
+
+
+def test_every_verdict_of_the_training_notebook_says_why_it_contradicts():
+    nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
+    import ast
+
+    calls = [node for c in nb.cells if c.cell_type == "code" for node in ast.walk(ast.parse(c.source))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "versus_paper"]
+    assert len(calls) == 4 and all(len(call.args) == 3 for call in calls)  # (agrees, claim, why)
