@@ -2,7 +2,7 @@
 
     python notebooks/_store_outputs.py [NAME ...]   # all notebooks by default; NAME: a part of the file name
 
-The source of a notebook is its paired jupytext file ``notebooks/NN_name.py`` (percent format: ``# %%``
+The source of a notebook is its paired jupytext file ``notebooks/<NN_name>.py`` (percent format: ``# %%``
 starts a code cell, ``# %% [markdown]`` a markdown cell); ``NN_name.ipynb`` is made from it here and
 is never edited by hand (in JupyterLab with jupytext installed, opening either file edits both).
 
@@ -151,7 +151,7 @@ def main(names) -> None:
     paths = sorted(source.with_suffix(".ipynb") for source in HERE.glob("[0-9]*.py"))
     unknown = [name for name in names if not any(name in path.name for path in paths)]
     if unknown:
-        raise SystemExit(f"no notebook source notebooks/NN_name.py matches {unknown}")
+        raise SystemExit(f"no notebook source notebooks/<NN_name>.py matches {unknown}")
     for path in paths:
         if not names or any(name in path.name for name in names):
             store(path)

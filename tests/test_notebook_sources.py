@@ -1,6 +1,6 @@
 """The notebooks as committed, read without executing anything (fast: not an integration test).
 
-Each notebook ``notebooks/NN_name.ipynb`` is built from its source ``notebooks/NN_name.py`` (jupytext
+Each notebook ``notebooks/<NN_name>.ipynb`` is built from its source ``notebooks/<NN_name>.py`` (jupytext
 percent format) by ``notebooks/_store_outputs.py``, which stores its quick-mode outputs. Here: every
 notebook has its source and says what it says (same cells); its outputs were stored from that
 source's code (a hash); they are small and free of volatile metadata. ``tests/test_notebooks.py``
@@ -35,7 +35,7 @@ def _cells(nb):
 def test_every_notebook_is_paired_with_its_source():
     assert NOTEBOOKS, "no notebook found"
     assert [p.stem for p in NOTEBOOKS] == [p.stem for p in SOURCES], \
-        "each notebooks/NN_name.ipynb is built from notebooks/NN_name.py: add the missing one"
+        "each notebooks/<NN_name>.ipynb is built from notebooks/<NN_name>.py: add the missing one"
     assert not list(FOLDER.glob("_build_*.py")), "the sources are the jupytext files, not nbformat scripts"
 
 
