@@ -2,10 +2,11 @@
 
 Environment:
 - ``SINKFLOW_DOCS_QUICK=1``: notebooks are not executed (CI's quick build): their stored
-  quick-mode outputs are shown (``notebooks/_store_outputs.py``); the gallery
-  is still rendered, from the figures' quick configurations.
-- ``SINKFLOW_DOCS_FIGURES=0`` (``sinkflow docs --skip-figures``): gallery images are not
-  rendered (only cached, up-to-date ones are shown); pages and code are built as usual.
+  quick-mode outputs are shown (``notebooks/_store_outputs.py``).
+- ``SINKFLOW_DOCS_FIGURES``: ``1`` (default) renders every gallery image from the figures' quick
+  configurations; ``missing`` (``sinkflow docs --quick``) shows the committed images of ``figures/``
+  and renders only the figures without one; ``0`` (``sinkflow docs --skip-figures``) renders none
+  (cached and committed images are still shown; pages and code are built as usual).
 - ``SINKFLOW_QUICK`` (default ``1`` here): the mode notebooks run in when executed.
 - ``SINKFLOW_DOCS_CACHE``: folder of the notebook execution cache (``sinkflow docs`` puts it
   beside its output, so a build writes nothing into the source checkout but generated pages).

@@ -28,8 +28,9 @@
 import os
 import tempfile
 
-import numpy as np
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 import sinkflow
 from sinkflow.plots.style import COLORS, new_figure, style
@@ -64,9 +65,12 @@ for name, K in [("softmax", K_softmax), ("sinkhorn", K_sinkhorn)]:
 
 with style():
     fig, axes = new_figure(2, 1, width=3.0, height=2.8)
-    for ax, (name, K) in zip(axes[0], [("SoftMax $K^1$", K_softmax), ("Sinkhorn $K^\\infty$", K_sinkhorn)]):
+    panels = [("SoftMax $K^1$", K_softmax), ("Sinkhorn $K^\\infty$", K_sinkhorn)]
+    for ax, (name, K) in zip(axes[0], panels, strict=True):
         im = ax.imshow(K, vmin=0, vmax=K_softmax.max())
         ax.set(title=name, xlabel="key $j$", ylabel="query $i$")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # token indices: no tick at 2.5
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(False)
     fig.colorbar(im, ax=axes[0, 1], shrink=0.8)
     plt.show()
@@ -224,7 +228,8 @@ for normalization in ("sinkhorn", "softmax_dot"):
     dt = min(0.02, largest_safe_dt(x0, eps=0.1, normalization=normalization))
     xt = sinkflow.heat_flow(x0, t=0.2, eps=0.1, dt=dt, normalization=normalization)
     # The heat equation adds 2t to the variance of whatever sample it starts from.
-    print(f"{normalization:12s} variance at t = 0.2: {xt.var():.3f} (start {x0.var():.3f}, heat {x0.var() + 2 * 0.2:.3f})")
+    print(f"{normalization:12s} variance at t = 0.2: {xt.var():.3f} "
+          f"(start {x0.var():.3f}, heat {x0.var() + 2 * 0.2:.3f})")
 
 # %% [markdown]
 # ## 9. Nyström attention and its error bound (Skyformer)
@@ -247,6 +252,7 @@ print(f"observed error {check.observed_error:.3f}, lambda {check.lam:.3f}, d_sta
 
 # %%
 import torch
+
 from sinkflow.nn import MultiheadAttention
 
 mha = MultiheadAttention(16, 2, batch_first=True, normalization="sinkhorn", n_iter=5)

@@ -23,12 +23,14 @@
 
 # %%
 import os
-import numpy as np
+
 import matplotlib.pyplot as plt
+import numpy as np
+
 import sinkflow
-from sinkflow.plots.style import style, new_figure, COLORS
 from sinkflow.plots import get as get_figure
 from sinkflow.plots.interactive import interact
+from sinkflow.plots.style import COLORS, new_figure, style
 
 # Quick mode (small sizes, seconds): start Jupyter with SINKFLOW_QUICK=1, or uncomment the
 # next line and re-run this cell (and the cells below).
@@ -62,7 +64,8 @@ def show(ell=1):
         axes[0, 1].axhline(1, color="k", lw=0.8)
         axes[0, 1].set_yscale("log")
         axes[0, 1].set_title(f"row err {row:.1e}, column err {col:.1e}")
-        axes[0, 1].set_xlabel("key rank"); axes[0, 1].set_ylabel("sorted column sum")
+        axes[0, 1].set_xlabel("key rank")
+        axes[0, 1].set_ylabel("sorted column sum")
         plt.show()
 
 interact(show, ell=(1, 21, 1))  # a slider (updates on release) with ipywidgets; without, one static call
@@ -78,7 +81,8 @@ interact(show, ell=(1, 21, 1))  # a slider (updates on release) with ipywidgets;
 for ell in (1, 2, 3, 5, 9, 17):
     K = sinkflow.sinkhorn(C, n_iter=ell)
     row, col = sinkflow.marginal_errors(K)
-    print(f"n_iter={ell:2d}  row error={row:.2e}  column error={col:.2e}  KL to projection={sinkflow.kl_to_sinkhorn(K):.2e}")
+    print(f"n_iter={ell:2d}  row error={row:.2e}  column error={col:.2e}  "
+          f"KL to projection={sinkflow.kl_to_sinkhorn(K):.2e}")
 
 # %% [markdown]
 # ## 3. How fast: observed rate vs Birkhoff–Hopf vs $\sigma_2(P)^2$

@@ -107,7 +107,8 @@ def explore(beta=4.0, n_iter=1, h=0.1):
     ax.set_xlabel(r"time $t$")
     ax.set_ylabel("fraction of clustered pairs")
     capped = "" if step == h else f" (capped at {step:.2g})"
-    ax.set_title(rf"$\beta={beta:g}$, $L={int(n_iter)}$, $h={h:g}${capped}: {traj.monitors['cluster_count'][-1]} clusters",
+    ax.set_title(rf"$\beta={beta:g}$, $L={int(n_iter)}$, $h={h:g}${capped}: "
+                 f"{traj.monitors['cluster_count'][-1]} clusters",
                  fontsize=8)
     ax3 = fig.add_subplot(1, 2, 2, projection="3d")
     P = traj.final

@@ -29,6 +29,7 @@
 import dataclasses
 import os
 
+import matplotlib.pyplot as plt
 import numpy as np
 import sympy as sp
 import torch
@@ -36,7 +37,6 @@ from IPython.display import Math, display
 
 import sinkflow
 from sinkflow.heat import symbolic
-import matplotlib.pyplot as plt
 from sinkflow.plots import heat as heat_figs
 from sinkflow.plots.interactive import interact
 from sinkflow.plots.style import COLORS, new_figure, style
@@ -71,7 +71,8 @@ torch.set_num_threads(1)  # small dense ops: one thread is fastest on a shared m
 sk = symbolic.sinkhorn_barycentric_map_gaussian()
 display(Math(r"a = " + sp.latex(sk.details["a"])))
 display(Math(r"B_\varepsilon(x) = " + sp.latex(sk.details["B"])))
-display(Math(r"\frac{B_\varepsilon(x) - x}{\varepsilon/2} = " + sp.latex(sk.details["series"]) + r" + O(\varepsilon^2)"))
+display(Math(r"\frac{B_\varepsilon(x) - x}{\varepsilon/2} = " + sp.latex(sk.details["series"])
+             + r" + O(\varepsilon^2)"))
 print("limit equals the score -x/s:", sk.holds)
 
 # %% [markdown]
@@ -97,7 +98,8 @@ for check in (symbolic.heat_kernel_solves_heat(1), symbolic.heat_kernel_solves_h
               symbolic.barenblatt_solves_porous_medium(1), symbolic.barenblatt_solves_porous_medium(2)):
     print(f"{check.name}: {check.holds}")
 bb = symbolic.barenblatt_solves_porous_medium(1)
-display(Math(r"\rho_{\mathrm{Barenblatt}} = " + sp.latex(bb.details["rho"]) + r",\quad M = " + sp.latex(bb.details["mass"])))
+display(Math(r"\rho_{\mathrm{Barenblatt}} = " + sp.latex(bb.details["rho"])
+             + r",\quad M = " + sp.latex(bb.details["mass"])))
 
 # %% [markdown]
 # ## 2. Particles against the exact heat solution
@@ -130,7 +132,8 @@ with style():
 # Without ipywidgets the cell draws the default setting once.
 
 # %%
-N_MAX = 200 if QUICK else 2000  # quick mode: every setting answers within a second (0.25 s of CPU at n = 300, 0.7 s at n = 600, drawing included)
+# quick mode: every setting answers within a second (0.25 s of CPU at n = 300, 0.7 s at n = 600, drawing included)
+N_MAX = 200 if QUICK else 2000
 
 
 def explore_heat(eps=0.05, dt=0.015, n=200 if QUICK else 1000):
@@ -146,7 +149,8 @@ def explore_heat(eps=0.05, dt=0.015, n=200 if QUICK else 1000):
         ax.hist(np.asarray(x_t)[:, 0], bins=40, density=True, color=COLORS["sinkhorn"], alpha=0.5, label="particles")
         ax.plot(grid, exact.pdf(grid[:, None]), color=COLORS["reference"], label="heat solution")
         capped = "" if step == dt else f" (capped at the safe {step:g})"
-        ax.set_title(rf"$\varepsilon$={eps:g}, dt={dt:g}{capped}, n={int(n)}: $W_2$ = {w2.value:.3f} (floor {w2.floor:.3f})",
+        ax.set_title(rf"$\varepsilon$={eps:g}, dt={dt:g}{capped}, n={int(n)}: "
+                     rf"$W_2$ = {w2.value:.3f} (floor {w2.floor:.3f})",
                      fontsize=8)
         ax.set_xlabel("$x$")
         ax.set_ylabel("density")
@@ -219,7 +223,8 @@ rho = (1 + 1e-6 * np.cos(k * theta)) / (2 * np.pi)
 res = sinkflow.mean_field_flow(rho, theta, np.linspace(0, 3, 7), normalization="softmax", temperature=1 / beta,
                                manifold="circle")
 fit = np.polyfit(res.times, np.log([fourier_amplitude(d, k) for d in res.densities]), 1)[0]
-print(f"k* = {sinkflow.fastest_mode(beta)}; growth of cos(3 theta): PDE {fit:.4f}, linear theory {circle_growth_rate(k, beta):.4f}")
+print(f"k* = {sinkflow.fastest_mode(beta)}; growth of cos(3 theta): PDE {fit:.4f}, "
+      f"linear theory {circle_growth_rate(k, beta):.4f}")
 
 # %% [markdown]
 # The full convergence study (orders in $\varepsilon$, $n$ and $dt$, several seeds) is the figure
@@ -253,7 +258,6 @@ print(f"k* = {sinkflow.fastest_mode(beta)}; growth of cos(3 theta): PDE {fit:.4f
 # with its Grönwall estimate and $F^\infty$ along the approximate flow side by side.
 
 # %%
-import matplotlib.pyplot as plt
 
 start = sinkflow.GaussianMixture.gaussian([0.0], [[1.0]])
 t, eps, dt, m = 0.1, 0.2, 0.05, 64
@@ -294,8 +298,8 @@ print(f"variance at t: exact layer {x_exact.var():.4f}, Nyström layer {x_landma
 # registered figure `landmark_heat_2d` (`sinkflow figures landmark_heat_2d --full`).
 
 # %%
-from sinkflow.plots import landmarks as landmark_figs
 from sinkflow.plots import get
+from sinkflow.plots import landmarks as landmark_figs
 
 spec = get("landmark_heat_2d")
 cfg = spec.quick if QUICK else spec.full  # full: a flow of 10^6 particles, about 1.5 minutes on one core
@@ -304,4 +308,5 @@ with style():
     fig = landmark_figs.plot_heat_2d(data, cfg)
 gap = data["growth_landmark"][-1] - data["growth_mean_field"][-1]
 print(f"t = {data['times'][-1]:g}: variance growth, Nyström n = {cfg.n_landmark:,}: {data['growth_landmark'][-1]:.4f}, "
-      f"mean field of the layers {data['growth_mean_field'][-1]:.4f} (difference {gap:+.4f}), heat {data['growth_heat'][-1]:.4f}")
+      f"mean field of the layers {data['growth_mean_field'][-1]:.4f} (difference {gap:+.4f}), "
+      f"heat {data['growth_heat'][-1]:.4f}")

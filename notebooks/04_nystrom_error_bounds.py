@@ -26,9 +26,13 @@
 # `os.environ["SINKFLOW_QUICK"] = "1"` in the first code cell.
 
 # %%
-import math, os, time
-import numpy as np
+import math
+import os
+import time
+
 import matplotlib.pyplot as plt
+import numpy as np
+
 import sinkflow
 from sinkflow.plots import get as get_figure
 from sinkflow.plots.interactive import interact

@@ -2,7 +2,7 @@
 
     python notebooks/_store_outputs.py [NAME ...]   # all notebooks by default; NAME: a part of the file name
 
-The source of a notebook is its paired jupytext file ``notebooks/NN_name.py`` (percent format: ``# %%``
+The source of a notebook is its paired jupytext file ``notebooks/<NN_name>.py`` (percent format: ``# %%``
 starts a code cell, ``# %% [markdown]`` a markdown cell); ``NN_name.ipynb`` is made from it here and
 is never edited by hand (in JupyterLab with jupytext installed, opening either file edits both).
 
@@ -31,18 +31,41 @@ from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
 
-#: Kernel-side prelude (not stored): ipywidgets hidden, so slider cells draw their default once;
-#: PNGs without the volatile ``Software``/date chunks of matplotlib's metadata; an animation stored
+#: Kernel-side prelude (not stored): ipywidgets hidden, so slider cells draw their default once (and
+#: tqdm's warning about it stays out of the outputs);
+#: PNGs without the volatile ``Software``/date chunks of matplotlib's metadata, on white in 256 colours
+#: (a palette PNG: a third of the size, the same figure to the eye); an animation stored
 #: as a looping GIF (``image/gif``) instead of its JavaScript player: a GIF plays where a reader
 #: runs nothing (JupyterLab does not run the scripts of an untrusted notebook, GitHub never does)
 #: and is about a seventh of the player's size.
 PRELUDE = """import sys as _sys
+import base64 as _base64
 _sys.modules["ipywidgets"] = None
+import warnings as _warnings
+_warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notice that ipywidgets is hidden
 import matplotlib as _mpl
 _mpl.rcParams["svg.hashsalt"] = "sinkflow"
 from matplotlib_inline.backend_inline import set_matplotlib_formats as _formats
 _formats("png", metadata={"Software": None})
-import base64 as _base64
+import io as _io
+from PIL import Image as _Image
+from matplotlib.figure import Figure as _Figure
+_png = get_ipython().display_formatter.formatters["image/png"]
+_draw_png = _png.lookup_by_type(_Figure)
+def _small_png(fig):
+    data = _draw_png(fig)
+    if not data:
+        return data
+    image = _Image.open(_io.BytesIO(_base64.b64decode(data)))
+    if image.mode in ("RGBA", "LA"):
+        white = _Image.new("RGB", image.size, "white")
+        white.paste(image, mask=image.getchannel("A"))
+        image = white
+    out = _io.BytesIO()
+    image.convert("RGB").quantize(256, method=_Image.Quantize.MAXCOVERAGE, dither=_Image.Dither.NONE).save(
+        out, "PNG", optimize=True)
+    return _base64.b64encode(out.getvalue()).decode()
+_png.for_type(_Figure, _small_png)
 from sinkflow import ParticleAnimation as _Animation
 _formatter = get_ipython().display_formatter
 _formatter.formatters["text/html"].for_type(_Animation, lambda anim: None)
@@ -128,7 +151,7 @@ def main(names) -> None:
     paths = sorted(source.with_suffix(".ipynb") for source in HERE.glob("[0-9]*.py"))
     unknown = [name for name in names if not any(name in path.name for path in paths)]
     if unknown:
-        raise SystemExit(f"no notebook source notebooks/NN_name.py matches {unknown}")
+        raise SystemExit(f"no notebook source notebooks/<NN_name>.py matches {unknown}")
     for path in paths:
         if not names or any(name in path.name for name in names):
             store(path)

@@ -7,7 +7,10 @@ At ``config-inited`` (before Sphinx lists the sources) it writes, under ``docs/`
   listed (so ``sinkflow.nn`` or ``sinkflow.heat`` appear as soon as they exist);
 - ``gallery/``: one page per figure of :func:`sinkflow.plots.registry`, rendered
   in quick mode (cached by config hash and source hash), with the source of its compute
-  and plot functions and its manifest row;
+  and plot functions and its manifest row. ``SINKFLOW_DOCS_FIGURES`` says which images a build
+  renders: ``1`` (default) all of them, ``missing`` (``sinkflow docs --quick``) only those without a
+  current committed image in ``figures/`` (the figures outside the default set, a few seconds each),
+  ``0`` (``--skip-figures``) none: a page then says in words that its image is not rendered;
 - ``notebooks/``: copies of ``../notebooks/*.ipynb`` and an index (executed by myst-nb);
 - ``cli.md``: the ``--help`` of every ``sinkflow`` subcommand.
 
@@ -203,8 +206,9 @@ def _gallery_index(reg, files) -> list[str]:
     """The gallery's front page: a thumbnail per figure with an image (each links to the figure's
     page), then the table of every figure and its description."""
     index = ["# Figure gallery", "",
-             "Every figure registered in `sinkflow.plots`, made at docs build time from the quick "
-             "configuration by the code shown on its page. `sinkflow figures --all --full` "
+             "Every figure registered in `sinkflow.plots`, from the quick configuration and the code shown "
+             "on its page: made at docs build time, or, in a quick build (`sinkflow docs --quick`), the "
+             "committed file of `figures/` where it is current. `sinkflow figures --all --full` "
              "regenerates all of them at publication size; `sinkflow figures --list` lists them.", ""]
     if not reg:
         return index + ["No figure is registered in this build.", ""]
@@ -223,13 +227,26 @@ def _fence(text: str, lang: str = "python") -> str:
     return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}\n"
 
 
-def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str, list[str]]:
+#: What a page says where a figure has no image in this build (``sinkflow docs --skip-figures``).
+NOT_RENDERED = ("The image of `{name}` is not rendered in this build (`sinkflow docs --skip-figures`) and "
+                "no current one is committed in `figures/`; `sinkflow figures {name}` makes it.")
+
+#: Values of ``SINKFLOW_DOCS_FIGURES``: which gallery images a build renders.
+RENDER_MODES = {"1": "all", "missing": "missing", "0": "none"}
+
+
+def write_gallery(srcdir: Path, logger, render_images: bool | str = True) -> dict[str, list[str]]:
     """Render every registered figure (quick mode) and write its page; returns name -> image files.
 
-    Images are cached in ``gallery/_images`` by :func:`_spec_fingerprint`. With
-    ``render_images=False`` only up-to-date cached images are shown; the pages (code,
+    Images are cached in ``gallery/_images`` by :func:`_spec_fingerprint`. ``render_images``:
+    ``True`` or ``"all"`` renders every image that is not cached; ``"missing"`` shows the
+    committed image of ``figures/`` where one is current and renders the others; ``False`` or
+    ``"none"`` renders nothing (committed and cached images are still shown); the pages (code,
     configuration) are written all the same.
     """
+    mode = {True: "all", False: "none"}.get(render_images, render_images)
+    if mode not in RENDER_MODES.values():
+        raise ValueError(f"render_images: one of {sorted(RENDER_MODES.values())}, not {render_images!r}")
     from sinkflow.plots import registry, render
 
     folder = srcdir / "gallery"
@@ -243,7 +260,8 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
         rows = _manifest_rows(images, name)
         fresh = (stamp.exists() and stamp.read_text() == fingerprint and rows
                  and all((images / r[2]).exists() for r in rows))
-        if not fresh and render_images:
+        committed = [] if fresh or mode == "all" else _committed_images(srcdir.parent / "figures", spec, images)
+        if not fresh and (mode == "all" or (mode == "missing" and not committed)):
             logger.info(f"[sinkflow] rendering gallery figure {name} (quick)")
             for r in rows:
                 (images / r[2]).unlink(missing_ok=True)
@@ -251,7 +269,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
             stamp.write_text(fingerprint)
             rows = _manifest_rows(images, name)
         elif not fresh:  # a stale image is not shown; the committed default figure is, if it is current
-            rows = _committed_images(srcdir.parent / "figures", spec, images)
+            rows = committed
         files[name] = [r[2] for r in rows]
         page = [f"# `{name}`", "", *([f"**{_plain(spec.caption)}**", ""] if spec.caption else []),
                 _plain(spec.description or ""), "",
@@ -260,8 +278,7 @@ def write_gallery(srcdir: Path, logger, render_images: bool = True) -> dict[str,
         for f in files[name]:
             page += [f"```{{image}} _images/{f}", f":alt: {name}", "```", ""]
         if not files[name]:
-            page += [f"*The image is not rendered in this build (`sinkflow docs --quick`); "
-                     f"`sinkflow figures {name}` makes it.*", ""]
+            page += [f"*{NOT_RENDERED.format(name=name)}*", ""]
         if rows:
             page += ["| file | config hash | data checksum | file sha256 |", "|---|---|---|---|"]
             page += [f"| `{r[2]}` | `{r[3]}` | `{r[4]}` | `{r[5]}` |" for r in rows]
@@ -340,10 +357,10 @@ class FiguresDirective(Directive):
             return [para]
         out = []
         for name in names:
-            if not files[name]:  # image not rendered in this build: a link only
+            if not files[name]:  # image not rendered in this build: the link, and why there is no image
                 para = nodes.paragraph()
-                para += nodes.Text("Figure ")
                 para += _figure_ref(name)
+                para += nodes.Text(": " + NOT_RENDERED.format(name=name).replace("`", ""))
                 out.append(para)
             for f in files[name][:1]:
                 fig = nodes.figure()
@@ -381,8 +398,10 @@ def _generate(app, config=None):
     logger = logging.getLogger(__name__)
     src = Path(app.srcdir)
     write_api(src)
-    render_images = os.environ.get("SINKFLOW_DOCS_FIGURES", "1") != "0"
-    app.sinkflow_gallery = write_gallery(src, logger, render_images=render_images)
+    setting = os.environ.get("SINKFLOW_DOCS_FIGURES", "1")
+    if setting not in RENDER_MODES:
+        raise ValueError(f"SINKFLOW_DOCS_FIGURES: one of {sorted(RENDER_MODES)}, not {setting!r}")
+    app.sinkflow_gallery = write_gallery(src, logger, render_images=RENDER_MODES[setting])
     write_notebooks(src)
     write_cli(src)
 

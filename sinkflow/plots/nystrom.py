@@ -80,6 +80,8 @@ def plot_error(data: dict, cfg: SweepConfig):
     """Left: Gaussian-kernel approximations (mean and range over the landmark draws)
     with lambda, the theorem's m and m = 2n. Right: Nyströmformer, measured against SoftMax
     attention, a different matrix, hence its own axes."""
+    import matplotlib as mpl
+
     from sinkflow.plots.style import COLORS, new_figure
 
     fig, axes = new_figure(2, 1, width=3.6, height=3.4)
@@ -107,6 +109,11 @@ def plot_error(data: dict, cfg: SweepConfig):
     right.loglog(m, data["nystromformer"], "d-.", color=COLORS["softmax"], label="Nyströmformer (segment means)")
     right.axvline(cfg.n, color=COLORS["reference"], ls=":", lw=1, label=rf"$m = n = {cfg.n}$")
     right.set_xlim(ax.get_xlim()[0], cfg.n * 1.5)
+    # the landmark counts as plain ticks: a log axis spanning under two decades labels its minor
+    # ticks too (2×10⁰ 3×10⁰ 4×10⁰ 6×10⁰ 10¹), which ran into each other
+    right.xaxis.set_major_locator(mpl.ticker.FixedLocator(m))
+    right.xaxis.set_major_formatter(mpl.ticker.StrMethodFormatter("{x:.0f}"))
+    right.xaxis.set_minor_locator(mpl.ticker.NullLocator())
     right.set_xlabel(r"landmarks $m$")
     right.set_ylabel(r"relative error $\|S - \tilde S\|_2 \,/\, \|S\|_2$")
     right.set_title("Nyströmformer against SoftMax $S$" + "\n" + "(segment means: deterministic)", fontsize=8)

@@ -22,7 +22,7 @@ import numpy as np
 
 import sinkflow
 from sinkflow.plots import register
-from sinkflow.plots.style import COLORS, PALETTE, new_figure
+from sinkflow.plots.style import COLORS, PALETTE, new_figure, plain_log_ticks
 
 __all__ = ["plot_column_sums", "plot_accuracy_vs_n_iter", "plot_epoch_time", "plot_instability", "plot_report",
            "plot_paper_comparison", "write_paper_figure"]
@@ -89,7 +89,8 @@ def plot_column_sums(report, variants=None):
         ax.legend(loc="upper left")
     if panels:
         sm = mpl.cm.ScalarMappable(cmap=cmap, norm=mpl.colors.Normalize(1, max(len(S) - 1, 1)))
-        fig.colorbar(sm, ax=axes[0, len(panels) - 1], label="epoch")
+        # epochs are whole numbers: no 1.5 or 2.5 on a short run's colour bar
+        fig.colorbar(sm, ax=axes[0, len(panels) - 1], label="epoch", ticks=mpl.ticker.MaxNLocator(integer=True))
     ax = axes[0, -1]
     colors = _colors(variants)
     for v in variants:
@@ -100,6 +101,7 @@ def plot_column_sums(report, variants=None):
     ax.set_ylabel(r"mean $|\sum_i K_{ij} - 1|$")
     ax.set_title(report.get("task", ""))
     ax.legend()
+    plain_log_ticks(fig)  # 1 and 2, not 10⁰ and 2×10⁰, where the figure is shown without being saved
     return fig
 
 
