@@ -261,6 +261,19 @@ out, weights = mha(tokens, tokens, tokens)
 print(out.shape, "column sums of one attention map:", weights[0].sum(0)[:4])
 
 # %% [markdown]
+# ## Where to go next
+#
+# One notebook per topic, each ending with exercises:
+# [01](01_normalizations.ipynb) normalizations and Sinkhorn's convergence;
+# [02](02_particles_and_gradient_flows.ipynb) particles and gradient flows;
+# [03](03_heat_diffusion_limit.ipynb) the heat-diffusion limit;
+# [04](04_nystrom_error_bounds.ipynb) Nyström error bounds (Skyformer);
+# [05](05_doubly_stochastic_training.ipynb) doubly stochastic attention in training;
+# [06](06_clustering_and_metastability.ipynb) clustering and metastability: $k^*(\beta)$, predictions at
+# scale, the phase diagram, dwell times, saddles;
+# [07](07_gaussian_flows_and_causal_attention.ipynb) Gaussian moment flows and causal attention.
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. Replace `dot_scores` by `gaussian_scores` in section 1. Sinkhorn's result does not change

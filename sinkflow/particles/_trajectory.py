@@ -206,7 +206,7 @@ class Trajectory(Summarized):
         >>> traj = sinkflow.simulate(x0, "softmax", manifold="sphere", temperature=0.2, steps=20)
         >>> ax = traj.plot()
         >>> ax.get_title()
-        'softmax, t = 2'
+        'SoftMax, t = 2'
         """
         from sinkflow.particles._draw import plot_trajectory
 

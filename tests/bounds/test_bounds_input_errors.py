@@ -86,7 +86,7 @@ _calls = {
 }
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.sampled_from(sorted(_calls)), _arrays, _numbers)
 def test_bounds_give_a_finite_result_or_an_error_naming_the_argument(name, x, y):
     try:
