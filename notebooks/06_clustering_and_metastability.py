@@ -280,7 +280,7 @@ with style():
 #
 # `phase_diagram(betas, n, d, normalization, systems, times)` runs `systems` independent systems per $\beta$
 # (thousands per call in the full study; here a few dozen of 16 tokens) and returns, as a pandas table, the
-# fraction that have collapsed to **one** cluster (all inner products above 0.999) by each time. Small
+# fraction that have collapsed to **one** cluster (all inner products within $10^{-3}$ of 1) by each time. Small
 # $\beta$ collapses fast; large $\beta$ stays on multi-cluster plateaus whose length grows like $e^{c\beta}$.
 
 # %%
