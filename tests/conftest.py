@@ -12,7 +12,14 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
+
+# Property tests draw the same examples on every run (a failure reproduces, and a clean clone cannot
+# turn red by chance); HYPOTHESIS_PROFILE=explore draws fresh ones, many more, to look for new failures.
+settings.register_profile("default", derandomize=True)
+settings.register_profile("explore", derandomize=False, max_examples=300)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 torch.set_num_threads(1)
 _BLAS_LIMIT = threadpool_limits(1)

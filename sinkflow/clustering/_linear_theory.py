@@ -74,7 +74,7 @@ def circle_growth_rate(k, beta: float, normalization: str = "softmax"):
 
 
 _LOG_MAX = math.log(np.finfo(float).max)  # 709.78: e^beta overflows float64 beyond
-_BETA_MAX = 2.0 ** 30  # scipy.special.ive(k, beta) is NaN from about here on
+_BETA_MAX = 2.0 ** 30  # scipy.special.ive(k, beta) is NaN from here on (2^30 itself included)
 
 
 def _scaled_rate(k, beta, normalization):
@@ -83,9 +83,12 @@ def _scaled_rate(k, beta, normalization):
         raise ValueError(f"normalization must be one of {CIRCLE_NORMALIZATIONS}, got {normalization!r}")
     beta = float(check_number(beta, "beta", positive=True))
     k = _check_modes(k, "k", " (k = 0 is the mass, which does not grow)")
-    if beta > _BETA_MAX:
-        raise ValueError(f"beta must be at most 2^30 = {_BETA_MAX:.4g} (scipy.special.ive, the Bessel functions "
-                         f"behind the rates, returns NaN beyond), got {beta:g}")
+    if beta >= _BETA_MAX:
+        raise ValueError(f"beta must be below 2^30 = {_BETA_MAX:.4g} (scipy.special.ive, the Bessel functions "
+                         f"behind the rates, returns NaN from there on), got {beta:g}")
+    if np.any(k >= _BETA_MAX):
+        raise ValueError(f"k must be below 2^30 = {_BETA_MAX:.4g} (scipy.special.ive returns NaN for such orders; "
+                         f"the rate of mode k has long underflowed to 0 there), got {float(np.max(k)):g}")
     ik = ive(k, beta)  # scaled by e^-beta: the ratios are exact
     if normalization == "unnormalized":
         return k ** 2 * ik / beta, beta

@@ -94,3 +94,11 @@ def test_clustering_theory_gives_a_finite_result_or_an_error_naming_the_argument
         assert any(n in str(e) for n in _NAMES), f"{name}: {e!r} names no argument"
         return
     assert np.isfinite(np.asarray(out, dtype=float)).all(), f"{name}({x!r}, {y!r}) -> {out!r}"
+
+
+def test_a_mode_or_beta_at_two_to_the_thirty_is_refused_not_nan():
+    """Found by the property test: scipy's ive(k, beta) is NaN for an order k = 2^30 (and at beta = 2^30)."""
+    with pytest.raises(ValueError, match="k must be below 2"):
+        sinkflow.circle_growth_rate(2.0 ** 30, 1.0)
+    with pytest.raises(ValueError, match="beta must be below 2"):
+        sinkflow.circle_growth_rate(1, 2.0 ** 30)
