@@ -193,7 +193,7 @@ def with_markers(img: np.ndarray, markers: np.ndarray, radius: int = 1) -> np.nd
     return out
 
 
-@pytest.mark.parametrize("n_distractors", [1, 3])
+@pytest.mark.parametrize("n_distractors", [1, pytest.param(3, marks=pytest.mark.slow)])  # 3: 11 s
 def test_pathfinder_labels_match_a_flood_fill_including_the_markers(n_distractors):
     """Over 1,000 images, no negative has its markers 8-connected through the undashed paths plus the
     marker squares plus the rendered pixels, and every positive has (issue 19: 8 / 12 in 1,000 did)."""

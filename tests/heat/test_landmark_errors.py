@@ -109,6 +109,7 @@ def _configuration(rng, outlying):
     return x, W, float(rng.choice([0.25, 1.0, 4.0]))
 
 
+@pytest.mark.slow  # 6 s
 def test_lipschitz_estimate_of_the_gronwall_estimate_is_measured_not_certified():
     # issue 19: the Grönwall "bound" used lipschitz_scale as if it were a Lipschitz constant. It is an
     # estimate; this measures how often it holds, against finite-difference Jacobians of the exact

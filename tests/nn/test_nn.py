@@ -131,7 +131,7 @@ def test_nystrom_modules_approximate_their_exact_attention(normalization, exact)
         ref = MultiheadAttention(16, 2, batch_first=True, normalization=exact, dtype=torch.float64)
         ref.load_state_dict(approx.state_dict())
         out, w = approx(x, x, x)
-        errors.append(float((out - ref(x, x, x)[0]).norm() / ref(x, x, x)[0].norm()))
+        errors.append(float(((out - ref(x, x, x)[0]).norm() / ref(x, x, x)[0].norm()).detach()))
         assert w is None  # no attention matrix is ever formed
     # measured 0.37 -> 0.060 (skyformer: 2n = 64 lifted points, iterative inverse with ridge 0.1)
     # and 0.37 -> 0.026 (nystromformer: 32 segment means = the tokens, 6 Newton-Schulz steps)

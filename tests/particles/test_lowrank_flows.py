@@ -165,7 +165,7 @@ def test_particles_no_landmark_sees_keep_their_own_weight_never_nan(monkeypatch,
     with pytest.raises(NystromPositivityError, match="non-positive kernel mass"):
         lowrank_fields._positive(torch.tensor([1.0, 0.0]), "rows", 3)
     with pytest.raises(ValueError, match="positive semi-definite"):
-        sinkflow.simulate(x.numpy(), "sinkhorn", W_K=-np.eye(2), steps=1, landmarks=4)
+        sinkflow.simulate(x.numpy(), "sinkhorn", W_K=-np.eye(2), h=1e-5, steps=1, landmarks=4)
 
 
 def test_landmarks_need_a_symmetric_interaction():
