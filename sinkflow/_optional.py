@@ -32,6 +32,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "bokeh": ("bokeh", "sweep"),
     "sklearn": ("scikit-learn", "models"),
     "ipywidgets": ("ipywidgets", "notebooks"),
+    "xarray": ("xarray", "analysis"),
 }
 
 
@@ -98,7 +99,7 @@ def available(need: str) -> bool:
         return False
 
 
-def require(module: str, feature: str):
+def require(module: str, feature: str, extra: str | None = None):
     """Import ``module`` for ``feature``, or raise :class:`MissingExtraError` naming the extra to install.
 
     Parameters
@@ -108,6 +109,9 @@ def require(module: str, feature: str):
         :data:`EXTRAS`.
     feature : str
         What needs it, as the message should name it (``"sinkflow.phase_diagram"``).
+    extra : str, optional
+        The extra to name where the module is in several (pandas is in ``sweep`` and ``analysis``);
+        :data:`EXTRAS`' by default.
 
     Returns
     -------
@@ -136,5 +140,7 @@ def require(module: str, feature: str):
         absent = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
         if err.name not in absent:  # installed, but something it imports is not: a broken install
             raise
-        raise MissingExtraError(f"{feature} needs {install_hint(module)}", name=err.name, extra=EXTRAS[top][1],
-                                feature=feature) from None
+        package, default = EXTRAS[top]
+        extra = default if extra is None else extra
+        raise MissingExtraError(f'{feature} needs {package}: pip install "sinkflow[{extra}]"', name=err.name,
+                                extra=extra, feature=feature) from None

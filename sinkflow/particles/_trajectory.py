@@ -12,6 +12,7 @@ import torch
 
 from sinkflow._backend import check_finite, check_float, check_number, squared_norms
 from sinkflow._checks import check_index, warn_caller
+from sinkflow._optional import require
 from sinkflow._summary import Summarized, as_numpy, describe_array, number, png_data_uri, span
 
 __all__ = ["MANIFOLDS", "Trajectory", "default_tol"]
@@ -333,11 +334,7 @@ class Trajectory(Summarized):
         >>> float(da.time[-1])
         0.4
         """
-        try:
-            import xarray as xr
-        except ImportError as err:
-            raise ImportError("Trajectory.to_xarray needs xarray: pip install 'sinkflow[analysis]' "
-                              "(or pip install xarray)") from err
+        xr = require("xarray", "Trajectory.to_xarray")
         system_dims = self._system_dims() if self.batch_shape else []
         dims = ["time", *system_dims, "token", "coordinate"]
         times = np.asarray(self.times, dtype=float)
@@ -386,11 +383,7 @@ class Trajectory(Summarized):
         >>> list(df.columns), len(df), sorted(set(df.monitor))
         (['time', 'monitor', 'value'], 15, ['cluster_count', 'cluster_fraction', 'energy'])
         """
-        try:
-            import pandas as pd
-        except ImportError as err:
-            raise ImportError("Trajectory.to_dataframe needs pandas: pip install 'sinkflow[analysis]' "
-                              "(or pip install pandas)") from err
+        pd = require("pandas", "Trajectory.to_dataframe", extra="analysis")
         batch = self.batch_shape
         system_dims = self._system_dims() if batch else []
         keys = list(self.monitors)
