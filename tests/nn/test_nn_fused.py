@@ -67,9 +67,9 @@ def test_fused_equals_the_eager_path_forward_and_gradients(shape, variant, n_ite
     fused, none = scaled_attention(q, k, v, variant, n_iter=n_iter, mask=mask, need_weights=False)
     assert K is not None and none is None and fused.dtype == dtype
     tol = TOL[dtype]  # relative to the largest entry (the Gaussian kernel's outputs are sums, not means)
-    assert torch.allclose(fused, eager, rtol=0, atol=tol * max(1.0, float(eager.abs().max())))
+    assert torch.allclose(fused, eager, rtol=0, atol=tol * max(1.0, float(eager.detach().abs().max())))
     assert torch.allclose(fused.double(), _plain(q, k, v, variant, mask, n_iter=n_iter), rtol=0,
-                          atol=10 * tol * max(1.0, float(eager.abs().max())))
+                          atol=10 * tol * max(1.0, float(eager.detach().abs().max())))
     for got, want in zip(_grads(fused, (q, k, v), w), _grads(eager, (q, k, v), w), strict=True):
         assert torch.allclose(got, want, rtol=0, atol=5 * tol * max(1.0, float(want.abs().max())))
     if mask_kind == "empty row":  # a query with no admissible key: zero output, zero gradient, no NaN
@@ -160,7 +160,7 @@ def test_gaussian_fused_is_exact_at_large_norms_and_another_value_width():
     # eps |q|^2 / (2 tau) (~ 5e-4 here), relative, as the eager float32 scores do.
     rel = float(torch.finfo(torch.float32).eps * q.detach().square().sum(-1).max() / (2 * math.sqrt(4)))
     assert bool(torch.isfinite(got).all()) and want.abs().max() > 1e-3
-    assert torch.allclose(got.double(), want, rtol=0, atol=rel * float(want.abs().max()))
+    assert torch.allclose(got.double(), want, rtol=0, atol=rel * float(want.detach().abs().max()))
     w = torch.randn(2, 3, 12, 6, generator=g)
     for a, b in zip(_grads(got, (q, k, v), w), _grads(want, (q, k, v), w.double()), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=rel * float(b.abs().max()))
