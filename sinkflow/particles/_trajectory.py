@@ -345,13 +345,10 @@ class Trajectory(Summarized):
         attrs = {"attention": str(self.attention), "manifold": str(self.manifold), "integrator": str(self.integrator),
                  "n_iter": "to tolerance" if self.n_iter is None else int(self.n_iter), "steps": self.steps}
         for name, value in (("h", self.h), ("temperature", self.temperature), ("converged", self.converged)):
-            if np.ndim(value) == 0:
-                if name != "converged":
-                    attrs[name] = float(value)
-            else:
+            if np.ndim(value):
                 coords[name] = (system_dims, np.asarray(value))
-        if np.ndim(self.converged) == 0:
-            attrs["converged"] = int(bool(self.converged))  # netCDF attributes hold no booleans
+            else:  # netCDF attributes hold no booleans
+                attrs[name] = int(bool(value)) if name == "converged" else float(value)
         return xr.DataArray(as_numpy(self.positions), dims=dims, coords=coords, attrs=attrs, name="positions")
 
     def to_dataframe(self):

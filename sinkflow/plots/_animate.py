@@ -353,7 +353,7 @@ def _freeze_background(fig, moving, texts) -> list:
         for value in dict.fromkeys(values):
             text.set_text(value)
             boxes.append(text.get_window_extent(renderer))
-        box = Bbox.union(boxes).padded(3).intersection(Bbox.union(boxes).padded(3), fig.bbox)
+        box = Bbox.intersection(Bbox.union(boxes).padded(3), fig.bbox)
         regions = {}
         for value in dict.fromkeys(values):
             renderer.restore_region(background)
