@@ -476,7 +476,8 @@ def explore_clusters(beta=6.0, normalization="softmax", seed=0):
         ax = axes[0, 1]
         for r, color in zip((len(tr.times) // 3, len(tr.times) - 1), PALETTE, strict=False):
             label = f"t = {tr.times[r]:.1f}: {count_clusters(angular_density(theta[r]))} clusters"
-            ax.hist(theta[r], bins=90, range=(0, 2 * np.pi), color=color, alpha=0.6, label=label)
+            ax.hist(theta[r], bins=90, range=(0, 2 * np.pi), color=color, alpha=0.6, label=label,
+                    histtype="stepfilled")
         for p in pred.positions:
             ax.axvline(p, ls="--", color=COLORS["reference"], lw=0.8)
         ax.set_xlabel(r"$\theta$")
