@@ -34,7 +34,8 @@ is 5 forward passes and one backward pass of head width p + 2 (measured 2.35-2.4
 one forward and one backward at p = 16); the kernels are 97% of the step.
 
 Usage: ``python benchmarks/bench_attention.py [--quick] [--threads 1] [--lengths 1024 4096] [--profile]``
-or ``python benchmarks/bench_attention.py --fused 256 1024 4096 16384 [--repeats 7]``
+or ``python benchmarks/bench_attention.py --fused 256 1024 4096 16384 [--repeats 7]``; add ``--baseline REV
+[--rounds N]`` to compare every row with git revision REV (whole runs alternated; benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from _timing import compare_revisions, record  # benchmarks/_timing.py
 
 
 def _solver_path(scores, n_iter, mask=None, values=None):
@@ -171,6 +173,7 @@ def _long_table(lengths, device, repeats) -> None:
         med = _interleaved(steps, device, repeats)
         mem = {k: step_bytes(s, device)[0] for k, s in steps.items()}
         for k in steps:
+            record(f"long, n = {n}, {k}: ms / step", 1e3 * med[k])
             print(f"| {n} | {k} | {1e3 * med[k]:.1f} | {med[k] / med['softmax']:.2f} | {mem[k] / 2**20:.1f} | "
                   f"{mem[k] / mem['softmax']:.2f} |")
 
@@ -206,6 +209,7 @@ def _fused_table(lengths, device, repeats, eager_up_to=4096) -> None:
         mem = {k: step_bytes(s, device)[0] for k, s in steps.items()}
         ref, sdpa, soft = med["torch.nn.MultiheadAttention"], med["torch sdpa (reference)"], med["softmax"]
         for k in steps:
+            record(f"fused, n = {n}, {k}: ms / step", 1e3 * med[k])
             print(f"| {n} | {b} | {k} | {1e3 * med[k]:.1f} | {med[k] / ref:.2f} | {med[k] / sdpa:.2f} | "
                   f"{med[k] / soft:.2f} | {mem[k] / 2**20:.1f} | {mem[k] / mem['torch.nn.MultiheadAttention']:.2f} |")
     print(f"\nload after: {_load()}")
@@ -244,6 +248,9 @@ def _time(step, device, warmup=2):
 
 
 def main(argv=None) -> int:
+    argv = compare_revisions(__file__, argv)
+    if argv is None:
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats")
     ap.add_argument("--threads", type=int, default=1)
@@ -297,6 +304,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|")
     for (case, variant), t in med.items():
         ref = med[(case, "softmax")]
+        record(f"{case}, {variant}: ms / step", 1e3 * t)
         print(f"| {case} | {variant} | {1e3 * t:.2f} | {t / ref:.2f} |")
     ratio = med[("layer", "sinkhorn(3)")] / med[("layer", "softmax")]
     before = med[("layer", "sinkhorn(3), solver path (before)")] / med[("layer", "softmax")]

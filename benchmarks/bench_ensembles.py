@@ -52,7 +52,8 @@ R^2 3.86x, 2.83x, 2.55x, 2.68x.
 Targets (issue 28): Sinkhorn to tolerance <= 2x SoftMax and ``n_iter=3`` <= 1.5x per step;
 per system-step <= 1/20 (SoftMax) and 1/10 (Sinkhorn) of a single-system step, <= 3x the floor.
 Usage: ``python benchmarks/bench_ensembles.py [--quick] [--repeats R] [--ensembles-only | --small-only]
-[--dtype float32] [--clock wall]``.
+[--dtype float32] [--clock wall] [--baseline REV [--rounds N]]`` (``--baseline``: every row against the package of
+git revision REV, whole runs alternated; benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import contextlib  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from unittest import mock  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _timing import compare_revisions, record  # noqa: E402  (benchmarks/_timing.py)
 
 import sinkflow  # noqa: E402
 
@@ -97,9 +100,12 @@ def _per_step(x0, attention, steps, manifold, **kwargs):
     return 1e3 * (clock() - t0) / steps
 
 
+@contextlib.contextmanager
 def _general_solver():
     """Every flow through the general Sinkhorn solver (the path before the symmetric one)."""
-    return mock.patch("sinkflow.particles._simulate._symmetric_psd", lambda W: False)
+    with mock.patch("sinkflow.particles._system._symmetric_psd", lambda W: False), \
+            mock.patch("sinkflow.particles._ensembles._symmetric_psd", lambda W: False):
+        yield
 
 
 def _step_times(x0, attention, steps, manifold, **kwargs):
@@ -136,6 +142,8 @@ def small_n(sizes, repeats, steps):
                     runs["tol_before"].append(_step_times(x0, "sinkhorn", k, manifold))
                     runs["three_before"].append(_step_times(x0, "sinkhorn", k, manifold, n_iter=3))
             m = {key: [statistics.median(t[c] for t in v) for c in (0, 1)] for key, v in runs.items()}
+            for key in cases:
+                record(f"{manifold}, n = {n}, {key}: CPU ms / step", m[key][1])
 
             def ratio(key, c=1, m=m):
                 return m[key][c] / m["soft"][c]
@@ -180,6 +188,8 @@ def ensembles(systems, n, repeats, steps):
                 floors.append(_exp_floors(systems, n, 3))
             s, b = statistics.median(single), statistics.median(batch)
             f = [statistics.median(v) for v in zip(*floors, strict=True)]
+            record(f"{manifold}, {attention}: one system, ms / step", s)
+            record(f"{manifold}, {attention}: {systems} systems, ms / step", b)
             print(f"| {manifold} | {attention} | {s:.3f} | {b:.1f} | 1/{s / (b / systems):.0f} | {f[0]:.2f}, "
                   f"{f[1]:.2f} | {b / min(f):.2f}x |", flush=True)
 
@@ -193,6 +203,9 @@ def _warm_up():
 
 
 def main():
+    argv = compare_revisions(__file__)
+    if argv is None:
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n = 16, 64; 256 systems; fewer steps")
     parser.add_argument("--repeats", type=int, default=5)
@@ -200,7 +213,7 @@ def main():
     parser.add_argument("--small-only", action="store_true", help="only the first table")
     parser.add_argument("--clock", choices=sorted(CLOCK), default="cpu", help="CPU time (default) or wall time")
     parser.add_argument("--dtype", choices=sorted(DTYPE), default="float64", help="dtype of every run and of the floor")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     global clock, dtype
     clock, dtype = CLOCK[args.clock], DTYPE[args.dtype]
     torch.set_num_threads(1)

@@ -32,7 +32,9 @@ Then (the truncation certified by the rows' sums, the kernel ``simulate`` choose
 non-uniform FFTs from L = 24; load 2.0 with two other jobs): S^2 2*10^4 beta 5: 19.9 / 33.3 (1.7x), beta 32
 (L = 46): 20.4 / 48.7 (2.4x); S^2 10^6 beta 5: 1,126 / 2,694 (2.4x), beta 32: 1,086 / 2,164 (2.0x). Every
 S^2 target met (docs/theory/clustering.md).
-Run: ``OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_harmonic.py [--quick] [--manifold sphere]``.
+Run: ``OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_harmonic.py [--quick] [--manifold sphere]``;
+``--flows`` times ``simulate`` end to end at N = 2*10^4 instead, and ``--flows --baseline REV [--rounds N]``
+compares those rows with git revision REV (whole runs alternated; benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import os
 import time
 
 import torch
+from _timing import compare_revisions, record  # benchmarks/_timing.py
 
 import sinkflow
 from sinkflow.particles import lazy_attention_field
@@ -125,14 +128,48 @@ def _row(r) -> str:
             f"{soft_ok} | {sink_ok} |")
 
 
+def flow_rows(n, repeats, steps=8):
+    """End to end: CPU ms per step of ``simulate`` on the circle and on S^2 (the harmonic field, which
+    ``simulate`` picks there at this N), SoftMax and Sinkhorn to tolerance, the runs interleaved; public
+    API only, so ``--baseline REV`` compares any two revisions."""
+    print(f"\n``simulate``, N = {n:,}, {steps} Euler steps (h = 0.1), CPU ms per step, median of {repeats}\n")
+    print("| manifold | beta | SoftMax | Sinkhorn to tolerance | Sinkhorn / SoftMax | path |")
+    print("|---|---|---|---|---|---|")
+    for d in (2, 3):
+        for beta in (5.0, 32.0):
+            x = torch.tensor(sinkflow.random_particles(n, d, seed=0, manifold="sphere"))
+            times, path = {"softmax": [], "sinkhorn": []}, None
+            for _ in range(repeats):
+                for attention in times:
+                    c0 = time.process_time()
+                    traj = sinkflow.simulate(x, attention, h=0.1, steps=steps, manifold="sphere", temperature=1 / beta,
+                                             save_every=steps)
+                    times[attention].append(1e3 * (time.process_time() - c0) / steps)
+                    path = getattr(getattr(traj, "evaluation", None), "name", "-")
+            soft, sink = (sorted(v)[len(v) // 2] for v in times.values())
+            manifold = "circle" if d == 2 else "S^2"
+            record(f"{manifold}, beta = {beta:g}, SoftMax: CPU ms / step", soft)
+            record(f"{manifold}, beta = {beta:g}, Sinkhorn: CPU ms / step", sink)
+            print(f"| {manifold} | {beta:g} | {soft:.1f} | {sink:.1f} | {sink / soft:.1f}x | {path} |", flush=True)
+
+
 def main() -> None:
+    argv = compare_revisions(__file__)
+    if argv is None:
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 2*10^4 only")
     parser.add_argument("--manifold", choices=("both", "circle", "sphere"), default="both",
                         help="rows of the circle, of S^2, or both")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--flows", action="store_true", help="only the end-to-end simulate rows at N = 2*10^4 (the "
+                        "rows --baseline REV compares)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.flows:
+        with _one_thread():
+            flow_rows(20_000, args.repeats)
+        return
     cases = [(20_000, 2, 5.0), (20_000, 2, 32.0), (20_000, 3, 5.0), (20_000, 3, 32.0)]
     if not args.quick:
         cases += [(1_000_000, 2, 5.0), (1_000_000, 2, 32.0), (1_000_000, 3, 5.0), (1_000_000, 3, 32.0)]

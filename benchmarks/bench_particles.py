@@ -18,10 +18,9 @@ Landmark rows (``--landmarks``, also part of the full run): one Euler step of th
 with ``m = 256`` Nyström landmarks (:mod:`sinkflow.particles`, ``simulate(landmarks=m)``)
 at n = 10^4, 10^5, 10^6: time with the default farthest-point landmarks (their choice, once per
 flow, included and also timed alone) and with uniform ones, peak RSS of a fresh process, time / n
-to show the linear growth. ``--baseline REV`` runs the same step with the package of git revision
-``REV`` (extracted with ``git archive`` into a temporary folder) in the same run, interleaved, and
-prints the ratios. Then, at n = 10^5, the exact block-wise step measured in the same run (one
-step, ~5 minutes; ``--skip-exact`` leaves it out), with the relative field error
+to show the linear growth. ``--baseline REV [--rounds N]`` compares every row with the package of git
+revision ``REV``, whole runs alternated (benchmarks/_timing.py). Then, at n = 10^5, the exact block-wise
+step measured in the same run (one step, ~5 minutes; ``--skip-exact`` leaves it out), with the relative field error
 ``|v_m - v| / |v|`` printed beside the ratio.
 
 Measured on the shared 2-core machine (float32, m = 256, load average 1.0-2.0, medians of 3,
@@ -69,17 +68,14 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import io  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tarfile  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _timing import compare_revisions, record  # noqa: E402  (benchmarks/_timing.py)
 
 N_ITER, H, D = 10, 0.1, 2
 LANDMARKS = 256
@@ -156,24 +152,11 @@ def single(method, n, steps, repeats, n_iter):
     return {"rate": statistics.median(rates), "peak_gib": peak_gib, "threads": torch.get_num_threads(), **extra}
 
 
-def run_case(method, n, steps, repeats, n_iter=N_ITER, package=None):
-    """One case in a fresh process; ``package``: a folder holding another ``sinkflow`` to import."""
+def run_case(method, n, steps, repeats, n_iter=N_ITER):
+    """One case in a fresh process (the ``sinkflow`` this script imports, ``PYTHONPATH`` passed on)."""
     cmd = [sys.executable, __file__, "--single", method, str(n), str(steps), str(repeats), str(n_iter)]
-    env = dict(os.environ)
-    if package is not None:
-        env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=dict(os.environ))
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def baseline_package(rev: str) -> str:
-    """The ``sinkflow`` package of git revision ``rev``, extracted into a temporary folder."""
-    root = Path(__file__).resolve().parents[1]
-    tar = subprocess.run(["git", "-C", str(root), "archive", rev, "sinkflow"], capture_output=True, check=True).stdout
-    folder = tempfile.mkdtemp(prefix="sinkflow-baseline-")
-    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
-        archive.extractall(folder, filter="data")
-    return folder
 
 
 def agreement(n=300):
@@ -205,28 +188,18 @@ def landmark_comparison(n=100_000):
     return seconds, error
 
 
-def landmark_rows(quick: bool, repeats: int, baseline: str | None = None, exact: bool = True):
+def landmark_rows(quick: bool, repeats: int, exact: bool = True):
     sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
-    package = None if baseline is None else baseline_package(baseline)
     print(f"\nNyström landmarks m={LANDMARKS}: one Euler step, Sinkhorn n_iter={N_ITER}, d={D}, float32, 1 thread, "
           f"median of {repeats}; the farthest-point choice is made once per flow and included\n")
-    head = "| n | farthest (s) | of which the choice (s) | uniform (s) | peak RSS (GiB) | microseconds / particle |"
-    rule = "|---|---|---|---|---|---|"
-    if package is not None:
-        head += f" before, {baseline} (s) | before RSS (GiB) | speed-up farthest | speed-up uniform |"
-        rule += "---|---|---|---|"
-    print(head)
-    print(rule)
+    print("| n | farthest (s) | of which the choice (s) | uniform (s) | peak RSS (GiB) | microseconds / particle |")
+    print("|---|---|---|---|---|---|")
     for n in sizes:
-        cases = [("nystrom", None), ("nystrom_uniform", None)] + ([("nystrom", package)] if package else [])
-        far, uni, *before = [run_case(method, n, 1, repeats, package=pkg) for method, pkg in cases]
-        row = (f"| {n} | {1 / far['rate']:.3g} | {far['choice_s']:.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} "
-               f"| {1e6 / far['rate'] / n:.3g} |")
-        if before:
-            b = before[0]
-            row += (f" {1 / b['rate']:.3g} | {b['peak_gib']:.2f} | {far['rate'] / b['rate']:.1f}x | "
-                    f"{uni['rate'] / b['rate']:.1f}x |")
-        print(row, flush=True)
+        far, uni = (run_case(method, n, 1, repeats) for method in ("nystrom", "nystrom_uniform"))
+        record(f"landmarks, n = {n}, farthest: s / step", 1 / far["rate"])
+        record(f"landmarks, n = {n}, uniform: s / step", 1 / uni["rate"])
+        print(f"| {n} | {1 / far['rate']:.3g} | {far['choice_s']:.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} "
+              f"| {1e6 / far['rate'] / n:.3g} |", flush=True)
     if not exact:
         return
     n = 20_000 if quick else 100_000
@@ -413,11 +386,13 @@ def floor_rows(repeats: int, exact_n: int = 20_000, landmark_n: int = 1_000_000)
 
 
 def main(argv=None):
+    argv = compare_revisions(__file__, argv)
+    if argv is None:
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="n in {1000, 4000}, big case n = 20000")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--landmarks", action="store_true", help="only the Nyström-landmark rows")
-    p.add_argument("--baseline", metavar="REV", help="also time the landmark step with the package of git revision REV")
     p.add_argument("--skip-exact", action="store_true", help="leave out the exact block-wise step of the landmark rows")
     p.add_argument("--floor", action="store_true", help="only the exact (n = 20000) and landmark (n = 10^5, 10^6) "
                    "steps "
@@ -428,7 +403,7 @@ def main(argv=None):
         floor_rows(args.repeats, exact_n=6000 if args.quick else 20_000, landmark_n=100_000 if args.quick else 10**6)
         return 0
     if args.landmarks:
-        landmark_rows(args.quick, args.repeats, args.baseline, not args.skip_exact)
+        landmark_rows(args.quick, args.repeats, not args.skip_exact)
         return 0
     if args.single:
         method, n, steps, repeats, n_iter = args.single
@@ -450,11 +425,13 @@ def main(argv=None):
             rate, ratio, mem = f"{ref['rate']:.3g}", f"{ours['rate'] / ref['rate']:.1f}x", f"{ref['peak_gib']:.2f}"
         else:  # several n x n float32 temporaries of 1 GiB each and minutes per step: skipped
             rate, ratio, mem = "skipped", "-", "(~5 GiB est.)"
+        record(f"exact, n = {n}, sinkflow: s / step", 1 / ours["rate"])
         print(f"| {n} | {ours['rate']:.3g} | {rate} | {ratio} | {ours['peak_gib']:.2f} | {mem} | {ours['chunked']} |")
     ours = run_case("sinkflow", big, 1, 1, n_iter=3)
+    record(f"exact, n = {big}, n_iter = 3: s / step", 1 / ours["rate"])
     print(f"| {big} (n_iter=3, one step) | {ours['rate']:.3g} ({1 / ours['rate']:.0f} s/step) | - | - | "
           f"{ours['peak_gib']:.2f} | - | {ours['chunked']} |")
-    landmark_rows(args.quick, args.repeats, args.baseline, not args.skip_exact)
+    landmark_rows(args.quick, args.repeats, not args.skip_exact)
     print(f"\ntorch threads: {ours['threads']}")
     return 0
 
