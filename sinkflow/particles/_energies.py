@@ -303,8 +303,8 @@ _ENERGY_OF = {"sinkhorn": energy_inf, "unnormalized": energy_0, "softmax": energ
 
 def _field_fn(attention, Wt, a, n_iter, weights_given, Vt=None):
     def T(X):
-        return attention_field(X, attention, Wt, Wt if Vt is None else Vt, n_iter=n_iter, weights=a if weights_given else None,
-                               tol=1e-13, max_iter=100_000).velocity
+        return attention_field(X, attention, Wt, Wt if Vt is None else Vt, n_iter=n_iter,
+                               weights=a if weights_given else None, tol=1e-13, max_iter=100_000).velocity
     return T
 
 
