@@ -83,7 +83,7 @@ class LimitGeometry(Summarized):
         if self.levels is not None:
             lines.append([("levels along phi_1", ", ".join(number(v) for v in self.levels[:5]))])
         lines.append([("reason", self.reason)])
-        return f"<LimitGeometry> {head}", lines
+        return head, lines
 
 
 def _matrix(M, name: str, d: int) -> np.ndarray:

@@ -158,6 +158,21 @@ def test_simple_top_eigenvalue_rescaled_tokens_end_on_at_most_three_hyperplanes(
     assert geometry.theorem == "Theorem 4.1" and geometry.hypotheses is True
 
 
+# ------------------------------------------------------------- repeated top eigenvalue: polytope x subspace
+def test_repeated_top_eigenvalue_projections_end_on_polytope_vertices():
+    # Hypotheses as in Theorem 5.1: V = diag(1, 1, -1/2) (the authors' example of a paranormal V) and
+    # Q^T K = I positive definite.
+    V = np.diag([1.0, 1.0, -0.5])
+    x0 = np.random.default_rng(0).uniform(-2, 2, (20, 3))
+    zT = sinkflow.simulate(x0, "softmax", W_V=V, h=0.05, steps=160, integrator="rk4").rescaled(V)[-1]
+    top = zT[:, :2]  # the top eigenspace
+    centers = _distinct(top, 1e-2 * np.linalg.norm(zT, axis=1).max())
+    assert len(ConvexHull(centers).vertices) == len(centers) >= 3  # oracle: scipy's hull of the projections
+    assert np.ptp(zT[:, 2]) > 1.0  # the third coordinate stays spread: a subspace, not points
+    g = sinkflow.limit_geometry(zT, V, W=np.eye(3))
+    assert (g.kind, g.count, g.theorem, g.hypotheses) == ("polytope x subspace", len(centers), "Theorem 5.1", True)
+
+
 # ---------------------------------------------------------------------------------- limit_geometry alone
 def test_limit_geometry_classifies_constructed_end_states():
     square = np.array([[1.0, 1], [1, -1], [-1, 1], [-1, -1]])
