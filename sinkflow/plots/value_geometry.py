@@ -104,7 +104,7 @@ def plot_value_geometry(data, cfg):
             else:
                 if kind == "hyperplanes":
                     for level in data[f"{key}_levels"]:
-                        ax.axvline(abs(level) * np.sign(level), color="k", ls="--", lw=0.9, zorder=3)
+                        ax.axvline(level, color="k", ls="--", lw=0.9, zorder=3)
                 ax.set_yscale("symlog", linthresh=1.0)
                 ax.set_xlim(-1.1 * cfg.spread, 1.1 * cfg.spread)
                 ax.set_xlabel(r"$\langle z, \varphi_1 \rangle$ (top eigenvector)")
