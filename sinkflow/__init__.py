@@ -56,7 +56,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot", "gradient_flow_error",
         "jacobian_asymmetry", "ParticleField", "euler_step", "rk4_step", "INTEGRATORS", "MAX_MONITOR_N",
         "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords", "MONITOR_FUNCTIONS", "MONITORS",
-        "MONITOR_KEYS", "lipschitz_scale", "largest_safe_step", "simulate", "Trajectory", "random_particles",
+        "MONITOR_KEYS", "attention_rank", "ATTENTION_RANK_RTOL",
+        "lipschitz_scale", "largest_safe_step", "simulate", "Trajectory", "random_particles",
         "default_tol", "causal_mask", "renyi_centers", "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField",
         "HarmonicParticleField", "harmonic_kernel", "harmonic_attention_field", "harmonic_choice",
     ),
@@ -80,7 +81,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "clustered_fractions", "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error",
         "plateau_clusters", "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history",
         "count_history", "dwell_times", "energy_hessian", "unstable_directions", "tangent_basis", "two_cluster_dwell",
-        "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run",
+        "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run", "limit_geometry", "LimitGeometry",
+        "GEOMETRY_KINDS",
     ),
     # torch attention layers
     "sinkflow.nn": (

@@ -55,10 +55,12 @@ from sinkflow.clustering._predictions import (
     sphere_plateau_clusters,
 )
 from sinkflow.clustering._saddles import energy_hessian, tangent_basis, unstable_directions
+from sinkflow.clustering._value_geometry import GEOMETRY_KINDS, LimitGeometry, limit_geometry
 
 __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formation_time", "fourier_amplitude",
            "angular_density", "count_clusters", "circle_energy", "particle_cluster_count", "phase_diagram",
            "clustered_fractions", "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error",
            "plateau_clusters", "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history",
            "count_history", "dwell_times", "energy_hessian", "unstable_directions", "tangent_basis",
-           "two_cluster_dwell", "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run"]
+           "two_cluster_dwell", "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run",
+           "limit_geometry", "LimitGeometry", "GEOMETRY_KINDS"]

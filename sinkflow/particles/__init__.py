@@ -72,12 +72,14 @@ from sinkflow.particles._lowrank_fields import (
     lowrank_attention_field,
 )
 from sinkflow.particles._monitors import (
+    ATTENTION_RANK_RTOL,
     MAX_MONITOR_N,
     MONITOR_FUNCTIONS,
     MONITOR_KEYS,
     MONITORS,
     MonitorContext,
     MonitorRecords,
+    attention_rank,
     cluster_labels,
     cluster_statistics,
 )
@@ -100,7 +102,8 @@ __all__ = [
     "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
     "gradient_flow_error", "jacobian_asymmetry", "ParticleField", "euler_step", "rk4_step", "INTEGRATORS",
     "MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords", "MONITOR_FUNCTIONS",
-    "MONITORS", "MONITOR_KEYS", "lipschitz_scale", "largest_safe_step", "simulate", "Trajectory", "random_particles",
+    "MONITORS", "MONITOR_KEYS", "attention_rank", "ATTENTION_RANK_RTOL",
+    "lipschitz_scale", "largest_safe_step", "simulate", "Trajectory", "random_particles",
     "default_tol", "causal_mask", "renyi_centers",
     "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField", "HarmonicParticleField", "harmonic_kernel",
     "harmonic_attention_field", "harmonic_choice",

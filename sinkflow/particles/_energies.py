@@ -301,18 +301,18 @@ def energy_inf(x, W=None, weights=None, *, tol=1e-12):
 _ENERGY_OF = {"sinkhorn": energy_inf, "unnormalized": energy_0, "softmax": energy_log_partition}
 
 
-def _field_fn(attention, Wt, a, n_iter, weights_given):
+def _field_fn(attention, Wt, a, n_iter, weights_given, Vt=None):
     def T(X):
-        return attention_field(X, attention, Wt, Wt, n_iter=n_iter, weights=a if weights_given else None,
-                               tol=1e-13, max_iter=100_000).velocity
+        return attention_field(X, attention, Wt, Wt if Vt is None else Vt, n_iter=n_iter,
+                               weights=a if weights_given else None, tol=1e-13, max_iter=100_000).velocity
     return T
 
 
-def gradient_flow_error(x, attention="sinkhorn", W=None, weights=None) -> float:
+def gradient_flow_error(x, attention="sinkhorn", W=None, weights=None, *, W_V=None) -> float:
     r"""Relative error between the attention field and :math:`-\frac{1}{a_i}\nabla_{x_i} F`.
 
     .. math:: \mathrm{err} = \frac{\| T + \mathrm{diag}(a)^{-1} \nabla F \|_F}{\| T \|_F},
-              \qquad T(x_i) = \sum_j K_{ij} W x_j \quad (W_V = W)
+              \qquad T(x_i) = \sum_j K_{ij} W_V x_j \quad (W_V = W \text{ by default})
 
     with :math:`F = F^\infty` for ``"sinkhorn"`` (run to convergence, tol 1e-13),
     :math:`F^0` for ``"unnormalized"`` and the candidate :math:`F^1` for ``"softmax"``
@@ -323,8 +323,13 @@ def gradient_flow_error(x, attention="sinkhorn", W=None, weights=None) -> float:
     x : array (n, d)
     attention : {"sinkhorn", "unnormalized", "softmax"}
     W : array (d, d), optional
-        Symmetric bilinear form (identity by default); the values are :math:`W_V = W`.
+        Symmetric bilinear form (identity by default); the values are :math:`W_V = W` unless ``W_V`` is given.
     weights : array (n,), optional
+    W_V : array (d, d), optional
+        Another value matrix, to measure how far its field is from the gradient of the same
+        :math:`F`: the error is then :math:`\|K (W_V - W) x\| / \|K W_V x\|` (0 for :math:`W_V = W`,
+        :math:`|c - 1|/|c|` for :math:`W_V = cW`, a time change of the gradient flow;
+        docs/theory/value_geometry.md).
 
     Returns
     -------
@@ -342,6 +347,8 @@ def gradient_flow_error(x, attention="sinkhorn", W=None, weights=None) -> float:
     >>> x = np.random.default_rng(0).normal(size=(10, 2))
     >>> sinkflow.gradient_flow_error(x, "unnormalized") < 1e-12
     True
+    >>> round(sinkflow.gradient_flow_error(x, "sinkhorn", W_V=[[1.0, 1.0], [-1.0, 1.0]]), 3)  # not a gradient
+    0.707
     """
     if attention not in _ENERGY_OF:
         raise ValueError(f"gradient_flow_error compares with an energy for attention in {tuple(_ENERGY_OF)}, got "
@@ -350,12 +357,13 @@ def gradient_flow_error(x, attention="sinkhorn", W=None, weights=None) -> float:
     X = X0.detach().to(torch.float64).clone().requires_grad_(True)
     Wt = _form(W, X).detach()
     require_symmetric(Wt, "gradient_flow_error")
+    Vt = None if W_V is None else _form(W_V, X.detach(), "W_V").detach()
     a = _weights(weights, X.detach())
     with single_thread_if_small(X.shape[0], X.device):
         F = _ENERGY_OF[attention](X, Wt, a)
         (grad,) = torch.autograd.grad(F, X)
         with torch.no_grad():
-            T = _field_fn(attention, Wt, a, None, weights is not None)(X.detach())
+            T = _field_fn(attention, Wt, a, None, weights is not None, Vt)(X.detach())
     return float(torch.linalg.norm(T + grad / a[:, None]) / torch.linalg.norm(T))
 
 

@@ -4,7 +4,7 @@ marginal errors of the attention, cluster statistics.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -14,7 +14,8 @@ from sinkflow._checks import check_choice
 from sinkflow.particles._energies import energy_0, energy_gaussian, energy_inf, energy_sphere
 from sinkflow.particles._integrators import ParticleField
 
-__all__ = ["MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords",
+__all__ = ["MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "attention_rank", "ATTENTION_RANK_RTOL",
+           "MonitorContext", "MonitorRecords",
            "MONITOR_FUNCTIONS", "MONITORS",
            "MONITOR_KEYS"]
 
@@ -107,6 +108,65 @@ def _close_pairs(x, manifold: str, tol):
     return close.cpu().numpy()
 
 
+#: Relative tolerance of the numerical rank in the ``"attention_rank"`` monitor (singular values above
+#: this fraction of the largest count).
+ATTENTION_RANK_RTOL = 1e-3
+
+
+def attention_rank(P, *, rtol: float = ATTENTION_RANK_RTOL) -> tuple[int, int]:
+    r"""Numerical rank of an attention matrix and its number of leaders.
+
+    The rank counts the singular values above ``rtol`` times the largest. A token :math:`j` is a
+    *leader* when some token gives it more than half of its attention, :math:`\max_i P_{ij} > 1/2`:
+    at a Boolean limit :math:`P^*` (each row one :math:`e_j^T`; Geshkovski, Letrouit, Polyanskiy and
+    Rigollet, NeurIPS 2023, arXiv:2305.05465, Theorem 2.1 in :math:`d = 1`) these are the tokens whose
+    column of :math:`P^*` is not zero, and the rank of :math:`P^*` equals their number
+    (docs/theory/value_geometry.md). The ``"attention_rank"`` monitor of :func:`sinkflow.simulate`
+    records both along a flow.
+
+    Parameters
+    ----------
+    P : array (n, n) or torch.Tensor
+        A row-stochastic attention matrix (finite; computed on in float64).
+    rtol : float
+        Relative singular-value threshold (> 0, < 1).
+
+    Returns
+    -------
+    (int, int)
+        ``(rank, leaders)``.
+
+    Raises
+    ------
+    ValueError
+        ``P`` is not a finite square matrix, or ``rtol`` is outside (0, 1).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sinkflow.particles import attention_rank
+    >>> P = np.array([[1.0, 0, 0], [1.0, 0, 0], [0, 0, 1.0]])   # tokens 0 and 2 lead
+    >>> attention_rank(P)
+    (2, 2)
+    >>> attention_rank(np.full((4, 4), 0.25))   # uniform attention: rank 1, nobody above 1/2
+    (1, 0)
+    """
+    rtol = check_number(rtol, "rtol", positive=True)
+    if rtol >= 1:
+        raise ValueError(f"rtol must be in (0, 1), got {rtol}")
+    M = to_torch(P, "P").detach().to(torch.float64)
+    if M.ndim != 2 or M.shape[0] != M.shape[1]:
+        raise ValueError(f"P must be a square (n, n) matrix, got shape {tuple(M.shape)}")
+    if not bool(torch.isfinite(M).all()):
+        raise ValueError("P must be finite")
+    if M.shape[0] == 0:
+        return 0, 0
+    s = torch.linalg.svdvals(M)
+    rank = int((s > rtol * s[0]).sum()) if float(s[0]) > 0 else 0
+    leaders = int((M.max(0).values > 0.5).sum())
+    return rank, leaders
+
+
 @dataclass
 class MonitorContext:
     """What the monitors need besides the state: the energy's form, weights, options."""
@@ -148,10 +208,26 @@ def _cluster_monitor(Y, ev, ctx: MonitorContext) -> dict:
     return {"cluster_fraction": frac, "cluster_count": count}
 
 
+def _attention_rank_monitor(Y, ev, ctx: MonitorContext) -> dict:
+    field = ctx.field
+    if not hasattr(field, "evaluate"):
+        raise ValueError("the 'attention_rank' monitor needs the attention matrix of one system; ensembles do not "
+                         "keep it (simulate each system alone)")
+    P = None if ev is None else getattr(ev, "attention", None)
+    if P is None:  # block-wise, or the forced last record: one dense evaluation (n <= MAX_MONITOR_N)
+        P = replace(field, chunked=False, history={}).evaluate(Y.detach(), None).attention
+    if P is None:
+        raise ValueError("the 'attention_rank' monitor needs the n x n attention matrix, which this field never "
+                         "forms (landmark / low-rank evaluation); run the dense path (landmarks=None)")
+    rank, leaders = attention_rank(P)
+    return {"attention_rank": rank, "attention_leaders": leaders}
+
+
 #: The keys each monitor writes in :attr:`Trajectory.monitors` (integer counts, float otherwise).
 MONITOR_KEYS = {"energy": ("energy",), "energy_inf": ("energy_inf",), "energy_0": ("energy_0",),
-                "marginal_errors": ("row_error", "column_error"), "clusters": ("cluster_fraction", "cluster_count")}
-_INTEGER_KEYS = ("cluster_count",)
+                "marginal_errors": ("row_error", "column_error"), "clusters": ("cluster_fraction", "cluster_count"),
+                "attention_rank": ("attention_rank", "attention_leaders")}
+_INTEGER_KEYS = ("cluster_count", "attention_rank", "attention_leaders")
 
 
 class MonitorRecords(dict):
@@ -177,7 +253,7 @@ class MonitorRecords(dict):
 #: Monitors by name: ``monitor(Y, evaluation_or_None, context) -> {key: value}``.
 MONITOR_FUNCTIONS = {"energy": _energy_monitor("energy"), "energy_inf": _energy_monitor("energy_inf"),
                      "energy_0": _energy_monitor("energy_0"), "marginal_errors": _marginal_error_monitor,
-                     "clusters": _cluster_monitor}
+                     "clusters": _cluster_monitor, "attention_rank": _attention_rank_monitor}
 
 
 MONITORS = tuple(MONITOR_FUNCTIONS)

@@ -149,6 +149,8 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         - ``"energy_inf"``, ``"energy_0"``: keys ``"energy_inf"``, ``"energy_0"``;
         - ``"marginal_errors"``: keys ``"row_error"``, ``"column_error"``;
         - ``"clusters"``: keys ``"cluster_fraction"`` (float) and ``"cluster_count"`` (integer).
+        - ``"attention_rank"``: keys ``"attention_rank"`` and ``"attention_leaders"`` (integers,
+          :func:`sinkflow.particles.attention_rank`; one system, an ``n x n`` attention matrix).
 
         Asking for a monitor's name instead of its key raises a ``KeyError`` naming its keys.
     monitor_every, save_every : int

@@ -298,6 +298,61 @@ class Trajectory(Summarized):
         fig.savefig(buffer, format="png", dpi=dpi)
         return png_data_uri(buffer.getvalue())
 
+    def rescaled(self, V):
+        r"""The positions in the frame of the value matrix: :math:`z_i(t) = e^{-tV} x_i(t)`.
+
+        Without normalization the tokens of :math:`\dot x_i = \sum_j P_{ij} V x_j` grow like
+        :math:`e^{tV}`; Geshkovski, Letrouit, Polyanskiy and Rigollet (NeurIPS 2023,
+        arXiv:2305.05465) read the limit geometry off :math:`z_i`, which solves
+        :math:`\dot z_i = \sum_j P_{ij} V (z_j - z_i)` (rows of ``P`` summing to 1) and stays bounded
+        (docs/theory/value_geometry.md). :func:`sinkflow.limit_geometry` classifies the last state.
+
+        Parameters
+        ----------
+        V : array (d, d) or torch.Tensor
+            The value matrix the flow ran with (``W_V`` of :func:`sinkflow.simulate`; pass
+            ``np.eye(d)`` for its default). The exponential is computed in float64
+            (``torch.linalg.matrix_exp``) at each saved time.
+
+        Returns
+        -------
+        array (n_saved, ..., n, d)
+            Same type, device and dtype as :attr:`positions` (detached).
+
+        Raises
+        ------
+        ValueError
+            The flow ran on the sphere (the rescaling belongs to the Euclidean model), or ``V`` is
+            not a finite ``(d, d)`` matrix.
+
+        Examples
+        --------
+        >>> import numpy as np, sinkflow
+        >>> x0 = sinkflow.random_particles(6, 2, seed=0)
+        >>> traj = sinkflow.simulate(x0, "softmax", W_V=2 * np.eye(2), h=0.01, steps=50, integrator="rk4")
+        >>> z = traj.rescaled(2 * np.eye(2))
+        >>> z.shape, bool(np.abs(z).max() < 2 * np.abs(x0).max())   # bounded, while |x| grew ~ e^{2t}
+        ((51, 6, 2), True)
+        """
+        if self.manifold != "euclidean":
+            raise ValueError(f"rescaled needs a Euclidean flow (z = exp(-tV) x), got manifold={self.manifold!r}")
+        X = torch.as_tensor(self.positions).detach() if not isinstance(self.positions, torch.Tensor) \
+            else self.positions.detach()
+        d = X.shape[-1]
+        Vt = torch.as_tensor(V.detach() if isinstance(V, torch.Tensor) else np.asarray(V, dtype=float),
+                             dtype=torch.float64, device=X.device)
+        if Vt.shape != (d, d):
+            raise ValueError(f"V must be a (d, d) = ({d}, {d}) matrix, got shape {tuple(Vt.shape)}")
+        if not bool(torch.isfinite(Vt).all()):
+            raise ValueError("V must be finite")
+        t = torch.as_tensor(np.asarray(self.times, dtype=float), dtype=torch.float64, device=X.device)
+        t = t.reshape(t.shape + (1,) * (X.ndim - 2 - t.ndim))  # (n_saved, batch...) broadcast over the batch
+        M = torch.linalg.matrix_exp(-t[..., None, None] * Vt)  # (n_saved, [batch], d, d)
+        Z = X.to(torch.float64) @ M.transpose(-1, -2)
+        if isinstance(self.positions, torch.Tensor):
+            return Z.to(self.positions.dtype)
+        return Z.numpy().astype(np.asarray(self.positions).dtype, copy=False)
+
     # ------------------------------------------------------------------ analysis
     def _system_dims(self) -> list[str]:
         batch = self.batch_shape
