@@ -293,7 +293,8 @@ def attention_lipschitz(x, attention, W_Q, W_K, W_V, mask=None, *, n_iter=None, 
     if mask is not None:
         M = mask.detach().cpu() if isinstance(mask, torch.Tensor) else torch.as_tensor(np.asarray(mask))
         if M.dtype != torch.bool or tuple(M.shape) != (n, n):
-            raise ValueError(f"mask must be a boolean (n, n) = ({n}, {n}) array, got {M.dtype} of shape {tuple(M.shape)}")
+            raise ValueError(f"mask must be a boolean (n, n) = ({n}, {n}) array, "
+                             f"got {M.dtype} of shape {tuple(M.shape)}")
         if not M.any(1).all():
             raise ValueError("mask leaves a query with no key: every row of mask needs a True")
     name, normalize = _normalizer(attention, n_iter, tol, max_iter)

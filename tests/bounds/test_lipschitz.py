@@ -183,10 +183,10 @@ def test_adversarial_constant_peaks_near_the_balance_point():
     """At fixed R the constant rises from n = 2 and falls after n ~ exp(lambda R^2 / 4) (no fixed slope)."""
     WQ, WK, WV = np.diag([2.0, 0.5]), np.eye(2), np.eye(2)
     lam = float(np.linalg.eigvals(query_key_matrix(WQ, WK)).real.max())
-    R = 2 * math.sqrt(math.log(20) / lam)  # balanced at n - 1 = 19
+    R = 2 * math.sqrt(math.log(20) / lam)  # token 1 balances the others at n - 1 = 19; the peak is near 40
     L = {n: attention_lipschitz(adversarial_input(n, WQ, WK, R), "softmax", WQ, WK, WV).estimate
-         for n in (2, 20, 600)}
-    assert L[20] > 1.5 * L[2] and L[20] > 1.5 * L[600]
+         for n in (2, 40, 2000)}
+    assert L[40] > 2 * L[2] and L[40] > 2 * L[2000]  # measured 6.55 against 1.49 and 2.39
 
 
 def test_a_planted_bug_fails_the_oracle(monkeypatch):
