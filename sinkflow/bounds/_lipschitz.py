@@ -330,7 +330,7 @@ def lipschitz_upper_bound(x, W_Q, W_K, W_V, *, form: str = "both") -> float:
     - ``"both"`` (default): :math:`R_h = \max_i \max(\|A_h x_i\|, \|A_h^\top x_i\|)`: perturbing
       a key brings :math:`A_h x_i`, perturbing a query :math:`A_h^\top x_j`; never below the other two;
     - ``"code"``: :math:`R_h = \max_i \|A_h x_i\|`, the authors' ``compute_bound``. It is **not** an
-      upper bound where :math:`A_h x_i` is small and :math:`A_h^\\top x_i` is not: the input
+      upper bound where :math:`A_h x_i` is small and :math:`A_h^\top x_i` is not: the input
       :math:`x_1 = -x_2` along the null eigenvector of a random :math:`A_h` exceeds it 21.6 times
       (docs/theory/lipschitz.md);
     - ``"transposed"``: :math:`R_h = \max_i \|A_h^\top x_i\|` (held on every input we tried).
