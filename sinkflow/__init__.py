@@ -45,7 +45,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "birkhoff_hopf_rate", "asymptotic_rate", "observed_rate", "LANDMARK_CONSTANT", "SHARP_LANDMARK_CONSTANT",
         "spectral_norm", "extreme_eigenvalues", "ridge_leverage_scores", "statistical_dimension", "beta_star",
         "landmarks_required", "binomial_interval", "NystromErrors", "nystrom_errors", "NystromCheck", "nystrom_check",
-        "smallest_sufficient_landmarks",
+        "smallest_sufficient_landmarks", "LipschitzEstimate", "attention_lipschitz", "adversarial_input",
+        "lipschitz_upper_bound", "query_key_matrix",
     ),
     # particle flows, their fields (dense, block-wise, low-rank, harmonic), integrators, monitors, energies
     "sinkflow.particles": (

@@ -3,9 +3,17 @@ the spectral-norm error of Skyformer's Nyström approximation against its theore
 
 ``_stochasticity.py`` (marginal errors, Birkhoff-Hopf, sigma_2 rates), ``_spectral.py``
 (spectral norms, leverage scores, d_stat, the landmark count) and ``_nystrom_bounds.py``
-(observed Nyström errors against the theorem: ``nystrom_check``).
+(observed Nyström errors against the theorem: ``nystrom_check``) and ``_lipschitz.py`` (the local
+Lipschitz constant of self-attention against the sequence length: ``attention_lipschitz``).
 """
 
+from sinkflow.bounds._lipschitz import (
+    LipschitzEstimate,
+    adversarial_input,
+    attention_lipschitz,
+    lipschitz_upper_bound,
+    query_key_matrix,
+)
 from sinkflow.bounds._nystrom_bounds import (
     NystromCheck,
     NystromErrors,
@@ -40,5 +48,6 @@ __all__ = [
     "birkhoff_hopf_rate", "asymptotic_rate", "observed_rate", "LANDMARK_CONSTANT", "SHARP_LANDMARK_CONSTANT",
     "spectral_norm", "extreme_eigenvalues", "ridge_leverage_scores", "statistical_dimension", "beta_star",
     "landmarks_required", "binomial_interval", "NystromErrors", "nystrom_errors", "NystromCheck",
-    "nystrom_check", "smallest_sufficient_landmarks",
+    "nystrom_check", "smallest_sufficient_landmarks", "LipschitzEstimate", "attention_lipschitz",
+    "adversarial_input", "lipschitz_upper_bound", "query_key_matrix",
 ]
