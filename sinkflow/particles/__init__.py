@@ -81,6 +81,17 @@ from sinkflow.particles._monitors import (
     cluster_labels,
     cluster_statistics,
 )
+from sinkflow.particles._equiangular import (
+    EquiangularFlow,
+    equiangular_flow,
+    equiangular_start,
+)
+from sinkflow.particles._placements import (
+    NORMALIZATIONS,
+    PLACEMENTS,
+    Placement,
+    placement,
+)
 from sinkflow.particles._simulate import (
     Trajectory,
     default_tol,
@@ -104,4 +115,6 @@ __all__ = [
     "default_tol", "causal_mask", "renyi_centers",
     "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField", "HarmonicParticleField", "harmonic_kernel",
     "harmonic_attention_field", "harmonic_choice",
+    "Placement", "placement", "PLACEMENTS", "NORMALIZATIONS", "equiangular_flow", "equiangular_start",
+    "EquiangularFlow",
 ]

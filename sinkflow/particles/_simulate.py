@@ -105,7 +105,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
              warm_start: bool | None = None, chunked: bool | None = None, landmarks: int | None = None,
              landmark_seed: int = 0, landmark_sampling: str = "farthest", tol: float | None = None,
              max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool | None = None,
-             causal: bool = False) -> Trajectory:
+             causal: bool = False, norm=None) -> Trajectory:
     r"""Simulate tokens moving under self-attention (a residual network of depth ``steps``).
 
     Parameters
@@ -239,7 +239,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         integrator=integrator, manifold=manifold, n_iter=n_iter, tol=tol, max_iter=max_iter, warm_start=warm_start,
         chunked=chunked, landmarks=landmarks, landmark_seed=landmark_seed, landmark_sampling=landmark_sampling,
         causal=causal, monitors=monitors, monitor_every=monitor_every, save_every=save_every,
-        cluster_tol=cluster_tol, progress=progress)
+        cluster_tol=cluster_tol, progress=progress, norm=norm)
     steps = check_number(steps, "steps", integer=True, positive=True, allow_zero=True)
     variant = get_attention(attention)
     if is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h):
