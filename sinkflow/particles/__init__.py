@@ -41,6 +41,11 @@ from sinkflow.particles._energies import (
     gradient_flow_error,
     jacobian_asymmetry,
 )
+from sinkflow.particles._equiangular import (
+    EquiangularFlow,
+    equiangular_flow,
+    equiangular_start,
+)
 from sinkflow.particles._harmonic_fields import (
     HARMONIC_MIN_N,
     HarmonicField,
@@ -80,11 +85,6 @@ from sinkflow.particles._monitors import (
     MonitorRecords,
     cluster_labels,
     cluster_statistics,
-)
-from sinkflow.particles._equiangular import (
-    EquiangularFlow,
-    equiangular_flow,
-    equiangular_start,
 )
 from sinkflow.particles._placements import (
     NORMALIZATIONS,

@@ -79,7 +79,7 @@ class Placement:
 
     def switch(self, steps: int) -> int:
         """The first Pre-LN layer of a Mix-LN run of ``steps`` layers (``steps`` for the others: never)."""
-        return round(self.split * steps) if self.name == "mix" else steps
+        return math.floor(self.split * steps + 0.5) if self.name == "mix" else steps
 
     def phase(self, layer: int, switch: int) -> str:
         """The placement that layer ``layer`` (from 0) runs: Mix-LN's post or pre, else this one."""
