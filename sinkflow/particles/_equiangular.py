@@ -167,7 +167,8 @@ class _Reduced:
             return V if self.discrete else self.tangent(V, M)
         if name == "ngpt":
             U = self.normalize(self.attend(M))
-            return (U[0] - M[0], U[1] - M[1]) if self.discrete else self.tangent(U, M)
+            W = (U[0] - M[0], U[1] - M[1]) if self.discrete else self.tangent(U, M)
+            return W[0] * self.placement.alpha, W[1] * self.placement.alpha
         V = self.attend(self.normalize(M))
         if name == "peri":
             return self.normalize(V)

@@ -15,7 +15,7 @@ post       :math:`x \leftarrow N(x + h A(x))`                    :math:`\dot x =
 pre        :math:`x \leftarrow x + h A(N(x))`                    :math:`\dot x = A(N(x))`
 peri       :math:`x \leftarrow x + h N(A(N(x)))`                 :math:`\dot x = N(A(N(x)))`
 mix        post for the first ``split`` of the layers, then pre   the same switch at the same time
-ngpt       :math:`x \leftarrow N(x + h (N(A(x)) - x))`           :math:`\dot x = P_x N(A(x))` on the sphere
+ngpt       :math:`x \leftarrow N(x + \alpha h (N(A(x)) - x))`    :math:`\dot x = \alpha P_x N(A(x))`
 lnscale    :math:`x \leftarrow x + h A(N(x)) / \sqrt{1 + l h}`   :math:`\dot x = A(N(x)) / \sqrt{1 + t}`
 =========  ===================================================  ==============================================
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sinkflow._checks import check_choice
+from sinkflow._checks import check_choice, check_number
 
 __all__ = ["Placement", "placement", "PLACEMENTS", "NORMALIZATIONS", "PlacedField"]
 
@@ -59,11 +59,15 @@ class Placement:
         times longer).
     split : float
         Mix-LN: the fraction of the layers (of ``steps``) run as Post-LN before switching to Pre-LN.
+    alpha : float
+        nGPT: its step is :math:`\alpha h` (at ``h = 1``, one unit of time a layer, :math:`\alpha` is nGPT's
+        own step size); its continuous model :math:`\dot x = \alpha P_x N(A(x))`.
     """
 
     name: str
     normalization: str = "sphere"
     split: float = 0.25
+    alpha: float = 1.0
 
     def normalize(self, X: torch.Tensor) -> torch.Tensor:
         """``N(X)`` row by row (the last dimension)."""
@@ -108,7 +112,8 @@ class Placement:
         if name == "ngpt":
             v, ev = attend(Y)
             u = N(v)
-            return (u - Y if discrete else self.tangent(u, Y)), ev
+            w = u - Y if discrete else self.tangent(u, Y)
+            return (w if self.alpha == 1 else self.alpha * w), ev
         v, ev = attend(N(Y))
         if name == "peri":
             return N(v), ev
@@ -121,7 +126,7 @@ class Placement:
         return self.phase(layer, switch) in ("post", "ngpt")
 
 
-def placement(name: str, *, normalization: str = "sphere", split: float = 0.25) -> Placement:
+def placement(name: str, *, normalization: str = "sphere", split: float = 0.25, alpha: float = 1.0) -> Placement:
     r"""A normalization placement for :func:`sinkflow.simulate`'s ``norm=`` (a name there means the defaults).
 
     Parameters
@@ -129,13 +134,15 @@ def placement(name: str, *, normalization: str = "sphere", split: float = 0.25) 
     name : {"none", "post", "pre", "peri", "mix", "ngpt", "lnscale"}
         Post-LN :math:`x \leftarrow N(x + h A(x))`, Pre-LN :math:`x \leftarrow x + h A(N(x))`, Peri-LN
         :math:`x \leftarrow x + h N(A(N(x)))`, Mix-LN (Post-LN for the first ``split`` of the layers, then
-        Pre-LN), nGPT :math:`x \leftarrow N(x + h(N(A(x)) - x))` (its step size :math:`\alpha` is ``h``),
+        Pre-LN), nGPT :math:`x \leftarrow N(x + \alpha h(N(A(x)) - x))`,
         LN-scaling (Pre-LN with layer ``l`` scaled by :math:`1/\sqrt{1 + l h}`, ``l`` from 0), or none.
     normalization : {"sphere", "rms", "layer"}
         ``N``: the unit sphere :math:`x/|x|`; RMSNorm or LayerNorm without affine parameters (radius
         :math:`\sqrt d`: the scores, hence the effective :math:`\beta`, are ``d`` times larger).
     split : float
         Mix-LN's fraction of Post-LN layers, in [0, 1] (0.25 by default).
+    alpha : float
+        nGPT's step relative to ``h`` (> 0; 1 by default: nGPT moves as far as a Post-LN layer's step).
 
     Returns
     -------
@@ -155,7 +162,8 @@ def placement(name: str, *, normalization: str = "sphere", split: float = 0.25) 
     check_choice(normalization, "normalization", NORMALIZATIONS)
     if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0 <= split <= 1:
         raise ValueError(f"split must be a number in [0, 1], got {split!r}")
-    return Placement(name, normalization, float(split))
+    alpha = float(check_number(alpha, "alpha", positive=True))
+    return Placement(name, normalization, float(split), alpha)
 
 
 def as_placement(norm) -> Placement | None:

@@ -190,6 +190,16 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         key marginals of uniform causal attention (docs/theory/causal.md). The first token moves
         by its own value, :math:`\dot x_0 = W_V x_0` (fixed on the sphere for ``W_V = I``).
         Evaluated densely (no ``chunked``, no ``landmarks``).
+    norm : str or Placement, optional
+        Where the residual layer normalizes (docs/theory/placements.md; Karagodin, Ge, Polyanskiy and
+        Rigollet 2025): ``"post"`` :math:`x \leftarrow N(x + h A(x))`, ``"pre"`` :math:`x + h A(N(x))`,
+        ``"peri"`` :math:`x + h N(A(N(x)))`, ``"mix"`` (Post-LN for the first quarter of the steps, then
+        Pre-LN), ``"ngpt"`` :math:`N(x + h(N(A(x)) - x))`, ``"lnscale"`` (Pre-LN, layer ``l`` scaled by
+        :math:`1/\sqrt{1 + l h}`) or ``"none"``; :func:`sinkflow.placement` sets ``N`` (unit sphere by
+        default, RMSNorm, LayerNorm) and Mix-LN's split. With ``integrator="euler"`` each step is the
+        practitioners' layer; with ``"rk4"`` the continuous model of the placement is integrated (for
+        ``"post"`` exactly the flow of ``manifold="sphere"``). Leave ``manifold="euclidean"``; ``"post"``,
+        ``"ngpt"`` and ``"mix"`` need ``N(x0) = x0``. None (default): the flow without placement, as before.
 
     Returns
     -------

@@ -84,6 +84,17 @@ def test_each_euler_step_is_the_practitioners_layer(norm):
     np.testing.assert_allclose(got, plain_layers(x0, norm, 2.0, 0.1, 12), rtol=0, atol=1e-13)
 
 
+def test_ngpt_alpha_scales_its_step():
+    x0 = sinkflow.random_particles(7, 3, seed=4, manifold="sphere")
+    slow = sinkflow.placement("ngpt", alpha=0.5)
+    for integrator in ("euler", "rk4"):
+        a = sinkflow.simulate(x0, "softmax", h=0.2, steps=10, norm=slow, integrator=integrator, chunked=False)
+        b = sinkflow.simulate(x0, "softmax", h=0.1, steps=10, norm="ngpt", integrator=integrator, chunked=False)
+        np.testing.assert_allclose(a.positions, b.positions, rtol=0, atol=1e-14)
+    flow = sinkflow.equiangular_flow(5, 0.1, norm=slow, T=2.0, h=0.02)
+    np.testing.assert_allclose(flow.rho, sinkflow.equiangular_flow(5, 0.1, norm="ngpt", T=1.0, h=0.01).rho, atol=1e-14)
+
+
 def test_norm_none_is_todays_flow_bit_for_bit():
     x0 = sinkflow.random_particles(9, 2, seed=0)
     for integrator in ("euler", "rk4"):
