@@ -87,7 +87,7 @@ from sinkflow.particles._monitors import (
     cluster_statistics,
 )
 from sinkflow.particles._placements import (
-    NORMALIZATIONS,
+    PLACEMENT_NORMALIZATIONS,
     PLACEMENTS,
     Placement,
     placement,
@@ -115,6 +115,6 @@ __all__ = [
     "default_tol", "causal_mask", "renyi_centers",
     "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField", "HarmonicParticleField", "harmonic_kernel",
     "harmonic_attention_field", "harmonic_choice",
-    "Placement", "placement", "PLACEMENTS", "NORMALIZATIONS", "equiangular_flow", "equiangular_start",
+    "Placement", "placement", "PLACEMENTS", "PLACEMENT_NORMALIZATIONS", "equiangular_flow", "equiangular_start",
     "EquiangularFlow",
 ]

@@ -33,12 +33,12 @@ import torch
 
 from sinkflow._checks import check_choice, check_number
 
-__all__ = ["Placement", "placement", "PLACEMENTS", "NORMALIZATIONS", "PlacedField"]
+__all__ = ["Placement", "placement", "PLACEMENTS", "PLACEMENT_NORMALIZATIONS", "PlacedField"]
 
 #: The placements of the normalization (``norm=`` of :func:`sinkflow.simulate`).
 PLACEMENTS = ("none", "post", "pre", "peri", "mix", "ngpt", "lnscale")
 #: The normalizations ``N`` a placement may use.
-NORMALIZATIONS = ("sphere", "rms", "layer")
+PLACEMENT_NORMALIZATIONS = ("sphere", "rms", "layer")
 #: Placements whose state lies on the normalized set (``x0`` must be normalized).
 _ON_SPHERE = ("post", "ngpt", "mix")
 
@@ -159,7 +159,7 @@ def placement(name: str, *, normalization: str = "sphere", split: float = 0.25, 
     (tensor([[0.6000, 0.8000]]), tensor([[0.8485, 1.1314]]))
     """
     check_choice(name, "norm", PLACEMENTS)
-    check_choice(normalization, "normalization", NORMALIZATIONS)
+    check_choice(normalization, "normalization", PLACEMENT_NORMALIZATIONS)
     if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0 <= split <= 1:
         raise ValueError(f"split must be a number in [0, 1], got {split!r}")
     alpha = float(check_number(alpha, "alpha", positive=True))
