@@ -254,7 +254,7 @@ def _chunk(systems, variant, steps, settings: FlowSettings):
         converged=np.broadcast_to(run.converged, (systems.count,)).copy(), attention=variant.name,
         integrator=settings.integrator, manifold=settings.manifold, h=hs, n_iter=solver.n_iter,
         temperature=systems.tau.cpu().numpy(), weights=systems.a,
-        evaluation=EvaluationPath("batched", f"the systems as one tensor flow, {how}"))
+        evaluation=EvaluationPath("batched", f"the systems as one tensor flow, {how}"), norm=settings.placement)
 
 
 def _fold(W, systems):

@@ -60,7 +60,7 @@ def run_system(X: torch.Tensor, variant, Wq, Wk, Wv, a, tau: float, h, steps: in
         converged=run.converged, attention=variant.name, integrator=settings.integrator, manifold=settings.manifold,
         h=float(h), n_iter=solver.n_iter, temperature=tau, weights=from_torch(a, numpy_out),
         chunked=path.name == "block-wise", landmarks=_landmark_count(landmarks),
-        harmonic_order=None if kernel is None else kernel.order, evaluation=path)
+        harmonic_order=None if kernel is None else kernel.order, evaluation=path, norm=settings.placement)
 
 
 def _landmark_count(landmarks) -> int | None:

@@ -160,6 +160,7 @@ def test_placements_run_as_ensembles_and_with_monitors():
                                 monitors=["clusters"], integrator="rk4")
         np.testing.assert_allclose(ens.positions[:, 1, 2], one.positions, rtol=0, atol=1e-12)
         assert np.array_equal(ens.monitors["cluster_count"][:, 1, 2], one.monitors["cluster_count"])
+        assert ens.norm.name == one.norm.name == norm and f"norm: {norm}" in repr(ens)
 
 
 @pytest.mark.parametrize("attention", ["unnormalized", "gaussian"])
