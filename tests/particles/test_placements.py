@@ -163,6 +163,19 @@ def test_placements_run_as_ensembles_and_with_monitors():
         assert ens.norm.name == one.norm.name == norm and f"norm: {norm}" in repr(ens)
 
 
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(chunked=True), dict(landmarks=6)])
+def test_placements_on_every_evaluation_path(kw):
+    """Block-wise and exact landmarks (m = n) evaluate the same field; a causal first token attends only to
+    itself, so under Pre-LN it moves straight out, x_0(t) = x_0 + t theta_0."""
+    x0 = sinkflow.random_particles(6, 3, seed=0, manifold="sphere")
+    for norm in ("pre", "post", "peri"):
+        got = sinkflow.simulate(x0, "softmax", h=0.1, steps=5, norm=norm, **kw)
+        ref = sinkflow.simulate(x0, "softmax", h=0.1, steps=5, norm=norm, chunked=False, causal=kw.get("causal", False))
+        np.testing.assert_allclose(got.positions, ref.positions, rtol=0, atol=1e-14)
+        if kw.get("causal") and norm == "pre":
+            np.testing.assert_allclose(got.final[0], 1.5 * x0[0], rtol=0, atol=1e-15)
+
+
 @pytest.mark.parametrize("attention", ["unnormalized", "gaussian"])
 def test_placements_take_every_registered_attention(attention):
     x0 = sinkflow.random_particles(5, 3, seed=0, manifold="sphere")
@@ -225,7 +238,7 @@ def test_sinkhorn_is_softmax_on_equiangular_starts():
 EQUIANGULAR_CASES = [  # (attention, beta, rho0, T, norm): the default run; the slow run adds the whole grid
     *[("softmax", 4.0, 0.1, 8.0, norm) for norm in ("post", "pre", "peri")],
     *[("sinkhorn", 2.0, -0.15, 2.0, norm) for norm in ("pre", "peri")],
-    *[("softmax", 1.0, 0.6, 2.0, norm) for norm in ("ngpt", "lnscale", "mix")],
+    *[("softmax", 1.0, 0.6, 2.0, norm) for norm in ("ngpt", "lnscale", "mix", "none")],
     *[pytest.param(attention, beta, rho0, 8.0, norm, marks=pytest.mark.slow)
       for attention, beta, rho0 in (("softmax", 4.0, 0.1), ("sinkhorn", 2.0, -0.15), ("softmax", 1.0, 0.6))
       for norm in ("post", "pre", "peri", "ngpt", "lnscale", "mix")
@@ -247,8 +260,8 @@ def test_equiangular_particles_follow_the_reduced_flow(attention, beta, rho0, T,
     assert np.ptp(off, axis=1).max() < 1e-12 and np.ptp(r, axis=1).max() < 1e-12
     assert np.abs(off - flow.rho[::20, None]).max() < 1e-12
     assert np.abs(r - flow.r[::20, None]).max() < 1e-12
-    if norm == "mix":
-        return  # a switch of systems: the closed systems above hold on each side
+    if norm in ("mix", "none"):
+        return  # a switch of systems (the closed systems above hold on each side); R^d: beta r^2 in a, b
     sol = solve_ivp(closed_system(norm, beta, n, attention), (0, T), [rho0, 1.0], method="DOP853", rtol=1e-13,
                     atol=1e-15, dense_output=True)
     rho, radius = sol.sol(flow.times)
