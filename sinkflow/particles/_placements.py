@@ -225,7 +225,9 @@ def check_placed_start(X: torch.Tensor, placement: Placement | None) -> None:
         return
     X = X.detach()
     radius = 1.0 if placement.normalization == "sphere" else math.sqrt(X.shape[-1])
-    gap = float((placement.normalize(X) - X).abs().max()) if X.numel() else 0.0
-    if not math.isfinite(gap) or gap > 1e-6 * radius * (1e3 if X.dtype in (torch.float16, torch.bfloat16) else 1):
+    Y = X.float() if X.dtype in (torch.float16, torch.bfloat16) else X
+    gap = float((placement.normalize(Y) - Y).abs().max()) if X.numel() else 0.0
+    tol = radius * max(1e-6, 8 * torch.finfo(X.dtype).eps)  # float16 / bfloat16 round a unit vector to ~eps
+    if not math.isfinite(gap) or gap > tol:
         raise ValueError(f"x0 must be normalized for norm={placement.name!r} (N(x0) = x0 with normalization "
                          f"{placement.normalization!r}; off by {gap:.3g}): pass placement.normalize(x0)")

@@ -195,6 +195,13 @@ def test_float32_and_gradients():
     assert x0.grad is not None and torch.isfinite(x0.grad).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_starts_are_accepted_and_kept(dtype):
+    x0 = torch.tensor(sinkflow.random_particles(5, 3, seed=0, manifold="sphere"), dtype=dtype)
+    traj = sinkflow.simulate(x0, "softmax", h=0.1, steps=3, norm="post")
+    assert traj.final.dtype == dtype and torch.isfinite(traj.final.float()).all()
+
+
 def test_refusals_name_the_argument():
     x0 = sinkflow.random_particles(5, 3, seed=0, manifold="sphere")
     with pytest.raises(ValueError, match="norm"):
