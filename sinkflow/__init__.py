@@ -61,6 +61,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "lipschitz_scale", "largest_safe_step", "simulate", "Trajectory", "random_particles",
         "default_tol", "causal_mask", "renyi_centers", "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField",
         "HarmonicParticleField", "harmonic_kernel", "harmonic_attention_field", "harmonic_choice",
+        "Placement", "placement", "PLACEMENTS", "PLACEMENT_NORMALIZATIONS", "equiangular_flow", "equiangular_start",
+        "EquiangularFlow",
     ),
     # heat-diffusion limit: references, rescaled flows, distances, mean-field and moment flows
     "sinkflow.heat": (

@@ -41,6 +41,11 @@ from sinkflow.particles._energies import (
     gradient_flow_error,
     jacobian_asymmetry,
 )
+from sinkflow.particles._equiangular import (
+    EquiangularFlow,
+    equiangular_flow,
+    equiangular_start,
+)
 from sinkflow.particles._harmonic_fields import (
     HARMONIC_MIN_N,
     HarmonicField,
@@ -83,6 +88,12 @@ from sinkflow.particles._monitors import (
     cluster_labels,
     cluster_statistics,
 )
+from sinkflow.particles._placements import (
+    PLACEMENT_NORMALIZATIONS,
+    PLACEMENTS,
+    Placement,
+    placement,
+)
 from sinkflow.particles._simulate import (
     Trajectory,
     default_tol,
@@ -107,4 +118,6 @@ __all__ = [
     "default_tol", "causal_mask", "renyi_centers",
     "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField", "HarmonicParticleField", "harmonic_kernel",
     "harmonic_attention_field", "harmonic_choice",
+    "Placement", "placement", "PLACEMENTS", "PLACEMENT_NORMALIZATIONS", "equiangular_flow", "equiangular_start",
+    "EquiangularFlow",
 ]

@@ -42,6 +42,7 @@ from sinkflow.particles._monitors import (
     _energy_kind,
     _Recorder,
 )
+from sinkflow.particles._placements import check_placed_start, placed
 from sinkflow.particles._settings import EvaluationPath, FlowSettings
 from sinkflow.particles._step_size import _check_step_size, _lipschitz, _symmetric_psd
 from sinkflow.particles._system import run_system
@@ -237,8 +238,10 @@ def _chunk(systems, variant, steps, settings: FlowSettings):
         solver.max_iter, False, None, solver.warm_start, settings.sphere, errors, symmetric=symmetric,
         stages=settings.stages)
     record = _EnsembleRecorder(keep.monitors, keep.monitor_every, _contexts(field, variant, W, systems, settings))
+    check_placed_start(X, settings.placement)
+    stepped = placed(field, settings.placement, h, steps, settings.integrator)  # norm=: the placement's layer
     with single_thread_if_small(X.shape[-2] * math.isqrt(systems.count), X.device):
-        run = _integrate(field, X, INTEGRATORS[settings.integrator], h, steps, record, keep.save_every, keep.progress,
+        run = _integrate(stepped, X, INTEGRATORS[settings.integrator], h, steps, record, keep.save_every, keep.progress,
                          variant.name, fixed_count=solver.n_iter is not None)
     hs = systems.h.cpu().numpy()
     monitor_steps = np.array(record.times)
@@ -251,7 +254,7 @@ def _chunk(systems, variant, steps, settings: FlowSettings):
         converged=np.broadcast_to(run.converged, (systems.count,)).copy(), attention=variant.name,
         integrator=settings.integrator, manifold=settings.manifold, h=hs, n_iter=solver.n_iter,
         temperature=systems.tau.cpu().numpy(), weights=systems.a,
-        evaluation=EvaluationPath("batched", f"the systems as one tensor flow, {how}"))
+        evaluation=EvaluationPath("batched", f"the systems as one tensor flow, {how}"), norm=settings.placement)
 
 
 def _fold(W, systems):

@@ -27,6 +27,7 @@ from sinkflow.particles._dense_fields import DENSE_BYTES_LIMIT, dense_limit
 from sinkflow.particles._integrators import INTEGRATORS
 from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS
 from sinkflow.particles._monitors import _as_monitor_names
+from sinkflow.particles._placements import Placement, as_placement
 from sinkflow.particles._trajectory import MANIFOLDS, _solver_tol
 
 __all__ = ["SolverSettings", "EvaluationSettings", "Recording", "FlowSettings", "EvaluationPath",
@@ -83,6 +84,7 @@ class FlowSettings:
     solver: SolverSettings
     evaluation: EvaluationSettings
     recording: Recording
+    placement: Placement | None = None  # norm= of simulate (docs/theory/placements.md); None: today's flow
 
     @property
     def sphere(self) -> bool:
@@ -119,7 +121,7 @@ def _flag(value, name: str, allow_none: bool = False):
 
 def checked_settings(*, integrator, manifold, n_iter, tol, max_iter, warm_start, chunked, landmarks, landmark_seed,
                      landmark_sampling, causal, monitors, monitor_every, save_every, cluster_tol,
-                     progress) -> FlowSettings:
+                     progress, norm=None) -> FlowSettings:
     """:func:`sinkflow.simulate`'s keywords checked (each error names its keyword) and grouped.
 
     Examples
@@ -148,7 +150,11 @@ def checked_settings(*, integrator, manifold, n_iter, tol, max_iter, warm_start,
         tuple(_as_monitor_names(monitors)), check_number(monitor_every, "monitor_every", integer=True, positive=True),
         check_number(save_every, "save_every", integer=True, positive=True),
         check_number(cluster_tol, "cluster_tol", positive=True), _flag(progress, "progress", allow_none=True))
-    return FlowSettings(integrator, manifold, solver, evaluation, recording)
+    placement = as_placement(norm)
+    if placement is not None and manifold != "euclidean":
+        raise ValueError(f"norm={placement.name!r} places its own normalization: leave manifold='euclidean' "
+                         f"(norm='post' is the practitioners' sphere flow), got manifold={manifold!r}")
+    return FlowSettings(integrator, manifold, solver, evaluation, recording, placement)
 
 
 def choose_path(n: int, dtype: torch.dtype, variant, evaluation: EvaluationSettings, tracks_grad: bool,

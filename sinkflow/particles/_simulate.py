@@ -105,7 +105,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
              warm_start: bool | None = None, chunked: bool | None = None, landmarks: int | None = None,
              landmark_seed: int = 0, landmark_sampling: str = "farthest", tol: float | None = None,
              max_iter: int = 20_000, cluster_tol: float = 1e-3, progress: bool | None = None,
-             causal: bool = False) -> Trajectory:
+             causal: bool = False, norm=None) -> Trajectory:
     r"""Simulate tokens moving under self-attention (a residual network of depth ``steps``).
 
     Parameters
@@ -192,6 +192,16 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         key marginals of uniform causal attention (docs/theory/causal.md). The first token moves
         by its own value, :math:`\dot x_0 = W_V x_0` (fixed on the sphere for ``W_V = I``).
         Evaluated densely (no ``chunked``, no ``landmarks``).
+    norm : str or Placement, optional
+        Where the residual layer normalizes (docs/theory/placements.md; Karagodin, Ge, Polyanskiy and
+        Rigollet 2025): ``"post"`` :math:`x \leftarrow N(x + h A(x))`, ``"pre"`` :math:`x + h A(N(x))`,
+        ``"peri"`` :math:`x + h N(A(N(x)))`, ``"mix"`` (Post-LN for the first quarter of the steps, then
+        Pre-LN), ``"ngpt"`` :math:`N(x + h(N(A(x)) - x))`, ``"lnscale"`` (Pre-LN, layer ``l`` scaled by
+        :math:`1/\sqrt{1 + l h}`) or ``"none"``; :func:`sinkflow.placement` sets ``N`` (unit sphere by
+        default, RMSNorm, LayerNorm) and Mix-LN's split. With ``integrator="euler"`` each step is the
+        practitioners' layer; with ``"rk4"`` the continuous model of the placement is integrated (for
+        ``"post"`` exactly the flow of ``manifold="sphere"``). Leave ``manifold="euclidean"``; ``"post"``,
+        ``"ngpt"`` and ``"mix"`` need ``N(x0) = x0``. None (default): the flow without placement, as before.
 
     Returns
     -------
@@ -241,7 +251,7 @@ def simulate(x0, attention="sinkhorn", W_Q=None, W_K=None, W_V=None, h: float = 
         integrator=integrator, manifold=manifold, n_iter=n_iter, tol=tol, max_iter=max_iter, warm_start=warm_start,
         chunked=chunked, landmarks=landmarks, landmark_seed=landmark_seed, landmark_sampling=landmark_sampling,
         causal=causal, monitors=monitors, monitor_every=monitor_every, save_every=save_every,
-        cluster_tol=cluster_tol, progress=progress)
+        cluster_tol=cluster_tol, progress=progress, norm=norm)
     steps = check_number(steps, "steps", integer=True, positive=True, allow_zero=True)
     variant = get_attention(attention)
     if is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h):

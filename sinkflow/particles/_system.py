@@ -18,6 +18,7 @@ from sinkflow.particles._harmonic_fields import HarmonicParticleField, harmonic_
 from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
 from sinkflow.particles._landmarks import _flow_landmarks
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder
+from sinkflow.particles._placements import check_placed_start, placed
 from sinkflow.particles._settings import FlowSettings, choose_path
 from sinkflow.particles._step_size import _check_step_size, _interaction_matrix, _symmetric_psd
 from sinkflow.particles._trajectory import Trajectory
@@ -47,8 +48,10 @@ def run_system(X: torch.Tensor, variant, Wq, Wk, Wv, a, tau: float, h, steps: in
                           mask=causal_mask(n, X.device) if asked.causal else None)
     field = field if kernel is None else HarmonicParticleField.wrap(field, kernel)
     record = _Recorder(keep.monitors, keep.monitor_every, _monitor_context(field, variant, W, a, tau, d, X, settings))
+    check_placed_start(X, settings.placement)
+    stepped = placed(field, settings.placement, float(h), steps, settings.integrator)  # norm=: the placement's layer
     with single_thread_if_small(n, X.device):
-        run = _integrate(field, X, INTEGRATORS[settings.integrator], float(h), steps, record, keep.save_every,
+        run = _integrate(stepped, X, INTEGRATORS[settings.integrator], float(h), steps, record, keep.save_every,
                          keep.progress, variant.name, fixed_count=solver.n_iter is not None)
     return Trajectory(
         times=run.steps * float(h), positions=from_torch(run.positions, numpy_out), monitors=record.arrays(),
@@ -57,7 +60,7 @@ def run_system(X: torch.Tensor, variant, Wq, Wk, Wv, a, tau: float, h, steps: in
         converged=run.converged, attention=variant.name, integrator=settings.integrator, manifold=settings.manifold,
         h=float(h), n_iter=solver.n_iter, temperature=tau, weights=from_torch(a, numpy_out),
         chunked=path.name == "block-wise", landmarks=_landmark_count(landmarks),
-        harmonic_order=None if kernel is None else kernel.order, evaluation=path)
+        harmonic_order=None if kernel is None else kernel.order, evaluation=path, norm=settings.placement)
 
 
 def _landmark_count(landmarks) -> int | None:

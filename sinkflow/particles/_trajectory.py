@@ -71,6 +71,9 @@ class Trajectory(Summarized):
         ``"dense"``, ``"block-wise"``, ``"landmarks"``, ``"harmonic"`` or, for the systems of an ensemble
         run as one tensor flow, ``"batched"``; ``evaluation.reason`` says what decided it
         (``print(traj.evaluation)``).
+    norm : Placement or None
+        The normalization placement of the run (``simulate(..., norm=...)``; docs/theory/placements.md), or
+        None for the flow without one.
 
     Examples
     --------
@@ -104,6 +107,7 @@ class Trajectory(Summarized):
     landmarks: int | None = None
     harmonic_order: int | None = None
     evaluation: Any = None
+    norm: Any = None
 
     @property
     def final(self):
@@ -260,6 +264,8 @@ class Trajectory(Summarized):
         flow = [("attention", self.attention), ("temperature", span(self.temperature)),
                 ("integrator", self.integrator), ("h", span(self.h)),
                 ("steps", f"{self.steps} (t = {number(t0)} to {t1})")]
+        if self.norm is not None:
+            flow.insert(1, ("norm", _placement_text(self.norm)))
         rest = [("evaluation", self._evaluation()),
                 ("weights", "uniform" if self.weights is None else "given")]
         if self.monitors:
@@ -399,6 +405,8 @@ class Trajectory(Summarized):
         coords["time"] = ("time", times) if times.ndim == 1 else (["time", *system_dims], times)
         attrs = {"attention": str(self.attention), "manifold": str(self.manifold), "integrator": str(self.integrator),
                  "n_iter": "to tolerance" if self.n_iter is None else int(self.n_iter), "steps": self.steps}
+        if self.norm is not None:
+            attrs["norm"] = _placement_text(self.norm)
         for name, value in (("h", self.h), ("temperature", self.temperature), ("converged", self.converged)):
             if np.ndim(value):
                 coords[name] = (system_dims, np.asarray(value))
@@ -505,3 +513,12 @@ def _check_positions(X, manifold, batched: bool = False):
         if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
             raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
                              "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
+
+
+def _placement_text(norm) -> str:
+    """A placement in a few words: ``"peri"``, ``"pre (rms)"``, ``"mix (split 0.25)"``."""
+    name = getattr(norm, "name", str(norm))
+    extra = [] if getattr(norm, "normalization", "sphere") == "sphere" else [norm.normalization]
+    extra += [f"split {norm.split:g}"] if name == "mix" else []
+    extra += [f"alpha {norm.alpha:g}"] if name == "ngpt" and norm.alpha != 1 else []
+    return f"{name} ({', '.join(extra)})" if extra else name
