@@ -15,6 +15,8 @@ Start reading at ``_variants.py`` (what an attention variant is), then
 ``_tolerances.py`` and ``_result.py``.
 """
 
+# Doubly stochastic variants without a full Sinkhorn loop (each file registers itself once).
+from sinkflow.attention._esp import esp_plan  # noqa: E402
 from sinkflow.attention._inverses import (
     iterative_inverse,
     newton_schulz_pinv,
@@ -25,6 +27,7 @@ from sinkflow.attention._kernelized import (
     kernelized_attention_matrix,
     lifted_kernel,
 )
+from sinkflow.attention._lot import LOT_RANK, lot_attention  # noqa: E402
 from sinkflow.attention._normalizations import (
     sinkhorn,
     softmax,
@@ -42,6 +45,7 @@ from sinkflow.attention._nystrom import (
     sample_landmarks,
     segment_means,
 )
+from sinkflow.attention._orthostochastic import ORTHOSTOCHASTIC_METHODS, orthostochastic  # noqa: E402
 from sinkflow.attention._result import (
     SinkhornResult,
     SinkhornWarning,
@@ -69,5 +73,6 @@ __all__ = [
     "newton_schulz_pinv", "sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix",
     "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix",
     "nystromformer_attention", "landmark_block", "Normalized", "AttentionVariant", "register_attention",
-    "get_attention", "available_attentions",
+    "get_attention", "available_attentions", "orthostochastic", "ORTHOSTOCHASTIC_METHODS", "esp_plan",
+    "lot_attention", "LOT_RANK",
 ]
