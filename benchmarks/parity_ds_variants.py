@@ -87,7 +87,8 @@ def lot_parity(path: Path) -> list[tuple[str, float, float]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--esp", type=Path, help="the authors' attentions/esp.py")
-    parser.add_argument("--lot", type=Path, help="the authors' bert-glue/lot_attention.py (sinkhorn_utils.py beside it)")
+    parser.add_argument("--lot", type=Path,
+                        help="the authors' bert-glue/lot_attention.py (sinkhorn_utils.py beside it)")
     args = parser.parse_args(argv)
     rows = (esp_parity(args.esp) if args.esp else []) + (lot_parity(args.lot) if args.lot else [])
     if not rows:
