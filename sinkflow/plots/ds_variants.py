@@ -86,7 +86,8 @@ def ds_variants_plot(data: dict, cfg: DSVariantsConfig):
     ax.set_yticks(np.arange(len(_PANELS)), [title.split(" $")[0].split(" (")[0] for _, title in _PANELS],
                   fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel(r"max $|$row or column sum $- 1|$")
+    ax.set_ylabel("attention variant [name]")
+    ax.set_xlabel(r"error: max $|$row or column sum $- 1|$")
     ax.set_title("doubly stochastic to", fontsize=9)
     fig.suptitle(f"Doubly stochastic attention without a Sinkhorn loop: one head, n = {cfg.n}, p = {cfg.p}")
     return fig
