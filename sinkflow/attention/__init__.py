@@ -7,6 +7,8 @@ or to tolerance; ``_kernelized.py`` has the exact Gaussian-kernel attention of S
 ``_nystrom.py`` its Nyström approximations (and Nyströmformer's), with the inverses of
 ``_inverses.py``; ``_variants.py`` is the registry (:func:`register_attention`) through which
 particles, the heat layer and :mod:`sinkflow.nn` use every variant, defined once.
+``_orthostochastic.py``, ``_esp.py`` and ``_lot.py`` register doubly stochastic variants that need
+no full Sinkhorn loop (docs/theory/doubly_stochastic_variants.md).
 
 Start reading at ``_variants.py`` (what an attention variant is), then
 ``_normalizations.py`` (SoftMax and the Sinkhorn solver's entry points). The solver's parts:
