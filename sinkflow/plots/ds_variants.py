@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 import sinkflow
 from sinkflow.plots import register
@@ -29,6 +28,8 @@ _PANELS = (("sinkhorn", "Sinkhorn (to tol)"), ("orthostochastic", r"orthostochas
 
 
 def ds_variants_data(cfg: DSVariantsConfig) -> dict:
+    import torch  # here: listing the figures must not import torch
+
     g = torch.Generator().manual_seed(cfg.seed)
     q, k = (torch.randn(cfg.n, cfg.p, generator=g, dtype=torch.float64) for _ in range(2))
     C = q @ k.T / np.sqrt(cfg.p)
