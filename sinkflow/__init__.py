@@ -37,7 +37,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "kernelized_attention", "lifted_kernel", "iterative_inverse", "newton_schulz_pinv", "sample_landmarks",
         "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means",
         "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block", "Normalized",
-        "AttentionVariant", "register_attention", "get_attention", "available_attentions",
+        "AttentionVariant", "register_attention", "get_attention", "available_attentions", "orthostochastic",
+        "ORTHOSTOCHASTIC_METHODS", "esp_plan", "lot_attention", "LOT_RANK",
     ),
     # doubly stochasticity; Nyström spectral-norm error bounds
     "sinkflow.bounds": (

@@ -7,6 +7,8 @@ or to tolerance; ``_kernelized.py`` has the exact Gaussian-kernel attention of S
 ``_nystrom.py`` its Nyström approximations (and Nyströmformer's), with the inverses of
 ``_inverses.py``; ``_variants.py`` is the registry (:func:`register_attention`) through which
 particles, the heat layer and :mod:`sinkflow.nn` use every variant, defined once.
+``_orthostochastic.py``, ``_esp.py`` and ``_lot.py`` register doubly stochastic variants that need
+no full Sinkhorn loop (docs/theory/doubly_stochastic_variants.md).
 
 Start reading at ``_variants.py`` (what an attention variant is), then
 ``_normalizations.py`` (SoftMax and the Sinkhorn solver's entry points). The solver's parts:
@@ -15,6 +17,8 @@ Start reading at ``_variants.py`` (what an attention variant is), then
 ``_tolerances.py`` and ``_result.py``.
 """
 
+# Doubly stochastic variants without a full Sinkhorn loop (each file registers itself once).
+from sinkflow.attention._esp import esp_plan  # noqa: E402
 from sinkflow.attention._inverses import (
     iterative_inverse,
     newton_schulz_pinv,
@@ -25,6 +29,7 @@ from sinkflow.attention._kernelized import (
     kernelized_attention_matrix,
     lifted_kernel,
 )
+from sinkflow.attention._lot import LOT_RANK, lot_attention  # noqa: E402
 from sinkflow.attention._normalizations import (
     sinkhorn,
     softmax,
@@ -42,6 +47,7 @@ from sinkflow.attention._nystrom import (
     sample_landmarks,
     segment_means,
 )
+from sinkflow.attention._orthostochastic import ORTHOSTOCHASTIC_METHODS, orthostochastic  # noqa: E402
 from sinkflow.attention._result import (
     SinkhornResult,
     SinkhornWarning,
@@ -69,5 +75,6 @@ __all__ = [
     "newton_schulz_pinv", "sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix",
     "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix",
     "nystromformer_attention", "landmark_block", "Normalized", "AttentionVariant", "register_attention",
-    "get_attention", "available_attentions",
+    "get_attention", "available_attentions", "orthostochastic", "ORTHOSTOCHASTIC_METHODS", "esp_plan",
+    "lot_attention", "LOT_RANK",
 ]

@@ -39,6 +39,7 @@ import torch
 from sinkflow._backend import check_finite, check_float, check_number, leading, to_torch
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import gaussian_scores
+from sinkflow.attention._variants import get_attention
 from sinkflow.particles._dense_fields import attention_field, check_matrix, check_weights, single_thread_if_small
 
 __all__ = [
@@ -381,7 +382,9 @@ def jacobian_asymmetry(x, attention="sinkhorn", W=None, n_iter=None, weights=Non
     Parameters
     ----------
     x : array (n, d)
-    attention : {"sinkhorn", "softmax", "unnormalized"}
+    attention : {"sinkhorn", "softmax", "unnormalized"} or another registered variant
+        Any variant that forms its matrix from dot-product scores (``"orthostochastic"``,
+        ``"lot"``; docs/theory/doubly_stochastic_variants.md measures them).
     W : array (d, d), optional
         Symmetric bilinear form; values :math:`W_V = W`.
     n_iter : int or None
@@ -399,8 +402,10 @@ def jacobian_asymmetry(x, attention="sinkhorn", W=None, n_iter=None, weights=Non
     >>> sinkflow.jacobian_asymmetry(x, "sinkhorn") < 1e-8 < 1e-2 < sinkflow.jacobian_asymmetry(x, "softmax")
     True
     """
-    if attention not in ("sinkhorn", "softmax", "unnormalized"):
-        raise ValueError(f"attention must be 'sinkhorn', 'softmax' or 'unnormalized', got {attention!r}")
+    variant = get_attention(attention)
+    if variant.normalize is None or variant.scores != "dot":
+        raise ValueError(f"attention must be a registered variant that forms its matrix from dot-product scores "
+                         f"('sinkhorn', 'softmax', 'unnormalized', 'orthostochastic', 'lot', ...), got {attention!r}")
     X0, _ = _points(x)
     X = X0.detach().to(torch.float64)
     Wt = _form(W, X).detach()

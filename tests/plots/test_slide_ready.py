@@ -20,8 +20,8 @@ matplotlib.use("Agg")
 
 FIGURES = Path(__file__).parents[2] / "figures"
 #: The default set, and figures outside it whose committed data is drawn and checked too.
-CHECKED = sorted({name for name, spec in registry().items() if spec.default} | {"clustering_phase_diagram",
-                                                                                "cluster_predictions"})
+CHECKED = sorted({name for name, spec in registry().items() if spec.default}
+                 | {"clustering_phase_diagram", "cluster_predictions", "ds_variants_attention"})
 #: Figures checked elsewhere (none today).
 ELSEWHERE: set[str] = set()
 
