@@ -37,7 +37,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "kernelized_attention", "lifted_kernel", "iterative_inverse", "newton_schulz_pinv", "sample_landmarks",
         "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means",
         "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block", "Normalized",
-        "AttentionVariant", "register_attention", "get_attention", "available_attentions",
+        "AttentionVariant", "register_attention", "get_attention", "available_attentions", "hardmax",
     ),
     # doubly stochasticity; Nyström spectral-norm error bounds
     "sinkflow.bounds": (
@@ -80,7 +80,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "clustered_fractions", "ClusterPrediction", "predict_clusters", "cluster_positions", "position_error",
         "plateau_clusters", "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history",
         "count_history", "dwell_times", "energy_hessian", "unstable_directions", "tangent_basis", "two_cluster_dwell",
-        "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run",
+        "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run", "hardmax_flow", "HardmaxTargets",
+        "hardmax_targets", "frank_wolfe_energy", "hardmax_dwell", "equiangular_cosine", "CriticalScaling",
+        "critical_scaling", "selectivity_threshold",
     ),
     # torch attention layers
     "sinkflow.nn": (

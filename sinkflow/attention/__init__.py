@@ -15,6 +15,7 @@ Start reading at ``_variants.py`` (what an attention variant is), then
 ``_tolerances.py`` and ``_result.py``.
 """
 
+from sinkflow.attention._hardmax import hardmax  # registers "hardmax"
 from sinkflow.attention._inverses import (
     iterative_inverse,
     newton_schulz_pinv,
@@ -69,5 +70,5 @@ __all__ = [
     "newton_schulz_pinv", "sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix",
     "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix",
     "nystromformer_attention", "landmark_block", "Normalized", "AttentionVariant", "register_attention",
-    "get_attention", "available_attentions",
+    "get_attention", "available_attentions", "hardmax",
 ]
