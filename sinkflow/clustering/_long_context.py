@@ -194,7 +194,7 @@ def critical_scaling(n: int, d: int | None = None, rho: float = 0.5, gammas=None
 
 
 def _uniform_scores(rng, size, d: int) -> np.ndarray:
-    """:math:`\\langle q, k\\rangle` for unit ``q`` and ``k`` uniform on :math:`S^{d-1}`: ``2 Beta((d-1)/2, (d-1)/2) - 1``."""
+    """:math:`\\langle q, k\\rangle`, unit ``q``, ``k`` uniform on :math:`S^{d-1}`: ``2 Beta((d-1)/2, (d-1)/2) - 1``."""
     return 2.0 * rng.beta((d - 1) / 2.0, (d - 1) / 2.0, size=size) - 1.0
 
 
@@ -244,7 +244,7 @@ def selectivity_threshold(n: int, d: int, *, attention="softmax", trials: int = 
     Examples
     --------
     >>> from sinkflow.clustering import selectivity_threshold
-    >>> b100, b1000 = selectivity_threshold(100, 3), selectivity_threshold(1000, 3)
+    >>> b100, b1000 = selectivity_threshold(100, 3, trials=21), selectivity_threshold(1000, 3, trials=21)
     >>> 5 < b1000 / b100 < 20        # order n^{2/(d-1)} = n for d = 3
     True
     """

@@ -33,7 +33,8 @@ def test_psd_tokens_move_on_straight_lines_to_their_dominant_points(seed):
     assert np.abs(off_line).max() < 1e-12
     np.testing.assert_allclose(X[:, idx], pred.path(np.arange(steps + 1), h)[:, idx], rtol=0, atol=1e-12)
     np.testing.assert_allclose(X[-1, idx], pred.targets[idx], rtol=0, atol=1e-10)  # 0.7^80 ~ 4e-13
-    np.testing.assert_array_equal(X[:, pred.stationary], np.broadcast_to(x0[pred.stationary], X[:, pred.stationary].shape))
+    still = X[:, pred.stationary]
+    np.testing.assert_array_equal(still, np.broadcast_to(x0[pred.stationary], still.shape))
 
 
 def test_a_hull_vertex_outside_its_own_cell_moves():
