@@ -78,6 +78,8 @@ def plot_hardmax(data, cfg):
     stay = data["stationary"]
     ax.plot(x0[stay, 0], x0[stay, 1], "k*", ms=9, label="stationary (own cell)")
     ax.set_aspect("equal")
+    ax.set_xlabel("$x_1$")
+    ax.set_ylabel("$x_2$")
     ax.set_title(f"PSD B: straight paths (off-line {float(data['off_line']):.0e})")
     ax.legend(loc="lower right", fontsize=7)
     ax = axes[0][1]
@@ -86,6 +88,7 @@ def plot_hardmax(data, cfg):
         ax.loglog(t[1:], E[1:], color=PALETTE[k], lw=1.2, label="E(t)" if k == 0 else None)
     ax.loglog(t[1:], data["bound"][1:], "--", color=COLORS["bound"], label="2C/(t+2)")
     ax.set_xlabel("layer t")
+    ax.set_ylabel("energy gap E(t)")
     ax.set_title("NSD B = -I, steps 2/(t+2)")
     ax.legend(fontsize=7)
     ax = axes[0][2]
