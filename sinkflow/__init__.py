@@ -38,7 +38,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means",
         "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block", "Normalized",
         "AttentionVariant", "register_attention", "get_attention", "available_attentions", "orthostochastic",
-        "ORTHOSTOCHASTIC_METHODS", "esp_plan", "lot_attention", "LOT_RANK",
+        "ORTHOSTOCHASTIC_METHODS", "esp_plan", "lot_attention", "LOT_RANK", "hardmax",
     ),
     # doubly stochasticity; Nyström spectral-norm error bounds
     "sinkflow.bounds": (
@@ -86,7 +86,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "plateau_clusters", "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history",
         "count_history", "dwell_times", "energy_hessian", "unstable_directions", "tangent_basis", "two_cluster_dwell",
         "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run", "limit_geometry", "LimitGeometry",
-        "GEOMETRY_KINDS",
+        "GEOMETRY_KINDS", "hardmax_flow", "HardmaxTargets", "hardmax_targets", "frank_wolfe_energy", "hardmax_dwell",
+        "equiangular_cosine", "CriticalScaling", "critical_scaling", "selectivity_threshold",
     ),
     # torch attention layers
     "sinkflow.nn": (

@@ -75,6 +75,10 @@ CASES = {
                                                                    None, None), ["velocity 6 x 2", "converged"]),
     "ClusterPrediction": (lambda: sinkflow.clustering.predict_clusters(
         np.random.default_rng(0).uniform(0, 2 * np.pi, 200), 5.0), ["k* = 3", "formation time", "positions"]),
+    "HardmaxTargets": (lambda: sinkflow.hardmax_targets([[1.0, 0.0], [0.0, 1.0], [0.2, 0.1]], np.eye(2)),
+                       ["3 tokens", "predicted: 3 of 3", "dominant points: 2", "stationary: 2"]),
+    "CriticalScaling": (lambda: sinkflow.critical_scaling(50, d=8, gammas=[1.0, 2.0], seeds=[0, 1]),
+                        ["n = 50", "rho = 0.5", "2 seeds", "gamma_c: 2", "closed form"]),
     "GaussianMomentFlow": (lambda: sinkflow.gaussian_moment_flow([1.0, 0.0], np.eye(2), [0.0, 0.5],
                                                                  normalization="sinkhorn"),
                            ["2 times", "d = 2", "sinkhorn", "final mean", "ODE"]),

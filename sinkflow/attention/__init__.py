@@ -19,6 +19,7 @@ Start reading at ``_variants.py`` (what an attention variant is), then
 
 # Doubly stochastic variants without a full Sinkhorn loop (each file registers itself once).
 from sinkflow.attention._esp import esp_plan  # noqa: E402
+from sinkflow.attention._hardmax import hardmax  # registers "hardmax"
 from sinkflow.attention._inverses import (
     iterative_inverse,
     newton_schulz_pinv,
@@ -76,5 +77,5 @@ __all__ = [
     "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix",
     "nystromformer_attention", "landmark_block", "Normalized", "AttentionVariant", "register_attention",
     "get_attention", "available_attentions", "orthostochastic", "ORTHOSTOCHASTIC_METHODS", "esp_plan",
-    "lot_attention", "LOT_RANK",
+    "lot_attention", "LOT_RANK", "hardmax",
 ]

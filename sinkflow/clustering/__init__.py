@@ -22,6 +22,13 @@ The mean-field velocity on a circle grid that :func:`sinkflow.mean_field_flow` i
 :mod:`sinkflow.heat` (``_circle_field.py``), one floor down.
 """
 
+from sinkflow.clustering._hardmax import (
+    HardmaxTargets,
+    frank_wolfe_energy,
+    hardmax_dwell,
+    hardmax_flow,
+    hardmax_targets,
+)
 from sinkflow.clustering._linear_theory import (
     angular_density,
     circle_energy,
@@ -32,6 +39,12 @@ from sinkflow.clustering._linear_theory import (
     fourier_amplitude,
     particle_cluster_count,
     sphere_growth_rate,
+)
+from sinkflow.clustering._long_context import (
+    CriticalScaling,
+    critical_scaling,
+    equiangular_cosine,
+    selectivity_threshold,
 )
 from sinkflow.clustering._metastability import (
     count_history,
@@ -63,4 +76,6 @@ __all__ = ["circle_growth_rate", "fastest_mode", "sphere_growth_rate", "formatio
            "plateau_clusters", "sphere_plateau_clusters", "cluster_centers", "sphere_mode_maxima", "mode_history",
            "count_history", "dwell_times", "energy_hessian", "unstable_directions", "tangent_basis",
            "two_cluster_dwell", "point_cluster_dwell", "staircase_level", "fit_exponent", "plateau_run",
-           "limit_geometry", "LimitGeometry", "GEOMETRY_KINDS"]
+           "limit_geometry", "LimitGeometry", "GEOMETRY_KINDS",
+           "hardmax_flow", "HardmaxTargets", "hardmax_targets", "frank_wolfe_energy", "hardmax_dwell",
+           "equiangular_cosine", "CriticalScaling", "critical_scaling", "selectivity_threshold"]
