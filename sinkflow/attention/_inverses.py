@@ -202,6 +202,14 @@ def iterative_inverse(M, n_iter: int = 6, gamma: float = 0.1, init: str = "offic
         :math:`(M + \gamma I)^{-1}` was 0.35 (median) with ``"official"`` and 0.38 with
         ``"norms"``.
 
+    Notes
+    -----
+    On the CPU, for a symmetric ``M`` (to rounding), the iteration runs on the eigenvalues of
+    :math:`S` (one ``eigh``; every iterate is a polynomial in :math:`S`): the same matrix to
+    rounding as the ``4 n_iter`` matrix products, and its gradient is the iteration's own, in two
+    products and two more backward. Elsewhere (a non-symmetric ``M``, a GPU, under
+    ``torch.compile``) it takes the products.
+
     Examples
     --------
     >>> import numpy as np, sinkflow
