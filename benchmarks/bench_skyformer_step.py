@@ -247,7 +247,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dropout", type=float, nargs="+", default=[0.1, 0.0])
-    ap.add_argument("--tasks", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--tasks", nargs="*", default=list(SETTINGS), choices=list(SETTINGS), help="none: only --crossover")
     ap.add_argument("--crossover", type=int, nargs="*", default=[], help="ListOps lengths for the step ratio")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--ablation", action="store_true", help="Skyformer's step with each change of the operator undone")
