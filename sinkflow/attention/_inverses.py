@@ -49,7 +49,12 @@ def _newton_schulz(S, n_iter, init="norms", scale_over="head"):
     ``scale_over="batch"`` takes each norm's maximum over every matrix of the batch at once
     (Nyströmformer's code) instead of per matrix.
     """
-    Z = S.transpose(-1, -2) / _start_scale(S, init, scale_over)[..., None, None]
+    return _products(S, _start_scale(S, init, scale_over), n_iter)
+
+
+def _products(S, c, n_iter):
+    """The iteration itself, ``4 n_iter`` matrix products from :math:`Z_0 = S^T / c`."""
+    Z = S.transpose(-1, -2) / c[..., None, None]
     eye = _eye_like(S)
     for _ in range(n_iter):
         SZ = S @ Z
@@ -94,15 +99,18 @@ class _SpectralNewtonSchulz(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, c, n_iter = inputs
+        S, c, n_iter = inputs
         _, lam, U = output
-        ctx.save_for_backward(c, lam, U)
+        ctx.save_for_backward(S, c, lam, U)
         ctx.n_iter = n_iter
         ctx.mark_non_differentiable(lam, U)
 
     @staticmethod
     def backward(ctx, grad, _glam, _gU):
-        c, lam, U = ctx.saved_tensors
+        S, c, lam, U = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph (a Hessian): the products' own graph, differentiable again
+            with torch.enable_grad():
+                return (*torch.autograd.grad(_products(S, c, ctx.n_iter), (S, c), grad, create_graph=True), None)
         w = lam * lam
         wi, wj = w[..., :, None], w[..., None, :]
         u = 1 / c[..., None].expand_as(lam)

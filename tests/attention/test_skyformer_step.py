@@ -118,3 +118,13 @@ def test_padding_mask_split_against_its_definition():
         else:
             with pytest.raises(NotImplementedError, match="padding masks only"):
                 _variants._padding_masks(mask, 5, 7)
+
+
+def test_second_derivatives_through_the_operator_against_finite_differences():
+    # create_graph (Hessian-vector products, torch.func.hessian): the spectral inverse's backward then
+    # differentiates the products themselves; the kernel blocks' backward is made of differentiable ops.
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 6, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(1, 4, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda a: _inverses._iterative_inverse(_kernel_block(a, a, 2), 3, 0.1), (x,))
+    assert torch.autograd.gradgradcheck(lambda a, b: _kernel_block(a, b, 2), (x, y))
