@@ -40,6 +40,7 @@ from sinkflow._backend import (
     broadcast_shapes,
     check_float,
     check_number,
+    exp_floor,
     from_torch,
     lift_half,
     require,
@@ -65,6 +66,56 @@ __all__ = ["sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_mat
 
 
 # --------------------------------------------------------------------------- kernels
+class _GaussianBlock(torch.autograd.Function):
+    r"""The kernel block :math:`\kappa(X, Y)` with a one-pass backward.
+
+    Forward as :func:`sinkflow.attention._kernelized._kernel` (the product :math:`XY^T`, then the
+    squared distances, their scale, the exp floor and exp, in place on that one buffer). Backward
+    from the block alone: with :math:`W = G \odot \kappa`,
+    :math:`\partial X = (W Y - \mathrm{rowsum}(W) X)/\sqrt p` and
+    :math:`\partial Y = (W^T X - \mathrm{colsum}(W) Y)/\sqrt p`: one product with the block and
+    two matrix products, where autograd's chain of the seven elementwise steps saved and replayed
+    as many ``n x m`` buffers. The clamps' zero gradients (distances rounded below 0, arguments
+    below the exp floor) are not replayed: there the terms are below ``|x - y|`` times the
+    block, i.e. rounding (or ``exp(floor)``, ~1e-38).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, y, tau):
+        y = x if y is None else y  # None: the block of x with itself (one input, as torch.compile wants)
+        xx, yy = (x * x).sum(-1), (y * y).sum(-1)
+        s = x @ y.transpose(-1, -2)
+        s = s.mul_(-2.0).add_(xx[..., :, None]).add_(yy[..., None, :]).clamp_min_(0).mul_(-0.5 / tau)
+        return s.clamp_min_(exp_floor(s.dtype)).exp_()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, y, tau = inputs
+        ctx.save_for_backward(x, y, output)
+        ctx.tau = tau
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y, block = ctx.saved_tensors
+        w = grad * block
+        if y is None:  # both slots are x
+            return (w @ x + w.transpose(-1, -2) @ x - (w.sum(-1) + w.sum(-2))[..., None] * x) / ctx.tau, None, None
+        dx = dy = None
+        if ctx.needs_input_grad[0]:
+            dx = ((w @ y - w.sum(-1, keepdim=True) * x) / ctx.tau).sum_to_size(x.shape)
+        if ctx.needs_input_grad[1]:
+            dy = ((w.transpose(-1, -2) @ x - w.sum(-2)[..., None] * y) / ctx.tau).sum_to_size(y.shape)
+        return dx, dy, None
+
+
+def _kernel_block(x, y, p):
+    """Skyformer's Gaussian kernel block ``exp(-|x - y|^2 / (2 sqrt p))`` (torch), its backward in one pass."""
+    tau = math.sqrt(p)
+    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):
+        return _GaussianBlock.apply(x, None if y is x else y, tau)
+    return _GaussianBlock.forward(x, y, tau)
 
 
 # --------------------------------------------------------------------------- landmarks
@@ -215,7 +266,7 @@ def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator
         x = _stack(q, k)
         idx = _landmark_indices(landmarks, n_q + n_k, batch, q.device, replace, generator)
         xj = _gather_rows(x, idx)
-        left, block, right = _kernel(q, xj, p), _kernel(xj, xj, p), _kernel(xj, k, p)
+        left, block, right = _kernel_block(q, xj, p), _kernel_block(xj, xj, p), _kernel_block(xj, k, p)
         core = _core(block, inverse, n_iter, gamma, symmetric=True, init=init)
     else:
         # Uniform Nyström on the unlifted (non-symmetric) kernel: columns K_J, rows Q_J.
@@ -223,7 +274,7 @@ def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator
             raise ValueError(f"the unlifted Nyström needs n_q == n_k, got {n_q} and {n_k}")
         idx = _landmark_indices(landmarks, n_q, batch, q.device, replace, generator)
         qj, kj = _gather_rows(q, idx), _gather_rows(k, idx)
-        left, block, right = _kernel(q, kj, p), _kernel(qj, kj, p), _kernel(qj, k, p)
+        left, block, right = _kernel_block(q, kj, p), _kernel_block(qj, kj, p), _kernel_block(qj, k, p)
         core = _core(block, inverse, n_iter, gamma, symmetric=False)
     return left, core, right, idx
 

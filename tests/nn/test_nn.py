@@ -150,7 +150,9 @@ def test_skyformer_respects_key_padding_and_nystromformer_refuses_it():
     out, _ = sky(x, x, x, key_padding_mask=kpm)
     torch.manual_seed(1)  # same landmarks
     out2, _ = sky(x, x, x2, key_padding_mask=kpm)
-    torch.testing.assert_close(out2, out, rtol=0, atol=1e-6)  # padded values have no influence
+    # padded values have no influence (x2 holds 50 there): what is left is float32 rounding of the q, k projections
+    # (one fused product for (x, x, x), separate ones for (x, x, x2)); measured 1.2e-6 on outputs up to 2.2
+    torch.testing.assert_close(out2, out, rtol=0, atol=2e-6)
     out.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in sky.parameters())
     nyf = MultiheadAttention(8, 2, batch_first=True, normalization="nystromformer", landmarks=4)
