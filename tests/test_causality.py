@@ -20,7 +20,7 @@ from sinkflow.attention._variants import _REGISTRY
 from sinkflow.nn import MultiheadAttention, scaled_attention
 
 D = torch.float64
-N, I = 7, 3  # tokens; positions 0..I must not see the perturbation of I+1..N-1
+N, LAST = 7, 3  # tokens; positions 0..LAST must not see the perturbation of LAST+1..N-1
 ROUNDING = 1e-12
 LEAKS = {"sinkhorn"}  # global column scalings: a documented leak
 
@@ -40,10 +40,10 @@ VARIANTS = list(dict.fromkeys(VARIANTS))
 
 
 def _pair(shape, seed=0):
-    """Two inputs equal on tokens 0..I and different after (the token axis is -2)."""
+    """Two inputs equal on tokens 0..LAST and different after (the token axis is -2)."""
     x = torch.randn(shape, dtype=D, generator=torch.Generator().manual_seed(seed))
     y = x.clone()
-    y[..., I + 1:, :] += torch.randn(y[..., I + 1:, :].shape, dtype=D, generator=torch.Generator().manual_seed(9))
+    y[..., LAST + 1:, :] += torch.randn(y[..., LAST + 1:, :].shape, dtype=D, generator=torch.Generator().manual_seed(9))
     return x, y
 
 
@@ -72,7 +72,7 @@ def _leak(path, variant):
     except (ValueError, NotImplementedError, RuntimeError) as refusal:
         return refusal
     assert torch.isfinite(out_x).all()
-    return float((out_x[..., :I + 1, :] - out_y[..., :I + 1, :]).detach().abs().max())
+    return float((out_x[..., :LAST + 1, :] - out_y[..., :LAST + 1, :]).detach().abs().max())
 
 
 @pytest.mark.parametrize("path", ["functional", "fused", "module", "particles"])
@@ -85,11 +85,11 @@ def test_prefix_outputs_do_not_see_later_tokens(variant, path):
     if variant in LEAKS:
         assert leak > 1e-6, f"{variant} on {path} is documented as leaking but did not"
     else:
-        assert leak <= ROUNDING, f"{variant} on {path}: tokens 0..{I} moved by {leak:.3g}"
+        assert leak <= ROUNDING, f"{variant} on {path}: tokens 0..{LAST} moved by {leak:.3g}"
 
 
 def test_the_test_sees_a_leak():
     """Planted: unmasked SoftMax attends to later tokens; the measure must see it."""
     x, y = _pair((2, N, 4))
     out_x, out_y = (scaled_attention(t, t, t, "softmax")[0] for t in (x, y))
-    assert float((out_x[..., :I + 1, :] - out_y[..., :I + 1, :]).abs().max()) > 1e-3
+    assert float((out_x[..., :LAST + 1, :] - out_y[..., :LAST + 1, :]).abs().max()) > 1e-3

@@ -152,8 +152,15 @@ def test_fixed_n_iter_under_every_transform(name, transform):
     _check(transform, f, _input(shape))
 
 
-@pytest.mark.parametrize("transform", TRANSFORMS)
-@pytest.mark.parametrize("name", list(TO_TOL))
+def _to_tol_cases():
+    """Every (function, transform) pair; the slowest (seconds: RK4 to tolerance, Hessians to tolerance) are slow."""
+    for name in TO_TOL:
+        for transform in TRANSFORMS:
+            slow = transform == "hessian" or (name == "rk4_step-tol" and transform != "vmap")
+            yield pytest.param(name, transform, marks=[pytest.mark.slow] if slow else [], id=f"{name}-{transform}")
+
+
+@pytest.mark.parametrize(("name", "transform"), list(_to_tol_cases()))
 def test_to_tolerance(name, transform):
     """A data-dependent stopping loop: vmap (batched primals) refuses, naming n_iter; jacrev, jacfwd and
     hessian batch only tangents and cotangents (the primal loop runs once, unbatched) and agree."""
