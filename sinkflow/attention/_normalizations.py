@@ -358,7 +358,7 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
     err = _final_error(P.to(C.dtype), a, b) if _diagnostics else math.nan
     converged = err <= tol
     if n_iter is None and not converged and warn:
-        warnings.warn(_failure_message(state, err, tol, max_iter, out_dtype), SinkhornWarning, stacklevel=2)
+        warnings.warn(_failure_message(state, err, tol, max_iter, out_dtype), SinkhornWarning, stacklevel=3)
     # Potentials of excluded queries / keys are reported as 0.
     f = torch.where(a > 0, f, torch.zeros_like(f))
     g = torch.where(b > 0, g, torch.zeros_like(g))
