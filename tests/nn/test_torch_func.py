@@ -211,3 +211,10 @@ def test_double_backward_is_refused():
     torch.testing.assert_close(hessian(lambda z: (sinkflow.sinkhorn(z @ z.mT, 5) ** 2).sum())(x.detach()),
                                _hessian_by_differences(lambda z: (sinkflow.sinkhorn(z @ z.mT, 5) ** 2).sum(),
                                                        x.detach()), rtol=1e-6, atol=1e-7)
+
+
+def test_a_check_outside_the_entries_says_vmap():
+    """A function without a transform entry that checks its input under vmap names the input and vmap
+    (before: vmap's own "data-dependent control flow" error from inside the check)."""
+    with pytest.raises(RuntimeError, match=r"Q cannot be checked .* torch\.func\.vmap"):
+        vmap(lambda q: sinkflow.dot_scores(q, q))(_input((2, 3, 2)))
