@@ -33,7 +33,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     # scores, normalizations, the one attention interface, kernelized attention and Nyström
     "sinkflow.attention": (
         "dot_scores", "gaussian_scores", "SinkhornWarning", "SinkhornResult", "attainable_error", "default_tolerance",
-        "softmax", "sinkhorn", "solve_sinkhorn", "gaussian_kernel", "kernelized_attention_matrix",
+        "softmax", "sinkhorn", "solve_sinkhorn", "prefix_sinkhorn", "gaussian_kernel", "kernelized_attention_matrix",
         "kernelized_attention", "lifted_kernel", "iterative_inverse", "newton_schulz_pinv", "sample_landmarks",
         "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means",
         "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block", "Normalized",

@@ -9,6 +9,7 @@ torch.from_numpy shares memory, so the round trip costs nothing beyond the solve
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 from typing import Any
@@ -20,7 +21,8 @@ from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free
 
 __all__ = ["squared_norms", "to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed",
            "check_finite", "check_float", "compiling", "require", "compute_dtype", "lift_half", "exp_floor", "exp_",
-           "numpy_exp_applies", "torch_threads", "fast_paths", "fast_paths_enabled", "broadcast_shapes", "empty_large"]
+           "numpy_exp_applies", "torch_threads", "fast_paths", "fast_paths_enabled", "broadcast_shapes", "empty_large",
+           "first_order", "storage_free", "transform_entry", "transformed", "branch_free", "vmapped", "finite_or_nan"]
 
 
 @contextlib.contextmanager
@@ -303,6 +305,109 @@ def broadcast_shapes(*shapes) -> torch.Size:
     return torch.Size(out)
 
 
+#: Set by :func:`transform_entry` for the duration of a public call whose inputs a ``torch.func`` transform wraps.
+_TRANSFORMED = [False]
+
+
+def storage_free(*tensors) -> bool:
+    """Whether any tensor among ``tensors`` (others skipped) has no storage of its own.
+
+    A tensor that a ``torch.func`` transform (``vmap``, ``grad``, ``jvp``, ...) hands to the function it
+    transforms is a wrapper without storage: its ``data_ptr()`` raises ("Cannot access data pointer of
+    Tensor that doesn't have storage"), as for fake tensors of a tracing mode. Only public API is asked.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sinkflow._backend import storage_free
+    >>> x = torch.ones(2, 3)
+    >>> storage_free(x), torch.func.vmap(lambda r: torch.tensor(storage_free(r)))(x).tolist()
+    (False, [True, True])
+    """
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            try:
+                t.data_ptr()
+            except RuntimeError:
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def transform_entry(*tensors):
+    """At a public entry: run the call branch-free (:func:`branch_free`) when an input is wrapped by a
+    ``torch.func`` transform (:func:`storage_free`); a nested entry inherits the setting."""
+    if _TRANSFORMED[0] or not storage_free(*tensors):
+        yield
+        return
+    _TRANSFORMED[0] = True
+    try:
+        yield
+    finally:
+        _TRANSFORMED[0] = False
+
+
+def transformed() -> bool:
+    """Whether a public entry found its inputs wrapped by a ``torch.func`` transform (:func:`transform_entry`):
+    then no custom autograd Function, no numpy, no fused kernel without forward-mode and vmap rules."""
+    return _TRANSFORMED[0]
+
+
+def branch_free() -> bool:
+    """Whether no Python branch may read tensor data: under torch.compile (it would break the graph) and
+    under a ``torch.func`` transform (:func:`transformed`; ``vmap`` refuses data-dependent control flow)."""
+    return _TRANSFORMED[0] or compiling()
+
+
+_VMAP_BRANCH = "data-dependent control flow"  # torch.func.vmap's error for bool(), item(), tolist() of batched data
+
+
+def vmapped(x: torch.Tensor) -> bool:
+    """Whether ``x`` is batched by ``torch.func.vmap``: reading its data in Python raises vmap's
+    data-dependent-control-flow error (the torch.func documentation's "UX limitations"), caught here."""
+    if not storage_free(x):
+        return False
+    try:
+        bool(x.detach().reshape(-1)[:1].sum() == 0)
+    except RuntimeError as error:
+        if _VMAP_BRANCH in str(error):
+            return True
+        raise
+    return False
+
+
+def finite_or_nan(x: torch.Tensor, name: str, hint: str = "", mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The input check of a public entry that a ``torch.func`` transform may wrap: ``x`` itself, after
+    :func:`check_finite` (of its entries where ``mask`` is True); under ``vmap``, where no check can raise
+    for one sample, ``x`` with every entry NaN in each sample that holds a non-finite (unmasked) entry,
+    so that such a sample's result is all NaN rather than partly computed from the bad entry."""
+    probe = x.detach() if mask is None else x.detach().masked_fill(~mask, 0.0)
+    if not vmapped(probe):
+        check_finite(probe, name, hint)
+        return x
+    ok = torch.isfinite(probe).all()
+    return torch.where(ok, x, torch.full_like(x, math.nan))
+
+
+def first_order(backward):
+    """Decorator of a hand-written ``backward`` of a ``torch.autograd.Function``: it runs without a graph,
+    and under ``create_graph=True`` (grad mode on in a backward) it raises instead of returning gradients
+    whose own derivative would silently miss its terms (``once_differentiable`` attaches its error to a
+    node that the engine prunes when differentiating with respect to the inputs).
+    """
+    import functools
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError("sinkflow's hand-written backward gives first derivatives only, and create_graph=True "
+                               "asks to differentiate it again (the result would miss terms); for second "
+                               "derivatives use torch.func (torch.func.hessian, jacfwd(jacrev(f))), which takes the "
+                               "plain differentiable path")
+        return backward(ctx, *grads)
+    return wrapper
+
+
 def require(ok: torch.Tensor, error: type[Exception], message: str) -> None:
     """Raise ``error(message)`` unless the boolean tensor ``ok`` is True.
 
@@ -320,6 +425,8 @@ def check_finite(x: torch.Tensor, name: str, hint: str = "") -> None:
     """ValueError naming ``name`` when ``x`` holds NaN or inf (an assertion op under torch.compile)."""
     if x.numel() == 0:
         return
+    if _TRANSFORMED[0] and vmapped(x):  # the public entry checked its inputs (finite_or_nan)
+        return
     if compiling():
         message = f"{name} has non-finite entries (NaN or inf)" + (f"; {hint}" if hint else "")
         require(torch.isfinite(x).all(), ValueError, message)
@@ -327,8 +434,14 @@ def check_finite(x: torch.Tensor, name: str, hint: str = "") -> None:
     # Fast path: one reduction (isfinite(x).all() was 50x slower than a sum on CPU). A NaN or
     # inf anywhere makes the sum non-finite; a sum that merely overflows falls through to the
     # exact check below and passes.
-    if bool(torch.isfinite(x.sum())):
-        return
+    try:
+        if bool(torch.isfinite(x.sum())):
+            return
+    except RuntimeError as error:
+        if _VMAP_BRANCH not in str(error):
+            raise
+        raise RuntimeError(f"{name} cannot be checked for NaN or inf under torch.func.vmap (no branch on the data "
+                           "of one sample); this entry does not run under vmap") from error
     if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
         raise ValueError(f"{name} has {bad} non-finite entries (NaN or inf)" + (f"; {hint}" if hint else ""))

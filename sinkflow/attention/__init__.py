@@ -49,6 +49,7 @@ from sinkflow.attention._nystrom import (
     segment_means,
 )
 from sinkflow.attention._orthostochastic import ORTHOSTOCHASTIC_METHODS, orthostochastic  # noqa: E402
+from sinkflow.attention._prefix_sinkhorn import prefix_sinkhorn
 from sinkflow.attention._result import (
     SinkhornResult,
     SinkhornWarning,
@@ -71,7 +72,7 @@ from sinkflow.attention._variants import (
 
 __all__ = [
     "dot_scores", "gaussian_scores", "SinkhornWarning", "SinkhornResult", "attainable_error",
-    "default_tolerance", "softmax", "sinkhorn", "solve_sinkhorn", "gaussian_kernel",
+    "default_tolerance", "softmax", "sinkhorn", "solve_sinkhorn", "prefix_sinkhorn", "gaussian_kernel",
     "kernelized_attention_matrix", "kernelized_attention", "lifted_kernel", "iterative_inverse",
     "newton_schulz_pinv", "sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix",
     "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix",

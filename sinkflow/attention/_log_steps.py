@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from sinkflow._backend import compiling, exp_floor
+from sinkflow._backend import branch_free, exp_floor
 
 __all__ = []
 
@@ -42,7 +42,7 @@ def _row_softmax(T, mask):
 
 
 def _row_step_log(C, scale, g, mask):
-    if scale == 1.0 and not compiling() and not bool(g.detach().any()):  # (a sync: not under torch.compile)
+    if scale == 1.0 and not branch_free() and not bool(g.detach().any()):  # (a sync: not under compile / torch.func)
         return _row_softmax(C, mask)  # cold start: SoftMax of the scores, no shifted copy
     T = torch.add(g[..., None, :], C, alpha=scale) if scale != 1.0 else C + g[..., None, :]
     return _row_softmax(T, mask)

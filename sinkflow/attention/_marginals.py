@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from sinkflow._backend import compiling
+from sinkflow._backend import branch_free
 
 __all__ = []
 
@@ -35,7 +35,7 @@ def is_padding(mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> bo
     """
     if mask.dim() >= 2 and 0 in (mask.stride(-1), mask.stride(-2)):
         return True
-    if compiling():
+    if branch_free():
         return False
     return bool(torch.equal(mask, rows.unsqueeze(-1) & cols.unsqueeze(-2)))
 

@@ -59,7 +59,19 @@ import warnings
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, compiling, from_torch, leading, to_torch
+from sinkflow._backend import (
+    branch_free,
+    check_finite,
+    check_float,
+    check_number,
+    finite_or_nan,
+    from_torch,
+    leading,
+    to_torch,
+    transform_entry,
+    transformed,
+    vmapped,
+)
 from sinkflow._checks import check_numpy_float
 from sinkflow.attention._log_steps import _masked_softmax
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
@@ -96,9 +108,9 @@ def _prepare(scores, mask, a, b, init_g=None):
         except RuntimeError as err:
             raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to scores "
                              f"{tuple(C.shape)}") from err
-        check_finite(C.detach().masked_fill(~mask, 0.0), "scores (unmasked entries)", _MASK_HINT)
+        C = finite_or_nan(C, "scores (unmasked entries)", _MASK_HINT, mask)
     else:
-        check_finite(C.detach(), "scores", _MASK_HINT)
+        C = finite_or_nan(C, "scores", _MASK_HINT)
     a = _weights(a, n, C, "a", "queries")
     b = _weights(b, m, C, "b", "keys")
     return C, mask, a, b, numpy_out
@@ -158,7 +170,7 @@ def _exclude_empty_lines(mask, a, b):
     multiplicative, Newton, epsilon-scaling schedule) and from the gradients. One sync when
     no weight is zero (none under torch.compile: the lines of weight 0 are then always excluded).
     """
-    if not compiling() and bool(torch.minimum(a.amin(), b.amin()) > 0):  # under torch.compile: no branch
+    if not branch_free() and bool(torch.minimum(a.amin(), b.amin()) > 0):  # under compile / torch.func: no branch
         return mask
     keep = (a > 0)[..., :, None] & (b > 0)[..., None, :]
     return keep if mask is None else mask & keep
@@ -303,8 +315,19 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     >>> res.converged, bool(np.allclose(res.attention.sum(0), 1))
     (True, True)
     """
+    with transform_entry(scores, mask, a, b, init_g):
+        return _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_scaling, warn, _diagnostics)
+
+
+def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_scaling, warn, _diagnostics):
     b_given = b is not None
     C, mask, a, b, numpy_out = _prepare(scores, mask, a, b, init_g)
+    if vmapped(C):  # torch.func.vmap: no stopping test, no float diagnostics per sample
+        if n_iter is None:
+            raise RuntimeError("solve_sinkhorn runs to tolerance (n_iter=None) with a data-dependent stopping loop, "
+                               "which torch.func.vmap cannot batch: pass a fixed n_iter (half-iterations), or loop "
+                               "over the batch")
+        _diagnostics = False
     out_dtype = C.dtype
     C = C.to(_compute_dtype(out_dtype))
     _check_counts(n_iter, max_iter)
@@ -313,7 +336,7 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     n_iter, warn = (max_iter, False) if run_out else (n_iter, warn)
     a, b = _effective_weights(a, b, mask, C.shape, b_given)
     mask = _exclude_empty_lines(mask, a, b)
-    inplace = not (torch.is_grad_enabled() and (C.requires_grad or a.requires_grad or b.requires_grad))
+    inplace = not (transformed() or torch.is_grad_enabled() and (C.requires_grad or a.requires_grad or b.requires_grad))
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = _initial_g(init_g, C)
     state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None,
@@ -335,7 +358,7 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     err = _final_error(P.to(C.dtype), a, b) if _diagnostics else math.nan
     converged = err <= tol
     if n_iter is None and not converged and warn:
-        warnings.warn(_failure_message(state, err, tol, max_iter, out_dtype), SinkhornWarning, stacklevel=2)
+        warnings.warn(_failure_message(state, err, tol, max_iter, out_dtype), SinkhornWarning, stacklevel=3)
     # Potentials of excluded queries / keys are reported as 0.
     f = torch.where(a > 0, f, torch.zeros_like(f))
     g = torch.where(b > 0, g, torch.zeros_like(g))

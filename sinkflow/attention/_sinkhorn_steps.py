@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from sinkflow._backend import compiling
+from sinkflow._backend import branch_free, first_order
 from sinkflow.attention._kernel_sinkhorn import _max_over_batch, _Monitor, iterate_kernel
 from sinkflow.attention._log_steps import _col_step_log, _flush_limits, _row_step_log
 
@@ -46,7 +46,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
     budget left (see ``sinkflow.attention._predicted_steps``), so that the caller can
     switch to Newton steps or stop instead of spinning.
     """
-    if inplace and P0 is None and trace is None and _KERNEL_DOMAIN and not compiling():  # (its checks sync)
+    if inplace and P0 is None and trace is None and _KERNEL_DOMAIN and not branch_free():  # (its checks sync)
         return iterate_kernel(C, scale, f, g, a, b, mask, n_half, tol, state, record, patience)
     limits = _flush_limits(C)
     active_rows, active_cols = a > 0, b > 0
@@ -92,7 +92,7 @@ def _iterate(C, scale, f, g, a, b, mask, n_half, tol, state, inplace, record, P0
 
 def _needs_log(sums, active, df, dg, limits) -> bool:
     """One sync: is the smallest active line sum unsafe, or have flushed entries grown too much?"""
-    if compiling():  # no sync under torch.compile: every step in the log domain
+    if branch_free():  # no sync under torch.compile or torch.func: every step in the log domain
         return True
     checks = torch.stack([
         torch.where(active, sums, torch.full_like(sums, math.inf)).amin().detach(),
@@ -163,6 +163,7 @@ class _UnrolledSinkhorn(torch.autograd.Function):
         return P, f, g
 
     @staticmethod
+    @first_order
     def backward(ctx, grad, _gf, _gg):
         a, b = ctx.saved_tensors
         b_inv = torch.where(b > 0, 1.0 / torch.where(b > 0, b, torch.ones_like(b)), torch.zeros_like(b))
@@ -192,7 +193,7 @@ def _final_error(P, a, b):
 
 def _fixed_iterations(C, f, g, a, b, mask, n_iter, state, inplace, record):
     """Exactly ``n_iter`` half-iterations; under autograd with a hand-written backward."""
-    if inplace or n_iter == 1 or compiling():  # torch.compile: plain autograd through log-domain steps
+    if inplace or n_iter == 1 or branch_free():  # torch.compile, torch.func: plain autograd, log-domain steps
         P, f, g, _ = _iterate(C, 1.0, f, g, a, b, mask, n_iter, None, state, inplace, record)
         return P, f, g, state
     # Differentiable: the first (SoftMax) step by autograd, the rest hand-differentiated.

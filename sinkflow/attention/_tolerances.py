@@ -87,6 +87,6 @@ def _resolve_tolerance(tol, dtype, shape, warn):
             warnings.warn(
                 f"tol={tol:g} is below the marginal error {dtype} can reach for {n} x {m} scores "
                 f"(about {floor:.1g}); solving to {floor:.1g} instead. Pass float64 scores for tighter "
-                "solutions.", SinkhornWarning, stacklevel=3)
+                "solutions.", SinkhornWarning, stacklevel=4)  # the caller of solve_sinkhorn
         return floor
     return float(tol)

@@ -39,9 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from sinkflow._backend import compiling
+from sinkflow._backend import branch_free, first_order
 from sinkflow.attention._log_steps import _masked_softmax
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
 from sinkflow.attention._normalizations import sinkhorn, softmax
@@ -139,7 +138,7 @@ class _FactoredSinkhorn(torch.autograd.Function):
         return alpha.unsqueeze(-1) * Y
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, grad):
         if ctx.matrix:
             (S,) = ctx.saved_tensors
@@ -238,7 +237,7 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
         raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
-    if n_iter > 1 and scores.dtype in (torch.float32, torch.float64) and not compiling():  # its range check syncs
+    if n_iter > 1 and scores.dtype in (torch.float32, torch.float64) and not branch_free():  # its range check syncs
         try:  # an isolated -inf is a zero of the SoftMax, as a masked entry; a line of them fails the range check
             return _FactoredSinkhorn.apply(scores, values, int(n_iter), mask)
         except _OutOfRange:

@@ -48,8 +48,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from sinkflow._backend import first_order
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
 from sinkflow.nn._flash import CPU_FLASH, CPU_FLASH_BACKWARD, ExpAttention, as4d, bias_mask, one_width
@@ -175,7 +175,7 @@ class _SinkhornPasses(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, dy):
         q, k, v, y, F, G, *pots = ctx.saved_tensors
         if not float(_score_range(q, k, ctx.ln, ctx.scale)) <= SCORE_RANGE_LIMIT[q.dtype]:  # one sync; NaN too
@@ -286,6 +286,7 @@ class _LogSumExp(torch.autograd.Function):
         return lse
 
     @staticmethod
+    @first_order
     def backward(ctx, gamma):
         q, k, attn, lse = ctx.saved_tensors
         e1 = torch.zeros_like(k)

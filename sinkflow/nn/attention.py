@@ -51,6 +51,7 @@ from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 from torch.nn.modules.module import _global_forward_hooks
 
+from sinkflow._backend import transform_entry
 from sinkflow.nn._torch_compat import (
     block_torch_fast_path,
     check_shapes,
@@ -355,7 +356,13 @@ class MultiheadAttention(nn.Module):
             return nested_forward(self, query, key, value, key_padding_mask, query_padding_mask,
                                   need_weights=need_weights, attn_mask=attn_mask,
                                   average_attn_weights=average_attn_weights, is_causal=is_causal)
-        check_inputs((query, key, value), ("query", "key", "value"))
+        with transform_entry(query, key, value, *self.parameters()):
+            return self._forward(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                                 is_causal, query_padding_mask)
+
+    def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal,
+                 query_padding_mask):
+        query, key, value = check_inputs((query, key, value), ("query", "key", "value"))
         batched = check_shapes(self, query, key, value, key_padding_mask, attn_mask, query_padding_mask)
         query, key, value = to_batch_first(query, key, value, batched, self.batch_first)
         if not batched:

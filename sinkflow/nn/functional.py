@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from sinkflow._backend import check_finite, compiling
+from sinkflow._backend import branch_free, finite_or_nan, transform_entry, transformed
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
@@ -61,9 +61,10 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
     variant = get_attention(normalization)
     if variant.normalize is None:
         raise ValueError(f"attention_weights needs a variant that forms the matrix; {variant.name!r} is output-only")
-    check_inputs((q, k), ("q", "k"))
-    mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
-    return _weights(q, k, variant, n_iter, mask, bias)
+    with transform_entry(q, k, mask, bias):
+        q, k = check_inputs((q, k), ("q", "k"))
+        mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
+        return _weights(q, k, variant, n_iter, mask, bias)
 
 
 def _weights(q, k, variant, n_iter, mask, bias):
@@ -135,11 +136,15 @@ def _empty_attention(q, k, v, need_weights):
     return (K @ v.to(dtype)).to(v.dtype), (K if need_weights else None)
 
 
-def check_inputs(tensors, names) -> None:
-    """ValueError naming the first input that holds NaN or inf, on every path (each tensor checked once)."""
+def check_inputs(tensors, names) -> tuple:
+    """ValueError naming the first input that holds NaN or inf, on every path (each tensor checked once);
+    returns the tensors, under ``torch.func.vmap`` with each sample that holds NaN or inf all NaN
+    (:func:`sinkflow._backend.finite_or_nan`: vmap allows no error for one sample)."""
+    out = []
     for i, (t, name) in enumerate(zip(tensors, names, strict=True)):
-        if not any(t is u for u in tensors[:i]):
-            check_finite(t.detach(), name)
+        j = next((j for j, u in enumerate(tensors[:i]) if t is u), None)
+        out.append(finite_or_nan(t, name) if j is None else out[j])
+    return tuple(out)
 
 
 def _model_variant(name):
@@ -205,7 +210,12 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     (0.0, True)
     """
     variant = _model_variant(normalization)
-    check_inputs((q, k, v), ("q", "k", "v"))
+    with transform_entry(q, k, v, mask, bias):
+        return _scaled_attention(q, k, v, variant, n_iter, mask, dropout, training, landmarks, need_weights, bias)
+
+
+def _scaled_attention(q, k, v, variant, n_iter, mask, dropout, training, landmarks, need_weights, bias):
+    q, k, v = check_inputs((q, k, v), ("q", "k", "v"))
     mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
     if q.shape[-2] == 0 or k.shape[-2] == 0:
         return _empty_attention(q, k, v, need_weights and variant.normalize is not None)
@@ -213,7 +223,9 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
         return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
     fusable = not need_weights and not (dropout > 0 and training) and (bias is None or not bias.requires_grad)
     kind = fused_preferred(variant, n_iter, q, k) if fusable else None  # a learned float mask: eager (its gradient)
-    if kind == "sinkhorn" and compiling():  # its backward picks its method from the data: the log-domain steps
+    if kind == "sinkhorn" and branch_free():  # its backward picks its method from the data: the log-domain steps
+        kind = None
+    if transformed():  # torch.func: no fused kernel (custom autograd Functions, no forward-mode rules)
         kind = None
     if kind is not None:
         return fused_output(kind, q, k, v, n_iter, allowed=mask, bias=bias), None  # no n x m matrix

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads
+from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads, transform_entry
 from sinkflow._summary import Summarized, describe_array, number, shape_text
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import dot_core, gaussian_core
@@ -159,6 +159,13 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     says that ``W`` is symmetric positive semi-definite (None counts): the dense unmasked Sinkhorn
     field is then solved by :mod:`sinkflow.attention._symmetric_sinkhorn` (one exponential pass).
     """
+    with transform_entry(x, W, W_V, weights, init_g, mask):
+        return _attention_field(x, attention, W, W_V, n_iter, weights, temperature, init_g, tol, max_iter, chunked,
+                                need_errors, landmarks, mask, symmetric)
+
+
+def _attention_field(x, attention, W, W_V, n_iter, weights, temperature, init_g, tol, max_iter, chunked, need_errors,
+                     landmarks, mask, symmetric):
     variant = get_attention(attention)
     if mask is not None and (landmarks is not None or chunked):
         raise ValueError("a masked (causal) flow is evaluated densely: pass chunked=False and no landmarks")
