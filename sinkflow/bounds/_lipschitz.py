@@ -9,7 +9,7 @@ Castin, Ablin and Peyré, "How Smooth Is Attention?" (ICML 2024, arXiv:2312.1482
 - :func:`attention_lipschitz`: :math:`\|Df(X)\|_2` for any registered normalization (SoftMax,
   Sinkhorn to ``n_iter`` half-steps or to tolerance, differentiated through the unrolled solver),
   with or without a mask: the dense Jacobian's exact norm for small ``n d``, else power iteration
-  on :math:`J^\top J` (vector-Jacobian products of one recorded forward pass, no vmap);
+  on :math:`J^\top J` (``torch.func.jvp`` and the ``torch.func.vjp`` of one forward pass, no vmap);
 - :func:`adversarial_input`: the paper's construction :math:`x_1 = R u`, :math:`x_{j \ge 2} = R u / 2`
   (``u`` the top eigenvector of ``A``), or its mirrored form;
 - :func:`lipschitz_upper_bound`: the paper's explicit bound at ``X``,
@@ -196,18 +196,16 @@ def _dense_norm(f, X):
 
 
 def _power_norm(f, X, max_iter, rtol, seed):
-    """Power iteration on ``J^T J`` from one recorded forward pass; ``(norm, iterations, converged, change)``."""
-    Xg = X.clone().requires_grad_(True)
-    out = f(Xg)
-    dummy = torch.zeros_like(out, requires_grad=True)  # J^T w is linear in w: its gradient in w gives J v
-    (JTw,) = torch.autograd.grad(out, Xg, dummy, create_graph=True)
+    """Power iteration on ``J^T J`` by ``torch.func`` products (``J v`` by jvp, ``J^T w`` by the vjp of one
+    recorded forward pass); ``(norm, iterations, converged, change)``."""
+    _, pullback = torch.func.vjp(f, X)
     gen = torch.Generator().manual_seed(seed)
     v = torch.randn(X.shape, generator=gen, dtype=X.dtype)
     v /= v.norm()
     mu_old, change = 0.0, math.inf
     for it in range(1, max_iter + 1):
-        (Jv,) = torch.autograd.grad(JTw, dummy, v, retain_graph=True)
-        (JTJv,) = torch.autograd.grad(out, Xg, Jv, retain_graph=True)
+        _, Jv = torch.func.jvp(f, (X,), (v,))
+        (JTJv,) = pullback(Jv)
         mu = float(torch.dot(v.flatten(), JTJv.flatten()))  # Rayleigh quotient: ||J v||^2 <= ||J||^2
         nrm = JTJv.norm()
         if nrm == 0:
@@ -249,8 +247,8 @@ def attention_lipschitz(x, attention, W_Q, W_K, W_V, mask=None, *, n_iter=None, 
         Sinkhorn's half-steps, or its tolerance and step cap (ignored by SoftMax).
     method : {"auto", "exact", "power iteration"}
         ``"exact"``: the dense Jacobian (``n d`` backward passes) and ``numpy.linalg.norm(J, 2)``;
-        ``"power iteration"``: power iteration on :math:`J^\top J` with Jacobian-vector products
-        (double backward through one recorded forward pass); ``"auto"``: exact when
+        ``"power iteration"``: power iteration on :math:`J^\top J` with ``torch.func.jvp`` and the
+        ``torch.func.vjp`` of one forward pass; ``"auto"``: exact when
         ``n * d <= exact_limit``.
     power_iter : int
         Most power-iteration steps; a run that stops there warns and reports ``converged=False``.
