@@ -14,6 +14,11 @@ from sinkflow._backend import compiling, exp_floor
 __all__ = []
 
 
+def _colsum(a, P):
+    """Weighted column sums ``a^T P`` over the last two dims, as a batched matrix product."""
+    return (a.unsqueeze(-2) @ P).squeeze(-2)
+
+
 def _masked_softmax(T, mask):
     """Row SoftMax of ``T`` (torch's fused kernel) and ``T`` with inadmissible entries at -inf.
 
