@@ -10,9 +10,9 @@ particles, the heat layer and :mod:`sinkflow.nn` use every variant, defined once
 
 Start reading at ``_variants.py`` (what an attention variant is), then
 ``_normalizations.py`` (SoftMax and the Sinkhorn solver's entry points). The solver's parts:
-``_sinkhorn_steps.py`` (the iteration, ``_kernel_sinkhorn.py`` its kernel-domain loop),
-``_schedule.py`` (to tolerance: epsilon scaling), ``_newton.py`` (Newton steps),
-``_tolerances.py`` and ``_result.py``.
+``_solver.py`` (the one Sinkhorn solver over kernel operators: the loop, the stopping rule, epsilon
+scaling, the report), ``_operators.py`` (the dense operators: log domain and kernel domain, the
+unrolled backward), ``_newton.py`` (Newton steps), ``_tolerances.py`` and ``_result.py``.
 """
 
 from sinkflow.attention._inverses import (
