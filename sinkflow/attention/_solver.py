@@ -57,13 +57,16 @@ class KernelOperator(Protocol):
         Start afresh (next step from the log potentials) on the scores ``scale * C``.
     step(row, omega, fused) -> delta or None
         One half-step over every leading dimension: rows to 1 (``row``) or columns to ``b``,
-        over-relaxed by ``omega``. Returns the log factor of the step (needed when ``omega != 1``).
+        over-relaxed by ``omega``. Returns the log factor of the step (needed when ``omega != 1``;
+        an operator that cannot over-relax is solved with ``accelerate=False``). A symmetric
+        operator (``a = b``, symmetric kernel) may take a whole symmetric step instead.
         ``fused`` says the step's by-products will be read (its error, or the final apply).
     error(row) -> tensor (...)
         L1 error of the marginal the step along ``row`` did not normalize, per problem
         (a by-product where the operator can; else one more pass).
     potentials() -> (f, g)
-        Current log potentials.
+        The current state :meth:`reset` starts from: log potentials, or for an operator without
+        them the scalings (the grid's symmetric operator: ``(None, s)``).
     finish()
         The operator's output (the matrix, or the values ``K V`` with the row sums in one pass).
     newton(scale, f, g, tol, state) -> (f, g, improved) (optional)
@@ -219,16 +222,21 @@ def new_state(check, accelerate=False):
     return {"next": "row", "count": 0, "errors": [], "scales": [], "check": check, "accelerate": accelerate}
 
 
-def _half_steps(op, scale, n_half, tol, state, record, patience=None):
+def _half_steps(op, scale, n_half, tol, state, record, patience=None, read_start=False):
     """Run ``n_half`` half-steps of ``op`` (or until ``tol``); the error is read every ``op.check_every``.
 
-    ``state`` holds the half-step parity and counters across stages. Returns the last error read
-    (a tensor; ``inf`` when none was).
+    ``state`` holds the half-step parity and counters across stages. With ``read_start`` the error
+    of the start is read first (a warm start already within ``tol`` costs no step). Returns the
+    last error read (a tensor; ``inf`` when none was).
     """
     mon = _Monitor(op.a, op.b, scale, tol, state, record, patience)
     k = op.check_every
     err = math.inf
     done = 0
+    if read_start and mon.wanted:
+        err, stop = mon.after(op.error(state["next"] != "row"), None, state["next"] != "row", n_half)
+        if stop:
+            return err
     while done < n_half:
         row = state["next"] == "row"
         read = mon.wanted and done % k == 0
@@ -340,7 +348,7 @@ def _solve_to_tolerance(op, f, g, tol, max_iter, state, schedule, newton):
 
 
 def sinkhorn_solve(op, f, g, *, n_iter=None, tol=None, max_iter=2000, schedule=(1.0,), accelerate=True,
-                   stall=True, report=False):
+                   stall=True, read_start=False, report=False):
     """Sinkhorn on the kernel operator ``op`` from the log potentials ``(f, g)``: ``(output, SolveReport)``.
 
     ``n_iter`` half-steps (row step first, so ``g`` is the warm start): the lean entry, no error read
@@ -349,7 +357,8 @@ def sinkhorn_solve(op, f, g, *, n_iter=None, tol=None, max_iter=2000, schedule=(
     ``max_iter`` half-steps. With ``accelerate``, over-relaxation, and Newton steps where ``op`` has
     them and is not differentiated; ``schedule`` of score multipliers (epsilon scaling, a
     ``rescalable`` operator); with ``stall``, stages stop early when their rate shows ``tol`` out of
-    reach (``report.stalled``), else the plain loop runs to ``max_iter``.
+    reach (``report.stalled``), else the plain loop runs to ``max_iter`` (reading the error of the
+    start first with ``read_start``).
     """
     if n_iter is not None:
         state = new_state(check=False)
@@ -366,7 +375,7 @@ def sinkhorn_solve(op, f, g, *, n_iter=None, tol=None, max_iter=2000, schedule=(
         err = float(state["errors"][-1]) if state["errors"] else math.inf
     else:
         op.reset(1.0, f, g)
-        err = float(_half_steps(op, 1.0, int(max_iter), tol, state, False))
+        err = float(_half_steps(op, 1.0, int(max_iter), tol, state, False, read_start=read_start))
     out = op.finish()
     return out, SolveReport(state["count"], err, err <= tol, _floats(state["errors"]), state["scales"],
                             state.get("stalled"))

@@ -12,6 +12,7 @@ import torch
 
 from sinkflow.attention._operators import _DenseLog, _DenseScaling, _scaling_schedule, dense_operator
 from sinkflow.attention._solver import SolveReport, sinkhorn_solve
+from sinkflow.heat._grid_fields import _SymmetricScaling, symmetric_sinkhorn_scaling
 from sinkflow.particles._blockwise_fields import _BlockScores, _BlockwiseOperator, _Passes
 
 
@@ -184,3 +185,38 @@ def test_an_unreachable_tolerance_is_reported_early():
     assert not report.converged and 0 < report.marginal_error < 1e-12
     # the rate shows the tolerance out of reach: it stops long before max_iter, and says so
     assert report.stalled is not None and report.n_iter < 1000
+
+
+def grid_problem(n=61):
+    y = torch.linspace(-3, 3, n, dtype=torch.float64)
+    K = torch.exp(-(y[:, None] - y[None]) ** 2 / 0.2)
+    w = torch.exp(-(y**2) / 2)
+    w[:5] = 0.0  # cells outside the support
+    return K, w / w.sum()
+
+
+def test_grid_symmetric_step_equals_the_plain_symmetric_iteration():
+    K, w = grid_problem()
+    op = _SymmetricScaling(lambda v: K @ v, w)
+    assert op.domain == "scaling"
+    s = torch.where(w > 0, (K @ w).rsqrt(), 0.0)
+    op.reset(1.0, None, s)
+    for _ in range(4):
+        op.step(True, 1.0, True)
+        s = torch.where(w > 0, torch.sqrt(s / (K @ (s * w))), 0.0)  # s <- sqrt(s / K(s w))
+        torch.testing.assert_close(op.potentials()[1], s, rtol=0, atol=ATOL)
+        plan = (w * s)[:, None] * K * (s * w)[None]
+        torch.testing.assert_close(op.error(True), (plan.sum(1) - w).abs().sum(), rtol=0, atol=ATOL)
+
+
+def test_grid_solve_reports_like_the_others():
+    K, w = grid_problem()
+    s, n, err, converged = symmetric_sinkhorn_scaling(lambda v: K @ v, w, tol=1e-12)
+    plan = (w * s)[:, None] * K * (s * w)[None]
+    assert converged and err <= 1e-12 and 0 < n < 60
+    assert float((plan.sum(0) - w).abs().sum()) == pytest.approx(err, abs=ATOL)
+    # a warm start already within tol: the error of the start is read first, no step taken
+    assert symmetric_sinkhorn_scaling(lambda v: K @ v, w, s, tol=1e-10)[1:] == (0, pytest.approx(err, abs=ATOL), True)
+    # a budget too small: not converged, the error of the last step reported
+    s2, n2, err2, ok2 = symmetric_sinkhorn_scaling(lambda v: K @ v, w, tol=1e-12, max_iter=3)
+    assert (n2, ok2) == (3, False) and err2 > 1e-12
