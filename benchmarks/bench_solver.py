@@ -9,7 +9,8 @@ Cases (torch float32 unless said): :func:`sinkflow.solve_sinkhorn` with a fixed 
 kernel-domain path, small and large, batched), under autograd with its backward (the unrolled
 path), to tolerance (epsilon scaling, Newton steps; float32 and float64); :func:`sinkflow.sinkhorn`
 at n = 16 (per-call overhead); :func:`sinkflow.particles.lazy_attention_field` (the block-wise
-operator) with a fixed ``n_iter`` warm-started and to tolerance. Usage:
+operator) with a fixed ``n_iter`` warm-started and to tolerance; :func:`sinkflow.heat.symmetric_sinkhorn_scaling`
+(the heat grid fields' symmetric operator) on 400 cells, cold and warm-started. Usage:
 ``python benchmarks/bench_solver.py --baseline main [--rounds 3] [--repeats 5] [--quick]``.
 """
 
@@ -31,6 +32,7 @@ def _cases(quick):
     import torch
 
     import sinkflow
+    from sinkflow.heat import symmetric_sinkhorn_scaling
     from sinkflow.particles import lazy_attention_field
 
     gen = torch.Generator().manual_seed(0)
@@ -52,6 +54,12 @@ def _cases(quick):
     W = torch.eye(2) / 2
     g0 = lazy_attention_field(xt, W=W, n_iter=4).g
 
+    y = torch.linspace(-4, 4, 400, dtype=torch.float64)
+    Kg = torch.exp(-(y[:, None] - y[None]) ** 2 / 0.05)
+    wg = torch.exp(-(y**2) / 2)
+    wg = wg / wg.sum()
+    s_warm = symmetric_sinkhorn_scaling(lambda v: Kg @ v, wg, tol=1e-9)[0]
+
     def backward():
         sinkflow.solve_sinkhorn(G, n_iter=10).attention.square().sum().backward()
 
@@ -66,6 +74,10 @@ def _cases(quick):
         f"lazy_attention_field n={n_field}, n_iter=10 warm": lambda: lazy_attention_field(xt, W=W, n_iter=10,
                                                                                           init_g=g0),
         f"lazy_attention_field n={n_field}, to tol 1e-5": lambda: lazy_attention_field(xt, W=W, tol=1e-5),
+        "symmetric_sinkhorn_scaling 400 cells, cold, tol 1e-10": lambda: symmetric_sinkhorn_scaling(
+            lambda v: Kg @ v, wg, tol=1e-10),
+        "symmetric_sinkhorn_scaling 400 cells, warm, tol 1e-10": lambda: symmetric_sinkhorn_scaling(
+            lambda v: Kg @ v, wg, s_warm, tol=1e-10),
     }
 
 
