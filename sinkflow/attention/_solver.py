@@ -195,7 +195,7 @@ class _Monitor:
             # Over-relaxed steps leave the marginal just treated off by exp((omega-1) delta) - 1.
             miss = torch.expm1((self.omega - 1.0) * delta).abs()
             e = torch.maximum(e, (self.a * miss).sum(-1) if row_step else (self.b * miss).sum(-1))
-        err = _max_over_batch(e.detach())
+        err = e if e.ndim == 0 and not e.requires_grad else _max_over_batch(e.detach())
         if self.record:
             self.state["errors"].append(err)
             self.state["scales"].append(self.scale)
@@ -237,18 +237,20 @@ def _half_steps(op, scale, n_half, tol, state, record, patience=None, read_start
         err, stop = mon.after(op.error(state["next"] != "row"), None, state["next"] != "row", n_half)
         if stop:
             return err
+    step, error, wanted = op.step, op.error, mon.wanted  # (the loop of small kernels: no lookups per step)
+    row = state["next"] == "row"
     while done < n_half:
-        row = state["next"] == "row"
-        read = mon.wanted and done % k == 0
-        delta = op.step(row, mon.omega, read or done + 1 == n_half)
+        read = wanted and done % k == 0
+        delta = step(row, mon.omega, read or done + 1 == n_half)
         done += 1
-        state["count"] += 1
-        state["next"] = "col" if row else "row"
-        if not read:
-            continue
-        err, stop = mon.after(op.error(row), delta, row, n_half - done)
-        if stop:
-            break
+        if read:
+            err, stop = mon.after(error(row), delta, row, n_half - done)
+            if stop:
+                row = not row
+                break
+        row = not row
+    state["count"] += done
+    state["next"] = "row" if row else "col"
     return err
 
 
