@@ -1,9 +1,9 @@
 """The callers of the one Sinkhorn solver, timed against another git revision, interleaved.
 
-Each round runs every case once in a fresh process with this tree's ``sinkflow`` and once with
-the package of ``--baseline REV`` (extracted with ``git archive``), alternating which goes first;
-a case's time is the median of ``--repeats`` calls after one warm-up, and the table prints the
-median over ``--rounds`` rounds, with the ratio now / before (below 1: faster). One torch thread.
+Prints the median CPU time (one thread) of each case over ``--repeats`` calls after one warm-up. With
+``--baseline REV [--rounds N]`` (``benchmarks/_timing.py``) the whole run alternates between this
+checkout's ``sinkflow`` and the package of git revision ``REV``, and prints each case's medians and
+their ratio (below 1: faster now).
 
 Cases (torch float32 unless said): :func:`sinkflow.solve_sinkhorn` with a fixed ``n_iter`` (the
 kernel-domain path, small and large, batched), under autograd with its backward (the unrolled
@@ -11,30 +11,30 @@ path), to tolerance (epsilon scaling, Newton steps; float32 and float64); :func:
 at n = 16 (per-call overhead); :func:`sinkflow.particles.lazy_attention_field` (the block-wise
 operator) with a fixed ``n_iter`` warm-started and to tolerance; :func:`sinkflow.heat.symmetric_sinkhorn_scaling`
 (the heat grid fields' symmetric operator) on 400 cells, cold and warm-started. Usage:
-``python benchmarks/bench_solver.py --baseline main [--rounds 3] [--repeats 5] [--quick]``.
+``python benchmarks/bench_solver.py [--quick] [--repeats 5] [--baseline REV [--rounds 3]]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from _timing import compare_revisions, record  # noqa: E402  (benchmarks/_timing.py)
+
+import sinkflow  # noqa: E402
+from sinkflow.heat import symmetric_sinkhorn_scaling  # noqa: E402
+from sinkflow.particles import lazy_attention_field  # noqa: E402
 
 
 def _cases(quick):
-    import numpy as np
-    import torch
-
-    import sinkflow
-    from sinkflow.heat import symmetric_sinkhorn_scaling
-    from sinkflow.particles import lazy_attention_field
-
     gen = torch.Generator().manual_seed(0)
 
     def gaussian(n, temperature, dtype=torch.float32, batch=()):
@@ -81,55 +81,31 @@ def _cases(quick):
     }
 
 
-def worker(repeats, quick):
-    import torch
-
-    torch.set_num_threads(1)
-    from _timing import timed
-
-    import sinkflow
-
-    out = {"file": sinkflow.__file__}
-    for name, fn in _cases(quick).items():
-        out[name] = timed(fn, repeats)  # ms, after one warm-up
-    print(json.dumps(out))
+def cpu_ms(fn, repeats):
+    """Median CPU time of ``fn()`` in ms over ``repeats`` runs, after one warm-up (one thread: CPU time is
+    what a loaded machine disturbs least)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return 1e3 * statistics.median(times)
 
 
-def run(package, repeats, quick):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, __file__, "--worker", "--repeats", str(repeats)] + (["--quick"] if quick else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--baseline", metavar="REV", default="main", help="git revision to compare against")
-    p.add_argument("--rounds", type=int, default=3)
+def main():
+    argv = compare_revisions(__file__)
+    if argv is None:
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="block-wise field at n = 1000 instead of 3000")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        return worker(args.repeats, args.quick)
-    from bench_particles import baseline_package
-
-    here, before = str(Path(__file__).resolve().parents[1]), baseline_package(args.baseline)
-    times = {"now": [], "before": []}
-    for k in range(args.rounds):
-        order = [("now", here), ("before", before)]
-        for label, package in order if k % 2 == 0 else order[::-1]:
-            times[label].append(run(package, args.repeats, args.quick))
-    print(f"load average: {os.getloadavg()}; now: {times['now'][0]['file']}, before: {args.baseline}")
-    print(f"| case | now (ms) | before, {args.baseline} (ms) | now / before |")
-    print("|---|---|---|---|")
-    for name in times["now"][0]:
-        if name == "file":
-            continue
-        now = statistics.median(r[name] for r in times["now"])
-        old = statistics.median(r[name] for r in times["before"])
-        print(f"| {name} | {now:.3g} | {old:.3g} | {now / old:.2f} |")
+    torch.set_num_threads(1)
+    print(f"sinkflow: {sinkflow.__file__}; load average {os.getloadavg()[0]:.1f}\n")
+    print("| case | CPU ms |\n|---|---|")
+    for name, fn in _cases(args.quick).items():
+        print(f"| {name} | {record(name + ': CPU ms', cpu_ms(fn, args.repeats)):.4g} |", flush=True)
 
 
 if __name__ == "__main__":
