@@ -4,11 +4,8 @@ Two implementations of the dense kernel :math:`K = \exp(f_i + s C_{ij} + g_j)` o
 dimensions. :class:`_DenseLog` (``domain="log"``) keeps the matrix ``P`` itself: a half-step is a
 log-sum-exp step, or, while it is exact to rounding, one reduction and one scaling pass over ``P``;
 it is the autograd path (every half-step's matrix is kept for the backward, see
-:class:`_UnrolledSinkhorn`). :class:`_DenseScaling` (``domain="scaling"``) is the no-autograd path.
-
-Kernel domain, with absorption.
-
-The matrix is kept as :math:`P = \mathrm{diag}(u)\, K\, \mathrm{diag}(v)` with
+:class:`_UnrolledSinkhorn`). :class:`_DenseScaling` (``domain="scaling"``) is the no-autograd path,
+the kernel domain with absorption: the matrix is kept as :math:`P = \mathrm{diag}(u)\, K\, \mathrm{diag}(v)` with
 :math:`K = \exp(s C + f_0 + g_0)` from the last exponentiation and the scalings
 :math:`u = e^{f - f_0}`, :math:`v = e^{g - g_0}` as vectors. A half-step is one matrix-vector
 product with :math:`K` (a row step divides by :math:`K v`, a column step by :math:`K^T (a u)`)
@@ -20,7 +17,7 @@ Stability (Schmitzer 2019, "stabilized sparse scaling algorithms"; POT's
 into the log potentials and :math:`K` is exponentiated again, by the log-domain step of
 :mod:`sinkflow.attention`. With :math:`\beta = \frac12 \log(\varepsilon / (3\, t\,
 \max(n, m)))` (``t`` the smallest normal number, ``eps`` the machine epsilon) this bound is
-both conditions the materialized loop checks: an entry of :math:`K` flushed to at most
+both conditions :class:`_DenseLog` checks: an entry of :math:`K` flushed to at most
 :math:`e\, t` contributes at most :math:`e\, t\, e^{2\beta} \le \varepsilon / \max(n, m)` of a
 unit line sum, so neither a small line sum nor grown-back flushed entries can matter beyond
 rounding; and no scaling overflows. float32: :math:`e^{\beta} \approx 10^{15} / \sqrt{\max(n, m)}`,

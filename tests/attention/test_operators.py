@@ -46,7 +46,7 @@ def dense_problem(seed=0):
 def blockwise_problem(n=30, rows=4, seed=1):
     """A block-wise operator (blocks of ``rows`` rows, dot scores x W x^T / tau, uniform weights) and its C."""
     x = torch.tensor(np.random.default_rng(seed).normal(size=(n, 2)))
-    W, tau = torch.tensor([[1.0, 0.3], [0.3, 0.8]], dtype=torch.float64), 0.5
+    W, tau = torch.tensor([[1.0, 0.3], [0.3, 0.8]], dtype=torch.float64), 1.0
     a = torch.full((n,), 1.0 / n, dtype=torch.float64)
     op = _BlockwiseOperator(_Passes(_BlockScores(x, W, tau, "dot", None), x, a, rows), a)
     return op, (x @ W / tau) @ x.T, a, x
