@@ -67,7 +67,7 @@ def symmetric_sinkhorn_scaling(apply, w: torch.Tensor, s0=None, *, tol: float = 
     else:  # cells the support gained since the warm start (s = 0 is a fixed point): start them cold
         gained = support & ~(s0 > 0)
         s = torch.where(gained, apply(w).rsqrt(), s0) if bool(gained.any()) else s0
-    (_, s), report = sinkhorn_solve(_SymmetricScaling(apply, w), None, s, tol=tol, max_iter=max_iter,
+    (_, s), report = sinkhorn_solve(_SymmetricScaling(apply, w, support), None, s, tol=tol, max_iter=max_iter,
                                     accelerate=False, stall=False, read_start=True)
     return s, report.n_iter, report.marginal_error, report.converged
 
@@ -85,8 +85,8 @@ class _SymmetricScaling:
     differentiable = False
     check_every = 1
 
-    def __init__(self, apply, w):
-        self.apply, self.a, self.b, self.support = apply, w, w, w > 0
+    def __init__(self, apply, w, support=None):
+        self.apply, self.a, self.b, self.support = apply, w, w, (w > 0) if support is None else support
 
     def reset(self, scale, f, s):
         self.s, self.Ks = s, None
