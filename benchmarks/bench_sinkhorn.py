@@ -112,7 +112,7 @@ def kernel_floor(C, iterations):
 
 def floor_table(sizes, repeats, iterations=100):
     """Fixed-count Sinkhorn against the kernel-domain floor and POT's sinkhorn_stabilized, interleaved."""
-    import sinkflow.attention._sinkhorn_steps as steps
+    import sinkflow.attention._operators as steps
 
     print(f"\n### {iterations} iterations ({2 * iterations} half-iterations), scores -|x_i - y_j|^2 / 2 (x factor) "
           "of standard normal points in 2D: median ms, ratio to the kernel-domain floor\n")

@@ -12,9 +12,9 @@ no full Sinkhorn loop (docs/theory/doubly_stochastic_variants.md).
 
 Start reading at ``_variants.py`` (what an attention variant is), then
 ``_normalizations.py`` (SoftMax and the Sinkhorn solver's entry points). The solver's parts:
-``_sinkhorn_steps.py`` (the iteration, ``_kernel_sinkhorn.py`` its kernel-domain loop),
-``_schedule.py`` (to tolerance: epsilon scaling), ``_newton.py`` (Newton steps),
-``_tolerances.py`` and ``_result.py``.
+``_solver.py`` (the one Sinkhorn solver over kernel operators: the loop, the stopping rule, epsilon
+scaling, the report), ``_operators.py`` (the dense operators: log domain and kernel domain, the
+unrolled backward), ``_newton.py`` (Newton steps), ``_tolerances.py`` and ``_result.py``.
 """
 
 # Doubly stochastic variants without a full Sinkhorn loop (each file registers itself once).

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, compiling, from_torch, require, to_torch
+from sinkflow._backend import branch_free, check_finite, check_float, check_number, from_torch, require, to_torch
 
 __all__ = ["iterative_inverse", "newton_schulz_pinv"]
 
@@ -176,8 +176,9 @@ def _iterative_inverse(a, n_iter, gamma, init="official"):
 def _spectral(S) -> bool:
     """Whether :class:`_SpectralNewtonSchulz` computes the iteration on ``S``: a symmetric block (to rounding)
     on the CPU, in eager mode (LAPACK's ``eigh`` of a small block costs a fraction of the products it replaces;
-    a GPU's batched ``eigh`` does not, and a data-dependent branch would break a compiled graph)."""
-    if S.device.type != "cpu" or compiling() or S.shape[-1] < 2 or S.numel() == 0:
+    a GPU's batched ``eigh`` does not, and a data-dependent branch would break a compiled graph or a
+    ``torch.func`` transform)."""
+    if S.device.type != "cpu" or branch_free() or S.shape[-1] < 2 or S.numel() == 0:
         return False
     scale = S.detach().abs().amax()
     return bool((S.detach() - S.detach().transpose(-1, -2)).abs().amax() <= 8 * torch.finfo(S.dtype).eps * scale)

@@ -1,6 +1,7 @@
 """Sinkhorn's half-steps in the log domain: a masked SoftMax of the scores with a potential, over
-rows or over columns, that returns the matrix and the exact potential. Both loops use them: the
-log-domain iteration, and the kernel-domain one whenever it re-exponentiates.
+rows or over columns, that returns the matrix and the exact potential. Both dense operators
+(:mod:`sinkflow.attention._operators`) use them: the log-domain one, and the kernel-domain one
+whenever it re-exponentiates.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ import torch
 from sinkflow._backend import branch_free, exp_floor
 
 __all__ = []
+
+
+def _colsum(a, P):
+    """Weighted column sums ``a^T P`` over the last two dims, as a batched matrix product."""
+    return (a.unsqueeze(-2) @ P).squeeze(-2)
 
 
 def _masked_softmax(T, mask):

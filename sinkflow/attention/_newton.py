@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from sinkflow._backend import exp_floor
-from sinkflow.attention._kernel_sinkhorn import _max_over_batch
-from sinkflow.attention._sinkhorn_steps import _colsum
+from sinkflow.attention._log_steps import _colsum
+from sinkflow.attention._solver import _max_over_batch
 
 __all__ = []
 

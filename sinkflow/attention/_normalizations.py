@@ -75,9 +75,15 @@ from sinkflow._backend import (
 from sinkflow._checks import check_numpy_float
 from sinkflow.attention._log_steps import _masked_softmax
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
+from sinkflow.attention._operators import (
+    _final_error,
+    _fixed_iterations,
+    _scaling_schedule,
+    _symmetric_start,
+    dense_operator,
+)
 from sinkflow.attention._result import SinkhornResult, SinkhornWarning
-from sinkflow.attention._schedule import _failure_message, _scaling_schedule, _solve_to_tolerance, _symmetric_start
-from sinkflow.attention._sinkhorn_steps import _final_error, _fixed_iterations
+from sinkflow.attention._solver import _failure_message, sinkhorn_solve
 from sinkflow.attention._tolerances import _compute_dtype, _resolve_tolerance
 
 __all__ = ["softmax", "sinkhorn", "solve_sinkhorn"]
@@ -339,10 +345,8 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
     inplace = not (transformed() or torch.is_grad_enabled() and (C.requires_grad or a.requires_grad or b.requires_grad))
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = _initial_g(init_g, C)
-    state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": n_iter is None,
-             "accelerate": n_iter is None and epsilon_scaling}
     if n_iter is not None:
-        P, f, g, state = _fixed_iterations(C, f, g, a, b, mask, int(n_iter), state, inplace, _diagnostics)
+        P, f, g, report = _fixed_iterations(C, f, g, a, b, mask, int(n_iter), inplace, _diagnostics)
     else:
         start = _symmetric_start(C, mask, a, b) if init_g is None and epsilon_scaling else None
         g = g if start is None else start
@@ -352,21 +356,23 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
                     if epsilon_scaling and init_g is None and start is None else [1.0])
         # Rounding a half-precision result back costs up to eps / 2 of marginal error.
         inner_tol = tol - 0.5 * torch.finfo(out_dtype).eps if out_dtype != C.dtype else tol
-        P, f, g = _solve_to_tolerance(C, f, g, a, b, mask, inner_tol, max_iter, state, inplace, schedule)
+        (P, f, g), report = sinkhorn_solve(dense_operator(C, a, b, mask, inplace), f, g, tol=inner_tol,
+                                           max_iter=max_iter, schedule=schedule, accelerate=epsilon_scaling)
     P = P.to(out_dtype)
     # sinkhorn() with a fixed n_iter only wants the matrix: no diagnostic passes.
     err = _final_error(P.to(C.dtype), a, b) if _diagnostics else math.nan
     converged = err <= tol
     if n_iter is None and not converged and warn:
-        warnings.warn(_failure_message(state, err, tol, max_iter, out_dtype), SinkhornWarning, stacklevel=3)
+        report.marginal_error = err
+        warnings.warn(_failure_message(report, tol, max_iter, out_dtype), SinkhornWarning, stacklevel=3)
     # Potentials of excluded queries / keys are reported as 0.
     f = torch.where(a > 0, f, torch.zeros_like(f))
     g = torch.where(b > 0, g, torch.zeros_like(g))
-    errors = np.array([float(e) for e in state["errors"]])
+    errors = np.array(report.errors, dtype=float)
     return SinkhornResult(
         attention=from_torch(P, numpy_out), f=from_torch(f, numpy_out), g=from_torch(g, numpy_out),
-        n_iter=state["count"], converged=bool(converged), marginal_error=err, errors=errors,
-        scales=np.array(state["scales"], dtype=float), tol=float(tol),
+        n_iter=report.n_iter, converged=bool(converged), marginal_error=err, errors=errors,
+        scales=np.array(report.scales, dtype=float), tol=float(tol),
         a=from_torch(a, numpy_out), b=from_torch(b, numpy_out))
 
 

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from sinkflow.attention._solver import sinkhorn_solve
+
 __all__ = ["symmetric_sinkhorn_scaling", "default_tol", "separable_apply", "EuclideanVelocity"]
 
 # ----------------------------------------------------------------------------------------
@@ -26,6 +28,9 @@ def symmetric_sinkhorn_scaling(apply, w: torch.Tensor, s0=None, *, tol: float = 
     in the log domain; linearized, it maps an error :math:`\delta` to :math:`(I - M)\delta / 2`
     with :math:`M` the (positive semi-definite, stochastic) normalized plan, so it contracts
     by at least 1/2 per iteration for a positive definite kernel, whatever the bandwidth.
+
+    Runs on the one Sinkhorn solver (:mod:`sinkflow.attention._solver`) over a symmetric
+    scaling-domain operator (one whole symmetric step per iteration); ``iterations`` counts those steps.
 
     Parameters
     ----------
@@ -62,14 +67,43 @@ def symmetric_sinkhorn_scaling(apply, w: torch.Tensor, s0=None, *, tol: float = 
     else:  # cells the support gained since the warm start (s = 0 is a fixed point): start them cold
         gained = support & ~(s0 > 0)
         s = torch.where(gained, apply(w).rsqrt(), s0) if bool(gained.any()) else s0
-    err = math.inf
-    for it in range(max_iter + 1):
-        Ks = apply(s * w)
-        err = float((w * (s * Ks - 1).abs()).sum())
-        if err <= tol or it == max_iter:
-            break
-        s = torch.where(support, torch.sqrt(s / Ks), 0.0)
-    return s, it, err, err <= tol
+    (_, s), report = sinkhorn_solve(_SymmetricScaling(apply, w, support), None, s, tol=tol, max_iter=max_iter,
+                                    accelerate=False, stall=False, read_start=True)
+    return s, report.n_iter, report.marginal_error, report.converged
+
+
+class _SymmetricScaling:
+    """The kernel operator of :func:`symmetric_sinkhorn_scaling`: a whole symmetric step per step.
+
+    Scaling domain (the kernel is only applied, ``apply(a) = K a``); the state is the scaling ``s``
+    (``potentials() = (None, s)``). The error read after a step computes ``K (s w)``, which the
+    next step divides by: one product per step, as many as steps plus one.
+    """
+
+    domain = "scaling"
+    rescalable = False
+    differentiable = False
+    check_every = 1
+
+    def __init__(self, apply, w, support=None):
+        self.apply, self.a, self.b, self.support = apply, w, w, (w > 0) if support is None else support
+
+    def reset(self, scale, f, s):
+        self.s, self.Ks = s, None
+
+    def step(self, row, omega, fused):
+        Ks = self.apply(self.s * self.a) if self.Ks is None else self.Ks
+        self.s, self.Ks = torch.where(self.support, torch.sqrt(self.s / Ks), 0.0), None
+
+    def error(self, row):
+        self.Ks = self.apply(self.s * self.a)
+        return (self.a * (self.s * self.Ks - 1).abs()).sum()
+
+    def potentials(self):
+        return None, self.s
+
+    def finish(self):
+        return None, self.s
 
 
 def default_tol(dtype: torch.dtype, eps: float | None) -> float:

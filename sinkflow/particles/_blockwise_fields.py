@@ -7,12 +7,14 @@ column is a log-sum-exp accumulated online across blocks, so peak memory is
 ``O(block_rows * n)`` instead of ``O(n^2)``: ``n = 100000`` in ``d = 2`` fits in well
 under 2 GiB.
 
-This is deliberately a second Sinkhorn loop next to :func:`sinkflow.solve_sinkhorn`: the
-dense solver keeps ``K`` between half-iterations (one exponential per solve), which is
-impossible without ``n x n`` storage; here each half-iteration re-exponentiates a block.
-The fixed point and the half-iteration convention are the same (row step first, from
-``g = init_g``; ``K = exp(f_i + C_ij + g_j)``, rows sum to 1, ``a^T K = b``), and the
-tests compare both on small problems.
+The iteration is the one Sinkhorn solver of :mod:`sinkflow.attention._solver`, over a second
+kernel operator (:class:`_BlockwiseOperator`): the dense operators keep ``K`` between
+half-iterations (one exponential per solve), which is impossible without ``n x n`` storage;
+here each half-iteration re-exponentiates a block, and the row step is fused with the
+velocity and the weighted column sums, so the error is read after row steps only. The fixed
+point and the half-iteration convention are the same (row step first, from ``g = init_g``;
+``K = exp(f_i + C_ij + g_j)``, rows sum to 1, ``a^T K = b``), and the tests compare both on
+small problems.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from sinkflow._backend import (
     numpy_exp_applies,
     to_torch,
 )
+from sinkflow.attention._solver import sinkhorn_solve
 
 __all__ = ["LazyField", "lazy_attention_field", "DEFAULT_BLOCK_BYTES", "cache_block_bytes"]
 
@@ -355,13 +358,14 @@ def lazy_attention_field(x, V=None, W=None, *, normalization="sinkhorn", scores=
         return LazyField(from_torch(vel, numpy_out), from_torch(zeros, numpy_out), from_torch(zeros, numpy_out),
                          0, float((a * (row_sums - 1).abs()).sum()), float((col - a).abs().sum()), True)
     g = zeros.clone() if init_g is None else to_torch(init_g, "init_g", like=X).reshape(n).clone()
-    if normalization == "row":
-        budget, tol_check = 1, None
+    op = _BlockwiseOperator(passes, a)
+    if normalization == "row" or n_iter is not None:
+        out, report = sinkhorn_solve(op, None, g, n_iter=1 if normalization == "row" else int(n_iter))
     else:
-        budget, tol_check = (int(n_iter), None) if n_iter is not None else (int(max_iter), float(tol))
-    vel, f, g, done, row_err, col_err = _alternate(passes, g, a, budget, tol_check)
-    # run to tol: converged only if a row step met it (a budget spent on a column step has col_err ~ 0)
-    converged = True if tol_check is None else (done % 2 == 1 and col_err <= tol_check)
+        out, report = sinkhorn_solve(op, None, g, tol=float(tol), max_iter=int(max_iter), accelerate=False,
+                                     stall=False)
+    vel, f, g, row_err, col_err = out
+    done, converged = report.n_iter, report.converged
     return LazyField(from_torch(vel, numpy_out), from_torch(f, numpy_out), from_torch(g, numpy_out),
                      done, row_err, col_err, bool(converged))
 
@@ -395,26 +399,49 @@ def _field_inputs(x, V, W, weights, init_g, normalization, scores):
     return X, Vt, Wt, a, torch.log(a), numpy_out
 
 
-def _alternate(passes, g, a, budget, tol_check):
-    """Up to ``budget`` half-steps, rows first (each fused with the velocity of its kernel), stopping
-    after a row step whose column error is within ``tol_check``; returns ``(velocity, f, g, half-steps,
-    row error, column error)``."""
-    f, vel, col_err, done = None, None, math.inf, 0
-    while done < budget:
-        done += 1
-        if done % 2 == 1:  # row step: fused with the velocity of this K when it may be the last step
-            f, vel, col = passes.row(g, f, full=tol_check is not None or done == budget)
-            if col is not None:
-                col_err = float((col - a).abs().sum())
-            if tol_check is not None and col_err <= tol_check:
-                break
+class _BlockwiseOperator:
+    """The kernel operator of :func:`lazy_attention_field` over :class:`_Passes` (one problem, ``b = a``).
+
+    Log domain, no score multiplier, no over-relaxation. A row step is fused with the velocity
+    and the weighted column sums when its by-products are read (``fused``), so the error is read
+    every second half-step, after the row steps; :meth:`finish` returns ``(velocity, f, g, row
+    error, column error)``, applying ``K = exp(f + C + g)`` once more only after a column step.
+    """
+
+    domain = "log"
+    rescalable = False
+    differentiable = False
+    check_every = 2
+
+    def __init__(self, passes, a):
+        self.passes, self.a, self.b = passes, a, a
+
+    def reset(self, scale, f, g):
+        self.f, self.g, self.vel, self.col = f, g, None, None
+
+    def step(self, row, omega, fused):
+        if omega != 1.0:
+            raise ValueError(f"the block-wise operator does not over-relax, got omega={omega}")
+        if row:  # fused with the velocity of this K when it may be the last step or its error is read
+            self.f, self.vel, self.col = self.passes.row(self.g, self.f, full=fused)
         else:
-            g = passes.column(f, g)
-            vel = None
-    if vel is not None:
-        return vel, f, g, done, 0.0, col_err  # the last step normalized rows exactly (up to rounding)
-    vel, row_sums, col = passes.apply(f, g)  # ended on a column step: apply K = exp(f + C + g) as it is
-    return vel, f, g, done, float((a * (row_sums - 1).abs()).sum()), float((col - a).abs().sum())
+            self.g, self.vel, self.col = self.passes.column(self.f, self.g), None, None
+        return None
+
+    def error(self, row):
+        if row and self.col is not None:
+            return (self.col - self.a).abs().sum()
+        _, row_sums, col = self.passes.apply(self.f, self.g)  # not a by-product: one more pass
+        return (col - self.a).abs().sum() if row else (self.a * (row_sums - 1).abs()).sum()
+
+    def potentials(self):
+        return self.f, self.g
+
+    def finish(self):
+        if self.vel is not None:  # the last step normalized rows exactly (up to rounding)
+            return self.vel, self.f, self.g, 0.0, float((self.col - self.a).abs().sum())
+        vel, row_sums, col = self.passes.apply(self.f, self.g)  # ended on a column step: apply K as it is
+        return vel, self.f, self.g, float((self.a * (row_sums - 1).abs()).sum()), float((col - self.a).abs().sum())
 
 
 def _without_empty(X, V, a, init_g, numpy_out, solve):

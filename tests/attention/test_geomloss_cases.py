@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow.attention._kernel_sinkhorn import _RATE_WINDOW, _predicted_steps
+from sinkflow.attention._solver import _RATE_WINDOW, _predicted_steps
 
 
 @pytest.mark.parametrize("history, tol, expected", [

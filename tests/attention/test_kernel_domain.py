@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import sinkflow.attention._kernel_sinkhorn as _kernel_sinkhorn
-import sinkflow.attention._sinkhorn_steps as steps
+import sinkflow.attention._operators as steps
 from oracles import sinkhorn_log
 from sinkflow import solve_sinkhorn
 
@@ -74,7 +73,7 @@ def test_kernel_domain_equals_the_materialized_loop(monkeypatch, dtype, kind, sc
     # by scalings u_i v_j in [0, e^{2 beta}] (the absorption bound), so an entry one path flushed is a
     # nonzero of at most e * tiny * e^{2 beta} = e * eps / (3 max(n, m)) in the other (measured: 5e-30 in
     # float32, 1e-247 in float64; 0 differing entries at x1 and x10). Below that bound an entry cannot
-    # move a unit line sum beyond rounding (sinkflow.attention._kernel_sinkhorn).
+    # move a unit line sum beyond rounding (sinkflow.attention._operators).
     differ = (kernel.attention == 0) != (materialized.attention == 0)
     flushed = math.e * torch.finfo(dtype).eps / (3 * max(C.shape[-2:]))
     assert float(torch.cat([kernel.attention[differ], materialized.attention[differ], torch.zeros(1, dtype=dtype)])
@@ -100,11 +99,11 @@ def test_cold_scores_need_absorptions_and_stay_finite_to_tolerance():
     rng = np.random.default_rng(4)
     x, y = rng.normal(size=(64, 2)), rng.normal(size=(64, 2))
     S = torch.tensor(-1000.0 * 0.5 * ((x[:, None] - y[None]) ** 2).sum(-1), dtype=torch.float32)
-    state = {"next": "row", "count": 0, "errors": [], "scales": [], "check": False, "accelerate": False}
     a = torch.full((64,), 1 / 64)
-    P, f, g, _ = _kernel_sinkhorn.iterate_kernel(S, 1.0, torch.zeros(64), torch.zeros(64), a, a, None, 30, None,
-                                                 state, False)
-    assert state["fallbacks"] > 0 and torch.isfinite(P).all() and torch.isfinite(f).all()
+    op = steps.dense_operator(S, a, a, None, True)
+    assert op.domain == "scaling"
+    (P, f, g), _ = steps.sinkhorn_solve(op, torch.zeros(64), torch.zeros(64), n_iter=30)
+    assert op.fallbacks > 0 and torch.isfinite(P).all() and torch.isfinite(f).all()
     res = solve_sinkhorn(S)
     assert res.converged and torch.isfinite(res.attention).all()
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sinkflow.attention._normalizations as N
-import sinkflow.attention._schedule as schedule
+import sinkflow.attention._operators as schedule
 from sinkflow import dot_scores, gaussian_scores, solve_sinkhorn
 
 
