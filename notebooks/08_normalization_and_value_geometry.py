@@ -382,6 +382,9 @@ for t, X in zip(np.asarray(traj1.times), np.asarray(traj1.positions), strict=Tru
     print(f"t = {t:.1f}: max |P - P*| = {np.abs(P - P_star).max():.1e}, rank {rank}, leaders {leaders}")
 print(f"P* has rank {np.linalg.matrix_rank(P_star)}; leaders: tokens {np.flatnonzero(P_star.max(0) > 0.5).tolist()} "
       f"(the smallest and the largest initial token)")
+boolean = np.abs(P - P_star).max() < 1e-12 and rank == leaders == np.linalg.matrix_rank(P_star)
+print(f"at t = {t:.1f}: |P - P*| = {np.abs(P - P_star).max():.1e}, rank {rank} = leaders {leaders}: "
+      f"{'agrees with' if boolean else 'differs from'} the Boolean limit of Theorem 2.1")
 
 # %% [markdown]
 # ### Sinkhorn: a gradient flow only for a symmetric $V = W$
