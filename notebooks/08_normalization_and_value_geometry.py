@@ -65,7 +65,7 @@ def too_short(seconds):
 # more clustered).
 
 # %%
-BETA, H, LAYERS = 2.0, 0.5, 4
+BETA, H, LAYERS = 2.0, 0.25, 4  # h below the largest safe Euler step (0.4 here; simulate warns above it)
 X_SPHERE = sinkflow.random_particles(5, 3, seed=0, manifold="sphere")
 X_FREE = X_SPHERE * np.array([[1.0], [2.0], [0.5], [1.5], [1.0]])  # the same directions, other norms
 
