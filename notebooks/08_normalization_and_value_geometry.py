@@ -148,7 +148,9 @@ layers["ngpt"] = show_layers("ngpt", X_SPHERE, lambda X, k: N(X + H * (N(attend(
 
 # %%
 layers["lnscale"] = show_layers("lnscale", X_FREE, lambda X, k: X + H * attend(N(X)) / np.sqrt(1 + k * H))
-print(f"largest difference between the hand-written layers and simulate, six placements: {max(gaps.values()):.1e}")
+worst = max(gaps.values())
+print(f"largest difference between the hand-written layers and simulate, six placements: {worst:.1e} "
+      f"({'within 1e-12: the same layers' if worst < 1e-12 else 'NOT within 1e-12: different layers'})")
 
 # %% [markdown]
 # ## 2. Equiangular tokens: the exact reduction against particles
@@ -178,7 +180,9 @@ for norm in ("post", "pre", "peri"):
         rho_gap = np.abs(G[:, off] - flow.rho[:, None]).max()
         r_gap = np.abs(np.linalg.norm(X, axis=-1) - flow.r[:, None]).max()
         print(f"{NORM_LABELS[norm]:>8}, {LABELS[attention]:>8}: particles against equiangular_flow up to t = {T_EQ:g}: "
-              f"rho off by {rho_gap:.1e}, r off by {r_gap:.1e} (rho(T) = {flow.rho[-1]:.4f}, r(T) = {flow.r[-1]:.3f})")
+              f"rho off by {rho_gap:.1e}, r off by {r_gap:.1e} "
+              f"({'within' if max(rho_gap, r_gap) < 1e-12 else 'NOT within'} 1e-12; "
+              f"rho(T) = {flow.rho[-1]:.4f}, r(T) = {flow.r[-1]:.3f})")
     gap = np.abs(paths["sinkhorn", norm] - paths["softmax", norm]).max()
     print(f"{'':>8}  Sinkhorn's particles against SoftMax's: {gap:.1e}"
           f" ({'the same flow to rounding' if gap < 1e-10 else 'different flows'})")
