@@ -60,9 +60,9 @@ def too_short(seconds):
 # $K_{ij} \propto e^{\beta\langle x_i, x_j\rangle}$ ($Q = K = V = I$), the normalization $N(x) = x/|x|$ token by
 # token, the step $h$ and the layer count $l$. Each cell below writes one placement's layer by hand in numpy,
 # runs four layers of it from the same tokens, compares with `simulate(..., norm=name, integrator="euler")`
-# (the practitioners' layer; RK4 integrates the continuous model instead), and prints what the layers do to
-# the first token: its norm, and $\bar\rho$, the mean pairwise inner product of the directions (closer to 1:
-# more clustered).
+# (the practitioners' layer; RK4 integrates the continuous model instead), and prints what the layers do: the
+# norm of the first token, and $\bar\rho$, the mean pairwise inner product of the directions of all five tokens
+# (closer to 1: more clustered).
 
 # %%
 BETA, H, LAYERS = 2.0, 0.25, 4  # h below the largest safe Euler step (0.4 here; simulate warns above it)
@@ -268,7 +268,7 @@ cfg = spec.quick if QUICK else spec.full
 cpu = time.process_time()
 placed = spec.compute(cfg)
 cpu_placed = time.process_time() - cpu
-FULL_PLACED_S = cpu_placed * 32 / cfg.seeds * 12 / cfg.T if QUICK else cpu_placed
+FULL_PLACED_S = cpu_placed * spec.full.seeds / cfg.seeds * spec.full.T / cfg.T  # CPU time scales with both
 t_saved = placed["times"]
 i1, iT = int(np.argmin(np.abs(t_saved - 1.0))), len(t_saved) - 1
 print(f"n = d = {cfg.n}, beta = {cfg.beta:g}, h = {cfg.h:g}, T = {cfg.T:g}, {cfg.seeds} seeds "
