@@ -272,7 +272,9 @@ print(out.shape, "column sums of one attention map:", weights[0].sum(0)[:4])
 # [06](06_clustering_and_metastability.ipynb) clustering and metastability: $k^*(\beta)$, predictions at
 # scale, the phase diagram, dwell times, saddles;
 # [07](07_gaussian_flows_and_causal_attention.ipynb) Gaussian moment flows and causal attention;
-# [08](08_normalization_and_value_geometry.ipynb) normalization placements and value-matrix geometry.
+# [08](08_normalization_and_value_geometry.ipynb) normalization placements and value-matrix geometry;
+# [09](09_long_contexts_and_limits.ipynb) long contexts and the limits of attention: hardmax layers, the critical
+# scaling, the Lipschitz constant against $n$, doubly stochastic attention without the Sinkhorn loop.
 
 # %% [markdown]
 # ## Exercises
