@@ -22,7 +22,8 @@ torch's fused SDPA: the harder comparison). It prints
 One torch thread; CPU time (``time.process_time``) so that a shared machine's waits do not count;
 the CPU model and the load average are printed with every table.
 Usage: ``python benchmarks/bench_skyformer_step.py [--repeats 5] [--dropout 0.1 0.0] [--crossover 256 512]``
-(run from the repository root; ``PYTHONPATH=<checkout>`` measures another checkout, e.g. before a change).
+(run from the repository root); ``--baseline REV [--rounds N]`` compares the step rows with git revision REV,
+whole runs alternated (benchmarks/_timing.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
+from _timing import compare_revisions, record  # noqa: E402  (benchmarks/_timing.py)
 
 from sinkflow.attention import _inverses, _kernelized, _nystrom, _variants  # noqa: E402
 from sinkflow.studies._cost import saved_bytes  # noqa: E402
@@ -244,6 +246,9 @@ def _load():
 
 
 def main(argv=None):
+    argv = compare_revisions(__file__, argv)
+    if argv is None:
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dropout", type=float, nargs="+", default=[0.1, 0.0])
@@ -272,6 +277,8 @@ def main(argv=None):
             row = {"task": task, "n": int(x.shape[1]), "batch": int(x.shape[0]), "dropout": dropout, "time": med,
                    "peak_mib": peak, "saved_mib": saved, "load": load}
             report["steps"].append(row)
+            for a in ("softmax", "skyformer"):
+                record(f"{task}, dropout {dropout}, {a}: CPU ms / step", 1e3 * med[a])
             print(f"| {task} n = {x.shape[1]}, batch {x.shape[0]} | {dropout} | {_ms(med['softmax'])} "
                   f"| {_ms(med['skyformer'])} | {med['skyformer'] / med['softmax']:.2f}x "
                   f"| {peak['softmax']:.0f} / {peak['skyformer']:.0f} "
