@@ -230,3 +230,16 @@ def test_model_forward_never_warns(normalization):
     with warnings.catch_warnings():
         warnings.simplefilter("error", sinkflow.NystromWarning)
         mha(x, x, x)
+
+
+def test_tol_and_renormalize_compile_in_one_graph():
+    """torch.compile(fullgraph=True) (backend "eager": dynamo's tracing, where a branch on data breaks the graph):
+    the check is skipped, no warning, eager's numbers."""
+    torch.manual_seed(1)
+    q, k, v = torch.randn(3, 2, 64, 8)
+    f = torch.compile(lambda q, k, v: sinkflow.nystromformer_attention(q, k, v, 8, tol=1e-3, renormalize=True),
+                      fullgraph=True, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sinkflow.NystromWarning)
+        out = f(q, k, v)
+    torch.testing.assert_close(out, sinkflow.nystromformer_attention(q, k, v, 8, renormalize=True))
