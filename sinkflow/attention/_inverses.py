@@ -181,13 +181,17 @@ def _check_convergence(S, Z, n_iter: int, tol, what: str) -> None:
     """
     if tol is None or branch_free() or storage_free(S) or S.numel() == 0:
         return
-    rho = float(_residual(S.detach(), Z.detach()).amax())
+    wide = torch.promote_types(S.dtype, torch.float32)
+    rho = float(_residual(S.detach().to(wide), Z.detach().to(wide)).amax())
     if rho <= tol:
         return
     from sinkflow._checks import warn_caller
 
+    floor = S.shape[-1] * torch.finfo(S.dtype).eps  # rounding of Z's entries in S's dtype
     count = _suggested_iterations(rho, n_iter, tol)
-    if count is not None:
+    if tol < floor:
+        advice = f"tol is below {S.dtype}'s rounding (about {floor:.1g}), which no iteration count reaches"
+    elif count is not None:
         advice = f"n_iter = {count} guarantees it"
     elif math.isfinite(rho):
         advice = f"the residual is >= 1, so the norm bounds nothing: try n_iter >= {2 * max(n_iter, 1)} and check again"

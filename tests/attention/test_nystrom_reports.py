@@ -243,3 +243,13 @@ def test_tol_and_renormalize_compile_in_one_graph():
         warnings.simplefilter("error", sinkflow.NystromWarning)
         out = f(q, k, v)
     torch.testing.assert_close(out, sinkflow.nystromformer_attention(q, k, v, 8, renormalize=True))
+
+
+def test_half_precision_tol_below_rounding_is_said():
+    A = torch.tensor(_ill_block(cond=3), dtype=torch.float16)
+    with pytest.warns(sinkflow.NystromWarning, match="rounding"):
+        out = sinkflow.newton_schulz_pinv(A, n_iter=12, tol=1e-9)
+    assert out.dtype == torch.float16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sinkflow.newton_schulz_pinv(A, n_iter=12, tol=0.05)
