@@ -34,7 +34,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sinkflow.attention": (
         "dot_scores", "gaussian_scores", "SinkhornWarning", "SinkhornResult", "attainable_error", "default_tolerance",
         "softmax", "sinkhorn", "solve_sinkhorn", "prefix_sinkhorn", "gaussian_kernel", "kernelized_attention_matrix",
-        "kernelized_attention", "lifted_kernel", "iterative_inverse", "newton_schulz_pinv", "sample_landmarks",
+        "kernelized_attention", "lifted_kernel", "iterative_inverse", "newton_schulz_pinv", "inverse_residual",
+        "NystromWarning", "sample_landmarks",
         "NystromFactors", "nystrom_factors", "nystrom_matrix", "nystrom_attention", "segment_means",
         "nystromformer_factors", "nystromformer_matrix", "nystromformer_attention", "landmark_block", "Normalized",
         "AttentionVariant", "register_attention", "get_attention", "available_attentions", "orthostochastic",

@@ -21,6 +21,8 @@ unrolled backward), ``_newton.py`` (Newton steps), ``_tolerances.py`` and ``_res
 from sinkflow.attention._esp import esp_plan  # noqa: E402
 from sinkflow.attention._hardmax import hardmax  # registers "hardmax"
 from sinkflow.attention._inverses import (
+    NystromWarning,
+    inverse_residual,
     iterative_inverse,
     newton_schulz_pinv,
 )
@@ -74,7 +76,8 @@ __all__ = [
     "dot_scores", "gaussian_scores", "SinkhornWarning", "SinkhornResult", "attainable_error",
     "default_tolerance", "softmax", "sinkhorn", "solve_sinkhorn", "prefix_sinkhorn", "gaussian_kernel",
     "kernelized_attention_matrix", "kernelized_attention", "lifted_kernel", "iterative_inverse",
-    "newton_schulz_pinv", "sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix",
+    "newton_schulz_pinv", "inverse_residual", "NystromWarning",
+    "sample_landmarks", "NystromFactors", "nystrom_factors", "nystrom_matrix",
     "nystrom_attention", "segment_means", "nystromformer_factors", "nystromformer_matrix",
     "nystromformer_attention", "landmark_block", "Normalized", "AttentionVariant", "register_attention",
     "get_attention", "available_attentions", "orthostochastic", "ORTHOSTOCHASTIC_METHODS", "esp_plan",

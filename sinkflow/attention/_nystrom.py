@@ -48,10 +48,12 @@ from sinkflow._backend import (
 )
 from sinkflow._summary import Summarized, describe_array, shape_text
 from sinkflow.attention._inverses import (
+    _check_convergence,
     _check_gamma,
     _check_inverse,
     _check_iter,
     _check_scale,
+    _check_tol,
     _core,
     _newton_schulz,
     _pinv_rtol,
@@ -246,6 +248,25 @@ class NystromFactors(Summarized):
         """:math:`\\tilde C V = L (W (R V))` in O(n m d_v + m^2 d_v)."""
         return self.left @ (self.core @ (self.right @ V))
 
+    def row_sums(self):
+        r"""Row sums :math:`\tilde C \mathbf 1 = L (W (R \mathbf 1))`, shape (..., n_q), in O(n m + m^2).
+
+        Nyströmformer approximates SoftMax, whose rows sum to 1: ``abs(F.row_sums() - 1).max()`` is
+        its row-sum error (zero only for the exact case). Skyformer approximates the *unnormalized*
+        Gaussian kernel :math:`C`, whose rows have no fixed sum: compare with the exact
+        :math:`C \mathbf 1` (``kernelized_attention(Q, K, ones)``, O(n^2 p)).
+
+        Examples
+        --------
+        >>> import numpy as np, sinkflow
+        >>> rng = np.random.default_rng(0)
+        >>> Q, K = rng.normal(size=(2, 32, 4))
+        >>> F = sinkflow.nystromformer_factors(Q, K, 8)
+        >>> bool(np.allclose(F.row_sums(), F.matrix().sum(-1)))
+        True
+        """
+        return (self.left @ (self.core @ self.right.sum(-1, keepdims=True)))[..., 0]
+
     def _facts(self):
         left, right = tuple(self.left.shape), tuple(self.right.shape)
         batch = f" (batch {shape_text(left[:-2])})" if len(left) > 2 else ""
@@ -256,7 +277,7 @@ class NystromFactors(Summarized):
                       [("inverse", self.inverse), ("landmarks", landmarks)]]
 
 
-def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator, lift, init="official"):
+def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator, lift, init="official", tol=None):
     """Factors in float32 for float16 / bfloat16 inputs (torch has no half pinv; its rounding would set the cutoff)."""
     _check_inverse(inverse)
     q, k = lift_half(q, k)
@@ -267,7 +288,7 @@ def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator
         idx = _landmark_indices(landmarks, n_q + n_k, batch, q.device, replace, generator)
         xj = _gather_rows(x, idx)
         left, block, right = _kernel_block(q, xj, p), _kernel_block(xj, xj, p), _kernel_block(xj, k, p)
-        core = _core(block, inverse, n_iter, gamma, symmetric=True, init=init)
+        core = _core(block, inverse, n_iter, gamma, symmetric=True, init=init, tol=tol)
     else:
         # Uniform Nyström on the unlifted (non-symmetric) kernel: columns K_J, rows Q_J.
         if n_q != n_k:
@@ -275,12 +296,13 @@ def _skyformer_torch(q, k, landmarks, inverse, n_iter, gamma, replace, generator
         idx = _landmark_indices(landmarks, n_q, batch, q.device, replace, generator)
         qj, kj = _gather_rows(q, idx), _gather_rows(k, idx)
         left, block, right = _kernel_block(q, kj, p), _kernel_block(qj, kj, p), _kernel_block(qj, k, p)
-        core = _core(block, inverse, n_iter, gamma, symmetric=False)
+        core = _core(block, inverse, n_iter, gamma, symmetric=False, tol=tol)
     return left, core, right, idx
 
 
 def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, gamma: float = 0.1,
-                    replace: bool = True, generator=None, lift: bool = True, init: str = "official") -> NystromFactors:
+                    replace: bool = True, generator=None, lift: bool = True, init: str = "official",
+                    tol: float | None = None) -> NystromFactors:
     r"""Skyformer's lifted Nyström factors :math:`\tilde C = \kappa(Q, X_J)\, W\, \kappa(X_J, K)`.
 
     Parameters
@@ -298,6 +320,9 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
         Iterations and ridge of the iterative inverse.
     init : {"official", "norms"}
         Start of the iterative inverse (see :func:`iterative_inverse`); Skyformer's own by default.
+    tol : float, optional
+        Check the iterative inverse's residual against ``tol`` and warn (:class:`NystromWarning`)
+        above it (see :func:`iterative_inverse`); ``None`` (default) checks nothing.
     replace : bool
         Sample with replacement (default, as in the theorem).
     generator : int, numpy.random.Generator or torch.Generator, optional
@@ -331,7 +356,7 @@ def nystrom_factors(Q, K, landmarks, *, inverse: str = "pinv", n_iter: int = 6, 
     """
     q, k, numpy_out = _check_pair(Q, K)
     left, core, right, idx = _skyformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), _check_gamma(gamma),
-                                              replace, generator, lift, init)
+                                              replace, generator, lift, init, _check_tol(tol))
     left, core, right = (t.to(q.dtype) for t in (left, core, right))
     return NystromFactors(*(from_torch(t, numpy_out) for t in (left, core, right, idx)), inverse)
 
@@ -354,10 +379,16 @@ def nystrom_matrix(Q, K, landmarks, **kwargs):
 
 
 def nystrom_attention(Q, K, V, landmarks, *, inverse: str = "pinv", n_iter: int = 6, gamma: float = 0.1,
-                      replace: bool = True, generator=None, lift: bool = True, init: str = "official"):
+                      replace: bool = True, generator=None, lift: bool = True, init: str = "official",
+                      tol: float | None = None, renormalize: bool = False):
     r"""Skyformer attention :math:`\tilde C V` in O(n m p + m^3), never forming :math:`\tilde C`.
 
     Parameters as in :func:`nystrom_factors`; ``V`` has shape (..., n_k, d_v).
+    ``renormalize=True`` divides each output row by the row sum :math:`\tilde C \mathbf 1`
+    (one more column through the same three products): the result then approximates the
+    row-normalized Gaussian attention :math:`\mathrm{diag}(C\mathbf 1)^{-1} C V`, no longer
+    Skyformer's unnormalized :math:`C V`. A row whose approximate sum is near zero or negative
+    (possible: :math:`\tilde C` can have negative entries) is amplified or flipped.
 
     Returns
     -------
@@ -378,8 +409,18 @@ def nystrom_attention(Q, K, V, landmarks, *, inverse: str = "pinv", n_iter: int 
     q, k, numpy_out = _check_pair(Q, K, V=V)
     v = _check_values(V, k)
     left, core, right, _ = _skyformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), _check_gamma(gamma),
-                                            replace, generator, lift, init)
-    return from_torch((left @ (core @ (right @ v.to(left.dtype)))).to(q.dtype), numpy_out)
+                                            replace, generator, lift, init, _check_tol(tol))
+    v = v.to(left.dtype)
+    if renormalize:
+        return from_torch(_renormalized(left, core, right, v).to(q.dtype), numpy_out)
+    return from_torch((left @ (core @ (right @ v))).to(q.dtype), numpy_out)
+
+
+def _renormalized(left, core, right, v):
+    """:math:`L W R V` with each row divided by its sum :math:`L W R 1`: the ones column rides along with ``V``."""
+    ones = torch.ones(*v.shape[:-1], 1, dtype=v.dtype, device=v.device)
+    both = left @ (core @ (right @ torch.cat([v, ones.expand(*v.shape[:-1], 1)], -1)))
+    return both[..., :-1] / both[..., -1:]
 
 
 # --------------------------------------------------------------------------- Nyströmformer
@@ -408,7 +449,7 @@ def segment_means(X, m: int):
     return from_torch(sums / counts[:, None], numpy_out)
 
 
-def _nystromformer_torch(q, k, m, inverse, n_iter, init_scale="head"):
+def _nystromformer_torch(q, k, m, inverse, n_iter, init_scale="head", tol=None):
     _check_inverse(inverse)
     _check_scale(init_scale)
     m = _as_count(m)
@@ -426,11 +467,12 @@ def _nystromformer_torch(q, k, m, inverse, n_iter, init_scale="head"):
     if inverse == "pinv":
         return left, torch.linalg.pinv(block, rtol=_pinv_rtol(block.dtype)), right
     core = _newton_schulz(block, n_iter, "norms", init_scale)
+    _check_convergence(block, core, n_iter, tol, "Nyströmformer's iterative inverse")
     return left, core, right
 
 
 def nystromformer_factors(Q, K, landmarks: int, *, inverse: str = "iterative", n_iter: int = 6,
-                          init_scale: str = "head") -> NystromFactors:
+                          init_scale: str = "head", tol: float | None = None) -> NystromFactors:
     r"""Nyströmformer's factors of SoftMax attention, :math:`F\, W\, B` (Xiong et al. 2021).
 
     :math:`\tilde Q, \tilde K` are segment means (:func:`segment_means`),
@@ -446,6 +488,11 @@ def nystromformer_factors(Q, K, landmarks: int, *, inverse: str = "iterative", n
     maxima over all blocks at once, as Nyströmformer's official code does (then a head's
     result depends on the other heads and sequences of the batch: up to 0.37 relative).
 
+    ``tol``: when given, the iterative inverse's residual :math:`\|I - A W\|_F` (``A`` the
+    landmark block; one more ``m x m`` product) is checked and a :class:`NystromWarning` names
+    ``n_iter`` above it (see :func:`newton_schulz_pinv`). The rows of :math:`FWB` do not sum to
+    1: :meth:`NystromFactors.row_sums` gives the sums.
+
     Examples
     --------
     >>> import numpy as np, sinkflow
@@ -455,7 +502,8 @@ def nystromformer_factors(Q, K, landmarks: int, *, inverse: str = "iterative", n
     True
     """
     q, k, numpy_out = _check_pair(Q, K)
-    left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), init_scale)
+    left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), init_scale,
+                                             _check_tol(tol))
     return NystromFactors(*(from_torch(t, numpy_out) for t in (left, core, right)), None, inverse)
 
 
@@ -472,10 +520,15 @@ def nystromformer_matrix(Q, K, landmarks: int, **kwargs):
 
 
 def nystromformer_attention(Q, K, V, landmarks: int, *, inverse: str = "iterative", n_iter: int = 6,
-                            init_scale: str = "head"):
+                            init_scale: str = "head", tol: float | None = None, renormalize: bool = False):
     r"""Nyströmformer attention :math:`F (W (B V))` approximating :math:`\mathrm{softmax}(QK^T/\sqrt p) V`.
 
     Keywords as :func:`nystromformer_factors` (``init_scale="batch"``: the official code's start).
+    The rows of :math:`FWB` need not sum to 1 as SoftMax's do; ``renormalize=True`` divides each
+    output row by its row sum :math:`FWB\mathbf 1` (a ones column through the same three
+    products: one more column of ``V``), so a constant ``V`` comes back exactly. A row sum near
+    zero or negative (a poorly inverted landmark block) is then amplified or flipped: check
+    :meth:`NystromFactors.row_sums` first.
 
     Examples
     --------
@@ -486,9 +539,12 @@ def nystromformer_attention(Q, K, V, landmarks: int, *, inverse: str = "iterativ
     """
     q, k, numpy_out = _check_pair(Q, K, V=V)
     v = _check_values(V, k)
-    left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), init_scale)
+    left, core, right = _nystromformer_torch(q, k, landmarks, inverse, _check_iter(n_iter), init_scale,
+                                             _check_tol(tol))
     if core is right:  # the exact case (landmarks >= tokens): both factors are the identity
         return from_torch(left @ v, numpy_out)
+    if renormalize:
+        return from_torch(_renormalized(left, core, right, v), numpy_out)
     return from_torch(left @ (core @ (right @ v)), numpy_out)
 
 
