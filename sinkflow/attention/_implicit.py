@@ -101,18 +101,41 @@ def implicit_vjp(K, a, b, grad):
     return K * (grad - (u - a * Kmu)[..., :, None] - a[..., :, None] * mu[..., None, :])
 
 
+def implicit_jvp(K, a, b, dC):
+    """The tangent of the converged map at ``K`` along ``dC``: ``dK = K (dC + df 1^T + 1 dg^T)``."""
+    KdC = K * dC
+    r1, r2 = -KdC.sum(-1), -(a[..., :, None] * KdC).sum(-2)
+    rhs = r2 - (K.transpose(-1, -2) @ (a * r1)[..., None])[..., 0]
+    rhs = torch.where(b > 0, rhs, torch.zeros_like(rhs))
+    dg = _schur_solve(K, a, b, rhs)
+    df = r1 - (K @ dg[..., None])[..., 0]
+    return K * (dC + df[..., :, None] + dg[..., None, :])
+
+
 class ImplicitSinkhorn(torch.autograd.Function):
-    """Identity on the converged ``K`` in the forward; the implicit vjp with respect to ``C`` in the backward."""
+    """Identity on the converged ``K`` in the forward; the implicit vjp (and jvp) with respect to ``C``."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, C, K, a, b):
-        ctx.save_for_backward(K, a, b)
+    def forward(C, K, a, b):
         return K.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, K, a, b = inputs
+        a = torch.broadcast_to(a, K.shape[:-1])
+        b = torch.broadcast_to(b, K.shape[:-2] + K.shape[-1:])
+        ctx.save_for_backward(K, a, b)
+        ctx.save_for_forward(K, a, b)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         K, a, b = ctx.saved_tensors
-        a = torch.broadcast_to(a, K.shape[:-1])
-        b = torch.broadcast_to(b, K.shape[:-2] + K.shape[-1:])
         return implicit_vjp(K, a, b, grad.to(K.dtype)), None, None, None
+
+    @staticmethod
+    def jvp(ctx, dC, dK, da, db):
+        K, a, b = ctx.saved_tensors
+        return implicit_jvp(K, a, b, dC.to(K.dtype))

@@ -300,8 +300,8 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
         accelerations) and the backward solves the linear system of the first-order conditions
         at the returned matrix (docs/theory/implicit.md): the derivative of the converged map,
         memory independent of the iteration count, only the gradient with respect to ``scores``
-        (weights ``a``, ``b`` that require grad are refused), no double backward, not under
-        ``torch.func``. If the returned matrix has not converged (marginal error above ``tol``,
+        (weights ``a``, ``b`` that require grad are refused), no double backward; ``torch.func``
+        grad, vjp and jvp work (vmap with a fixed ``n_iter``). If the returned matrix has not converged (marginal error above ``tol``,
         or any fixed ``n_iter``'s iterate whose error exceeds ``tol``), a :class:`SinkhornWarning`
         says so and the gradient is still that of the conditions at the current iterate.
 
@@ -349,9 +349,6 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
     if backward == "implicit" and (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
         raise NotImplementedError("backward='implicit' differentiates with respect to scores only: weights a and b "
                                   "that require grad are not supported (detach them, or use backward='unrolled')")
-    if implicit and transformed():
-        raise RuntimeError("backward='implicit' uses a custom autograd Function, which is not available under "
-                           "torch.func transforms here: use backward='unrolled' (the default) with torch.func")
     if vmapped(C):  # torch.func.vmap: no stopping test, no float diagnostics per sample
         if n_iter is None:
             raise RuntimeError("solve_sinkhorn runs to tolerance (n_iter=None) with a data-dependent stopping loop, "
@@ -372,7 +369,7 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
             result = _solve_sinkhorn(C.detach(), None if run_out else n_iter, tol, max_iter, mask, a, b, init_g,
                                      epsilon_scaling, warn, True)
         K = torch.as_tensor(result.attention)
-        if not result.converged:
+        if not result.converged and not math.isnan(result.marginal_error):  # (no error read under vmap)
             warnings.warn(f"backward='implicit': the solve did not converge (marginal error {result.marginal_error:.3g}"
                           f" > tol={result.tol:g}); the gradient is that of the optimality conditions at the "
                           "returned iterate, not of the converged map", SinkhornWarning, stacklevel=3)
