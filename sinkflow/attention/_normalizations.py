@@ -53,6 +53,7 @@ spinning to ``max_iter``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -65,6 +66,7 @@ from sinkflow._backend import (
     check_finite,
     check_float,
     check_number,
+    data_readable,
     finite_or_nan,
     from_torch,
     leading,
@@ -301,9 +303,10 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
         at the returned matrix (docs/theory/implicit.md): the derivative of the converged map,
         memory independent of the iteration count, only the gradient with respect to ``scores``
         (weights ``a``, ``b`` that require grad are refused), no double backward; ``torch.func``
-        grad, vjp and jvp work (vmap with a fixed ``n_iter``). If the returned matrix has not converged (marginal error above ``tol``,
-        or any fixed ``n_iter``'s iterate whose error exceeds ``tol``), a :class:`SinkhornWarning`
-        says so and the gradient is still that of the conditions at the current iterate.
+        grad, vjp and jvp work (vmap with a fixed ``n_iter``). If the returned matrix has not
+        converged (marginal error above ``tol``, also after a fixed ``n_iter``), a
+        :class:`SinkhornWarning` says so (unless ``warn`` is False) and the gradient is still
+        that of the conditions at the current iterate.
 
     Returns
     -------
@@ -345,7 +348,8 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
     b_given = b is not None
     check_backward(backward)
     C, mask, a, b, numpy_out = _prepare(scores, mask, a, b, init_g)
-    implicit = backward == "implicit" and torch.is_grad_enabled() and C.requires_grad
+    # (taken for every torch input: a torch.func.jvp tangent does not show as requires_grad)
+    implicit = backward == "implicit" and not numpy_out
     if backward == "implicit" and (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
         raise NotImplementedError("backward='implicit' differentiates with respect to scores only: weights a and b "
                                   "that require grad are not supported (detach them, or use backward='unrolled')")
@@ -365,11 +369,12 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
     mask = _exclude_empty_lines(mask, a, b)
     inplace = not (transformed() or torch.is_grad_enabled() and (C.requires_grad or a.requires_grad or b.requires_grad))
     if implicit:
-        with torch.no_grad():
+        # the forward needs no autograd: outside vmap it reads data freely (all accelerations, the stopping test)
+        with torch.no_grad(), contextlib.nullcontext() if vmapped(C) else data_readable():
             result = _solve_sinkhorn(C.detach(), None if run_out else n_iter, tol, max_iter, mask, a, b, init_g,
                                      epsilon_scaling, warn, True)
         K = torch.as_tensor(result.attention)
-        if not result.converged and not math.isnan(result.marginal_error):  # (no error read under vmap)
+        if warn and not result.converged and not math.isnan(result.marginal_error):  # (no error read under vmap)
             warnings.warn(f"backward='implicit': the solve did not converge (marginal error {result.marginal_error:.3g}"
                           f" > tol={result.tol:g}); the gradient is that of the optimality conditions at the "
                           "returned iterate, not of the converged map", SinkhornWarning, stacklevel=3)

@@ -117,6 +117,12 @@ def _normalizer(attention, n_iter, tol, max_iter):
                   "max_iter": check_number(max_iter, "max_iter", integer=True, positive=True)}
     name = attention if variant.solver != "sinkhorn" else (
         f"{attention}(n_iter={n_iter})" if n_iter is not None else f"{attention}(tol={kwargs['tol']:g})")
+    if variant.solver == "sinkhorn" and n_iter is None and attention == "sinkhorn":
+        # to tolerance: the derivative of the converged map (implicit gradients), not of the last steps
+        from sinkflow.attention._normalizations import solve_sinkhorn
+
+        return name, lambda C, mask: solve_sinkhorn(C, None, kwargs["tol"], kwargs["max_iter"], mask=mask, warn=False,
+                                                    backward="implicit").attention
     return name, lambda C, mask: variant.normalize(C, mask=mask, **kwargs).attention
 
 
