@@ -101,6 +101,8 @@ def test_sinkhorn_to_tolerance_is_the_converged_map():
     res = attention_lipschitz(X, "sinkhorn", WQ, WK, WV, tol=1e-13)
     assert res.attention == "sinkhorn(tol=1e-13)" and res.bound is None
     assert abs(res.estimate / oracle - 1) < 1e-7  # measured 1.3e-9 (the unrolled solver: 1.6e-4)
+    power = attention_lipschitz(X, "sinkhorn", WQ, WK, WV, tol=1e-13, method="power iteration")
+    assert abs(power.estimate / oracle - 1) < 1e-7  # torch.func.jvp through the forward-mode rule
     # the fixed-n_iter derivative tends to the converged map's as n_iter grows
     long = attention_lipschitz(X, "sinkhorn", WQ, WK, WV, n_iter=4001).estimate
     assert abs(long / oracle - 1) < 1e-7
