@@ -440,6 +440,14 @@ def sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None, a=Non
     True
     >>> np.array_equal(sinkflow.sinkhorn(C, n_iter=1), sinkflow.softmax(C))
     True
+
+    Gradients of the converged map (implicit differentiation, memory independent of the iterations):
+
+    >>> import torch
+    >>> X = torch.tensor(C, requires_grad=True)
+    >>> sinkflow.sinkhorn(X, backward="implicit").square().sum().backward()
+    >>> X.grad.shape
+    torch.Size([4, 4])
     """
     return solve_sinkhorn(scores, n_iter, tol, max_iter, mask=mask, a=a, b=b, backward=backward,
                           _diagnostics=n_iter is None or backward == "implicit").attention
