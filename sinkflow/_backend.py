@@ -347,6 +347,18 @@ def transform_entry(*tensors):
         _TRANSFORMED[0] = False
 
 
+@contextlib.contextmanager
+def data_readable():
+    """Inside a ``torch.func`` grad/jvp/vjp transform (not vmap): let a call on detached tensors read data again
+    (the solver to tolerance with its accelerations); the setting of :func:`transform_entry` comes back after."""
+    saved = _TRANSFORMED[0]
+    _TRANSFORMED[0] = False
+    try:
+        yield
+    finally:
+        _TRANSFORMED[0] = saved
+
+
 def transformed() -> bool:
     """Whether a public entry found its inputs wrapped by a ``torch.func`` transform (:func:`transform_entry`):
     then no custom autograd Function, no numpy, no fused kernel without forward-mode and vmap rules."""

@@ -53,6 +53,8 @@ spinning to ``max_iter``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import warnings
 
@@ -64,6 +66,7 @@ from sinkflow._backend import (
     check_finite,
     check_float,
     check_number,
+    data_readable,
     finite_or_nan,
     from_torch,
     leading,
@@ -73,6 +76,7 @@ from sinkflow._backend import (
     vmapped,
 )
 from sinkflow._checks import check_numpy_float
+from sinkflow.attention._implicit import ImplicitSinkhorn, check_backward
 from sinkflow.attention._log_steps import _masked_softmax
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
 from sinkflow.attention._operators import (
@@ -235,7 +239,8 @@ def softmax(scores, mask=None):
 
 
 def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None, a=None, b=None,
-                   init_g=None, epsilon_scaling=True, warn=True, _diagnostics=True) -> SinkhornResult:
+                   init_g=None, epsilon_scaling=True, warn=True, backward="unrolled",
+                   _diagnostics=True) -> SinkhornResult:
     r"""Sinkhorn normalization with the full result (potentials, errors, convergence).
 
     Parameters
@@ -290,6 +295,18 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
         plain alternating loop (still stopping early on a stall).
     warn : bool
         Whether to issue :class:`SinkhornWarning` (unreachable ``tol``, stall, budget).
+    backward : {"unrolled", "implicit"}
+        How torch inputs that require grad are differentiated. ``"unrolled"`` (the default, for
+        a fixed ``n_iter`` and to tolerance alike): autograd through the iterations, the exact
+        derivative of what was computed. ``"implicit"``: the solver runs without autograd (all
+        accelerations) and the backward solves the linear system of the first-order conditions
+        at the returned matrix (docs/theory/implicit.md): the derivative of the converged map,
+        memory independent of the iteration count, only the gradient with respect to ``scores``
+        (weights ``a``, ``b`` that require grad are refused), no double backward; ``torch.func``
+        grad, vjp and jvp work (vmap with a fixed ``n_iter``). If the returned matrix has not
+        converged (marginal error above ``tol``, also after a fixed ``n_iter``), a
+        :class:`SinkhornWarning` says so (unless ``warn`` is False) and the gradient is still
+        that of the conditions at the current iterate.
 
     Returns
     -------
@@ -322,12 +339,20 @@ def solve_sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None,
     (True, True)
     """
     with transform_entry(scores, mask, a, b, init_g):
-        return _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_scaling, warn, _diagnostics)
+        return _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_scaling, warn, _diagnostics,
+                               backward)
 
 
-def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_scaling, warn, _diagnostics):
+def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_scaling, warn, _diagnostics,
+                    backward="unrolled"):
     b_given = b is not None
+    check_backward(backward)
     C, mask, a, b, numpy_out = _prepare(scores, mask, a, b, init_g)
+    # (taken for every torch input: a torch.func.jvp tangent does not show as requires_grad)
+    implicit = backward == "implicit" and not numpy_out
+    if backward == "implicit" and (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
+        raise NotImplementedError("backward='implicit' differentiates with respect to scores only: weights a and b "
+                                  "that require grad are not supported (detach them, or use backward='unrolled')")
     if vmapped(C):  # torch.func.vmap: no stopping test, no float diagnostics per sample
         if n_iter is None:
             raise RuntimeError("solve_sinkhorn runs to tolerance (n_iter=None) with a data-dependent stopping loop, "
@@ -343,6 +368,18 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
     a, b = _effective_weights(a, b, mask, C.shape, b_given)
     mask = _exclude_empty_lines(mask, a, b)
     inplace = not (transformed() or torch.is_grad_enabled() and (C.requires_grad or a.requires_grad or b.requires_grad))
+    if implicit:
+        # the forward needs no autograd: outside vmap it reads data freely (all accelerations, the stopping test)
+        with torch.no_grad(), contextlib.nullcontext() if vmapped(C) else data_readable():
+            result = _solve_sinkhorn(C.detach(), None if run_out else n_iter, tol, max_iter, mask, a, b, init_g,
+                                     epsilon_scaling, warn, True)
+        K = torch.as_tensor(result.attention)
+        if warn and not result.converged and not math.isnan(result.marginal_error):  # (no error read under vmap)
+            warnings.warn(f"backward='implicit': the solve did not converge (marginal error {result.marginal_error:.3g}"
+                          f" > tol={result.tol:g}); the gradient is that of the optimality conditions at the "
+                          "returned iterate, not of the converged map", SinkhornWarning, stacklevel=3)
+        P = ImplicitSinkhorn.apply(C, K.to(C.dtype), a.detach(), b.detach()).to(out_dtype)
+        return dataclasses.replace(result, attention=from_torch(P, numpy_out))
     f = torch.zeros(C.shape[:-1], dtype=C.dtype, device=C.device)
     g = _initial_g(init_g, C)
     if n_iter is not None:
@@ -376,7 +413,7 @@ def _solve_sinkhorn(scores, n_iter, tol, max_iter, mask, a, b, init_g, epsilon_s
         a=from_torch(a, numpy_out), b=from_torch(b, numpy_out))
 
 
-def sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None, a=None, b=None):
+def sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None, a=None, b=None, backward="unrolled"):
     """Sinkhorn attention: alternate row and column normalizations of ``exp(scores)``.
 
     Same arguments as :func:`solve_sinkhorn`; returns only the normalized matrix. Use
@@ -387,7 +424,7 @@ def sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None, a=Non
     scores : array_like or torch.Tensor, shape (..., n, m)
     n_iter : int or None
         Half-iterations; ``1`` equals :func:`softmax`, ``None`` runs to ``tol``.
-    tol, max_iter, mask, a, b
+    tol, max_iter, mask, a, b, backward
         See :func:`solve_sinkhorn`.
 
     Returns
@@ -403,5 +440,14 @@ def sinkhorn(scores, n_iter=None, tol=None, max_iter=20_000, *, mask=None, a=Non
     True
     >>> np.array_equal(sinkflow.sinkhorn(C, n_iter=1), sinkflow.softmax(C))
     True
+
+    Gradients of the converged map (implicit differentiation, memory independent of the iterations):
+
+    >>> import torch
+    >>> X = torch.tensor(C, requires_grad=True)
+    >>> sinkflow.sinkhorn(X, backward="implicit").square().sum().backward()
+    >>> X.grad.shape
+    torch.Size([4, 4])
     """
-    return solve_sinkhorn(scores, n_iter, tol, max_iter, mask=mask, a=a, b=b, _diagnostics=n_iter is None).attention
+    return solve_sinkhorn(scores, n_iter, tol, max_iter, mask=mask, a=a, b=b, backward=backward,
+                          _diagnostics=n_iter is None or backward == "implicit").attention

@@ -7,7 +7,7 @@ Castin, Ablin and Peyré, "How Smooth Is Attention?" (ICML 2024, arXiv:2312.1482
 :math:`\|Df(X)\|_2` over :math:`\mathbb{R}^{n \times d}` with the Frobenius norm. Here:
 
 - :func:`attention_lipschitz`: :math:`\|Df(X)\|_2` for any registered normalization (SoftMax,
-  Sinkhorn to ``n_iter`` half-steps or to tolerance, differentiated through the unrolled solver),
+  Sinkhorn to ``n_iter`` half-steps, unrolled, or to tolerance, by implicit gradients of the converged map),
   with or without a mask: the dense Jacobian's exact norm for small ``n d``, else power iteration
   on :math:`J^\top J` (``torch.func.jvp`` and the ``torch.func.vjp`` of one forward pass, no vmap);
 - :func:`adversarial_input`: the paper's construction :math:`x_1 = R u`, :math:`x_{j \ge 2} = R u / 2`
@@ -117,6 +117,12 @@ def _normalizer(attention, n_iter, tol, max_iter):
                   "max_iter": check_number(max_iter, "max_iter", integer=True, positive=True)}
     name = attention if variant.solver != "sinkhorn" else (
         f"{attention}(n_iter={n_iter})" if n_iter is not None else f"{attention}(tol={kwargs['tol']:g})")
+    if variant.solver == "sinkhorn" and n_iter is None and attention == "sinkhorn":
+        # to tolerance: the derivative of the converged map (implicit gradients), not of the last steps
+        from sinkflow.attention._normalizations import solve_sinkhorn
+
+        return name, lambda C, mask: solve_sinkhorn(C, None, kwargs["tol"], kwargs["max_iter"], mask=mask, warn=False,
+                                                    backward="implicit").attention
     return name, lambda C, mask: variant.normalize(C, mask=mask, **kwargs).attention
 
 
@@ -238,7 +244,8 @@ def attention_lipschitz(x, attention, W_Q, W_K, W_V, mask=None, *, n_iter=None, 
         A registered attention name with a dense dot-product normalization (``"softmax"``,
         ``"sinkhorn"``), or ``normalize(C[, mask=...]) -> K`` on a dense ``(n, n)`` score matrix.
         Sinkhorn is differentiated through its unrolled iterations as the solver runs them, to
-        ``n_iter`` half-steps, or to ``tol`` when ``n_iter`` is None (no implicit differentiation).
+        ``n_iter`` half-steps, or to ``tol`` when ``n_iter`` is None (the derivative of the converged map,
+        by implicit differentiation: ``solve_sinkhorn(..., backward="implicit")``).
     W_Q, W_K : array_like, shape (d_head, d) or (heads, d_head, d)
     W_V : array_like, shape (d_v, d) or (heads, d_v, d)
     mask : bool array, shape (n, n), optional

@@ -4,7 +4,7 @@ r"""The local Lipschitz constant of self-attention against the sequence length n
 One randomly initialized head of :class:`sinkflow.nn.MultiheadAttention` (its Xavier-uniform
 ``W_Q, W_K, W_V``, no output projection); :math:`\|Df(X)\|_2` by
 :func:`sinkflow.bounds.attention_lipschitz` for SoftMax, causal SoftMax, Sinkhorn with the layer's
-``n_iter = 3`` half-steps and Sinkhorn to tolerance (differentiated through the solver as it runs):
+``n_iter = 3`` half-steps and Sinkhorn to tolerance (implicit gradients of the converged map):
 
 (a) the paper's adversarial input at a fixed radius R, with :math:`C\sqrt{n}` overlaid (C the
 smallest constant above SoftMax): the constant rises, peaks, then falls;
