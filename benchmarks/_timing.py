@@ -95,6 +95,10 @@ def compare_revisions(script: str, argv: list[str] | None = None) -> list[str] |
         for name in list(packages)[:: 1 if round_ % 2 == 0 else -1]:
             runs[name].append(_run(script, rest, packages[name]))
     now, before = runs.values()
+    if not now[0]:
+        print(f"\n{Path(script).name} {' '.join(rest)} recorded no row to compare (see its --help for the rows "
+              "--baseline compares)")
+        return None
     print(f"\n| row | this checkout | {args.baseline} | this / {args.baseline} |\n|---|---|---|---|")
     for label in now[0]:
         a = statistics.median(r[label] for r in now if label in r)
