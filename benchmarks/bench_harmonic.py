@@ -49,10 +49,10 @@ import torch
 from _timing import compare_revisions, record  # benchmarks/_timing.py
 
 import sinkflow
+from sinkflow.fields._harmonic_bases import _SphereFourierBasis
+from sinkflow.fields._harmonic_fields import HarmonicParticleField
+from sinkflow.fields._harmonic_kernels import likely_kernel
 from sinkflow.particles import lazy_attention_field
-from sinkflow.particles._harmonic_bases import _SphereFourierBasis
-from sinkflow.particles._harmonic_fields import HarmonicParticleField
-from sinkflow.particles._harmonic_kernels import likely_kernel
 
 _SOFTMAX_TARGET_S = {20_000: 0.05, 1_000_000: 2.0}  # issue 30: one SoftMax step on one core
 _SINKHORN_RATIO = 3.0  # issue 30: a Sinkhorn step to tolerance within 3x the SoftMax step

@@ -113,7 +113,7 @@ def single(method, n, steps, repeats, n_iter):
     if method.startswith("nystrom"):
         xt = torch.from_numpy(x)
         sampling = {"landmark_sampling": "uniform"} if method == "nystrom_uniform" else {}
-        import sinkflow.particles._lowrank_fields as lowrank_fields
+        import sinkflow.fields._lowrank_fields as lowrank_fields
 
         if method == "nystrom" and hasattr(lowrank_fields, "farthest_point_indices"):  # not in older revisions
             z = sinkflow.particles.gaussian_coordinates(xt, torch.tensor(W, dtype=torch.float32), 1.0)
@@ -217,7 +217,7 @@ def cpu_description() -> str:
 
     import torch
 
-    from sinkflow.particles._blockwise_fields import _l2_bytes
+    from sinkflow.fields._blockwise_fields import _l2_bytes
 
     info = {}
     try:
@@ -300,7 +300,7 @@ def _exact_runs(n):
     block's shape and on a 4 MiB one."""
     import torch
 
-    import sinkflow.particles._blockwise_fields as blockwise_fields
+    import sinkflow.fields._blockwise_fields as blockwise_fields
 
     x = torch.from_numpy(_particles(n))
     Wt = torch.tensor(W, dtype=torch.float32)

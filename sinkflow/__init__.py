@@ -50,21 +50,23 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "smallest_sufficient_landmarks", "LipschitzEstimate", "attention_lipschitz", "adversarial_input",
         "lipschitz_upper_bound", "query_key_matrix",
     ),
-    # particle flows, their fields (dense, block-wise, low-rank, harmonic), integrators, monitors, energies
-    "sinkflow.particles": (
+    # the attention field on particles: dense, block-wise, landmarks, harmonic, ensembles
+    "sinkflow.fields": (
         "LazyField", "lazy_attention_field", "DEFAULT_BLOCK_BYTES", "cache_block_bytes", "LANDMARK_METHODS",
         "LANDMARK_SAMPLINGS", "FPS_BLOCK", "landmark_indices", "farthest_point_indices", "gaussian_coordinates",
         "NystromPositivityError", "LowRankField", "lowrank_attention_field", "ATTENTIONS", "FieldEvaluation",
-        "attention_field", "dense_limit", "check_matrix", "check_weights", "single_thread_if_small", "energy_0",
-        "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot", "gradient_flow_error",
-        "jacobian_asymmetry", "ParticleField", "euler_step", "rk4_step", "INTEGRATORS", "MAX_MONITOR_N",
+        "attention_field", "dense_limit", "check_matrix", "check_weights", "single_thread_if_small", "ParticleField",
+        "causal_mask", "renyi_centers", "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField", "HarmonicParticleField",
+        "harmonic_kernel", "harmonic_attention_field", "harmonic_choice",
+    ),
+    # particle flows: simulate, integrators, monitors, energies, placements
+    "sinkflow.particles": (
+        "energy_0", "energy_gaussian", "energy_inf", "energy_log_partition", "energy_sphere", "entropic_ot",
+        "gradient_flow_error", "jacobian_asymmetry", "euler_step", "rk4_step", "INTEGRATORS", "MAX_MONITOR_N",
         "cluster_statistics", "cluster_labels", "MonitorContext", "MonitorRecords", "MONITOR_FUNCTIONS", "MONITORS",
-        "MONITOR_KEYS", "attention_rank", "ATTENTION_RANK_RTOL",
-        "lipschitz_scale", "largest_safe_step", "simulate", "Trajectory", "random_particles",
-        "default_tol", "causal_mask", "renyi_centers", "HARMONIC_MIN_N", "HarmonicKernel", "HarmonicField",
-        "HarmonicParticleField", "harmonic_kernel", "harmonic_attention_field", "harmonic_choice",
-        "Placement", "placement", "PLACEMENTS", "PLACEMENT_NORMALIZATIONS", "equiangular_flow", "equiangular_start",
-        "EquiangularFlow",
+        "MONITOR_KEYS", "attention_rank", "ATTENTION_RANK_RTOL", "lipschitz_scale", "largest_safe_step", "simulate",
+        "Trajectory", "random_particles", "default_tol", "Placement", "placement", "PLACEMENTS",
+        "PLACEMENT_NORMALIZATIONS", "equiangular_flow", "equiangular_start", "EquiangularFlow",
     ),
     # heat-diffusion limit: references, rescaled flows, distances, mean-field and moment flows
     "sinkflow.heat": (

@@ -24,7 +24,8 @@ FLOORS = (
     ("_backend", "_checks", "_optional", "_progress", "_summary"),  # shared private helpers
     ("attention",),  # scores, normalizations, variants, Nystrom
     ("bounds",),  # stochasticity, Nystrom bounds
-    ("particles",),  # fields, flows, energies
+    ("fields",),  # the attention field on particles: dense, block-wise, landmarks, harmonic, ensembles
+    ("particles",),  # flows: simulate, integrators, trajectories, monitors, energies
     ("heat",),  # the many-particle limit and its references
     ("clustering",),  # clustering on the circle and the sphere: linear theory, cluster counts
     ("datasets",),  # generated data sets

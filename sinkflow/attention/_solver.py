@@ -2,7 +2,7 @@ r"""One Sinkhorn solver over kernel operators: the half-step loop, its stopping 
 
 A kernel operator (:class:`KernelOperator`) knows how its kernel is applied: a dense matrix kept
 in the log domain or as scalings of an exponentiated one (:mod:`sinkflow.attention._operators`),
-score blocks recomputed row block by row block (:mod:`sinkflow.particles._blockwise_fields`).
+score blocks recomputed row block by row block (:mod:`sinkflow.fields._blockwise_fields`).
 This module knows how Sinkhorn iterates over any of them:
 
 * :func:`_half_steps` runs half-steps (a row step, then a column step, ...) and reads the marginal

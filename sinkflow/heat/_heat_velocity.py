@@ -15,8 +15,8 @@ import torch
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, lift_half, to_torch
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.attention._variants import get_attention
-from sinkflow.particles._dense_fields import attention_field
-from sinkflow.particles._lowrank_fields import lowrank_attention_field
+from sinkflow.fields._dense_fields import attention_field
+from sinkflow.fields._lowrank_fields import lowrank_attention_field
 
 __all__ = ["NORMALIZATIONS", "HEAT_LAYERS", "heat_velocity"]
 

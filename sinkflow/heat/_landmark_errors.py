@@ -41,11 +41,11 @@ from sinkflow._backend import check_number, check_seed
 from sinkflow._summary import Summarized, number, span
 from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._nystrom import nystrom_factors
+from sinkflow.fields._dense_fields import attention_field
+from sinkflow.fields._landmarks import _flow_landmarks, gaussian_coordinates
 from sinkflow.heat._references import GaussianMixture
 from sinkflow.heat._rescaled_flow import heat_flow
-from sinkflow.particles._dense_fields import attention_field
 from sinkflow.particles._energies import energy_inf
-from sinkflow.particles._landmarks import _flow_landmarks, gaussian_coordinates
 from sinkflow.particles._simulate import simulate
 from sinkflow.particles._step_size import lipschitz_scale
 

@@ -51,9 +51,9 @@ import torch
 
 from sinkflow._backend import check_number, check_seed, from_torch
 from sinkflow._summary import Summarized, describe_array, number
+from sinkflow.fields._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 from sinkflow.heat._heat_velocity import _check_eps, _default_tol, _heat_layer, _positions, _velocity
 from sinkflow.heat._references import _check_time
-from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS, _flow_landmarks
 
 __all__ = ["HeatFlowResult", "heat_trajectory", "heat_flow", "largest_safe_dt"]
 

@@ -40,7 +40,7 @@ from sinkflow._backend import check_finite, check_float, check_number, leading, 
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import gaussian_scores
 from sinkflow.attention._variants import get_attention
-from sinkflow.particles._dense_fields import attention_field, check_matrix, check_weights, single_thread_if_small
+from sinkflow.fields._dense_fields import attention_field, check_matrix, check_weights, single_thread_if_small
 
 __all__ = [
     "energy_0",

@@ -8,7 +8,7 @@ broadcast against those of ``x0``. Every system evolves as it would alone:
   batched tensor flow; a batched Sinkhorn solve to tolerance stops each system when it converges
   (:mod:`sinkflow.attention._symmetric_sinkhorn`, for a symmetric positive semi-definite
   ``W_Q^T W_K``, the default identity included); SoftMax and Sinkhorn to tolerance evaluate their
-  field block by block in cache (:mod:`sinkflow.particles._ensemble_fields`);
+  field block by block in cache (:mod:`sinkflow.fields._ensemble_fields`);
 * everything else (landmarks, block-wise fields, registered attentions, non-symmetric ``W`` to
   tolerance, gradients) runs system by system through the single-system flow.
 
@@ -26,15 +26,16 @@ import torch
 
 from sinkflow._backend import broadcast_shapes, check_finite, check_float, from_torch, leading
 from sinkflow._progress import progress_bar
-from sinkflow.particles._dense_fields import (
+from sinkflow.fields._dense_fields import (
     DENSE_BYTES_LIMIT,
     check_matrix,
     check_weights,
     dense_limit,
     single_thread_if_small,
 )
-from sinkflow.particles._ensemble_fields import EnsembleField, takes_ensemble
-from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
+from sinkflow.fields._ensemble_fields import EnsembleField, takes_ensemble
+from sinkflow.fields._particle_field import ParticleField
+from sinkflow.particles._integrators import INTEGRATORS, _integrate
 from sinkflow.particles._monitors import (
     MONITOR_FUNCTIONS,
     MonitorContext,

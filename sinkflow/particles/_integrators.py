@@ -1,158 +1,19 @@
-"""Integrators of particle flows: the attention field as a callable on positions
-(:class:`ParticleField`, in R^d or on the sphere), and the explicit Euler and RK4 steps that
-:func:`sinkflow.simulate` takes. A residual attention layer is one Euler step.
+"""Integrators of particle flows: the explicit Euler and RK4 steps that :func:`sinkflow.simulate`
+takes on a :class:`~sinkflow.fields.ParticleField`. A residual attention layer is one Euler step.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from sinkflow._backend import empty_large
-from sinkflow.particles._dense_fields import attention_field
+from sinkflow.fields._particle_field import ParticleField
 
-__all__ = ["ParticleField", "euler_step", "rk4_step", "INTEGRATORS"]
-
-
-@dataclass
-class ParticleField:
-    """The velocity field of one simulation: an attention variant and its options.
-
-    ``velocity(Y)`` returns the (tangent) velocity and the :class:`~sinkflow.particles.FieldEvaluation`;
-    Sinkhorn potentials are carried from one evaluation to the next when ``warm_start``.
-    :func:`sinkflow.simulate` builds one per run from its checked arguments; the fields mirror
-    its options (``W = W_Q^T W_K``, ``sphere`` for ``manifold="sphere"``, ``need_errors`` for the
-    ``"marginal_errors"`` monitor, ``symmetric`` when ``W`` is symmetric positive semi-definite,
-    ``stages`` the field evaluations per integrator step, whose potentials ``history`` keeps per
-    stage for the warm start). ``Y`` may be a batch of systems ``(B, n, d)`` (ensembles).
-    ``retract(Y)`` maps a state back to the manifold
-    (renormalization on the sphere, the identity in Euclidean space).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from sinkflow.particles import ParticleField, default_tol
-    >>> field = ParticleField("sinkhorn", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
-    ...                       tol=default_tol(torch.float64), max_iter=1000, chunked=False, landmarks=None,
-    ...                       warm_start=True, sphere=False, need_errors=True)
-    >>> X = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    >>> v, ev = field.velocity(X)
-    >>> v.shape, ev.converged, ev.column_error < 1e-9, field.g is not None   # g: kept for the next call
-    (torch.Size([6, 2]), True, True, True)
-    >>> bool(torch.allclose(v.mean(0), X.mean(0)))   # doubly stochastic: the mean is kept
-    True
-    """
-
-    attention: Any
-    W: torch.Tensor | None
-    W_V: torch.Tensor | None
-    n_iter: int | None
-    weights: torch.Tensor | None
-    temperature: float
-    tol: float
-    max_iter: int
-    chunked: bool
-    landmarks: Any
-    warm_start: bool
-    sphere: bool
-    need_errors: bool
-    g: torch.Tensor | None = None
-    mask: torch.Tensor | None = None  # (n, n) boolean, True = i attends to j (causal flows)
-    symmetric: bool = False
-    stages: int = 1
-    history: dict = field(default_factory=dict)
-    calls: int = 0
-
-    def velocity(self, Y: torch.Tensor):
-        stage = self.calls % self.stages
-        self.calls += 1
-        extrapolate = self.symmetric and self.n_iter is None and self.warm_start
-        half = self._half_norms(Y) if extrapolate and stage in self.history else None  # none for SoftMax
-        ev = self.evaluate(Y, self._start(stage, half))
-        if ev.g is not None and self.warm_start:
-            self.g = ev.g.detach()
-            if extrapolate:
-                half = self._half_norms(Y) if half is None else half
-                self.history[stage] = _appended(self.history.get(stage), self.g, half)
-        return self.tangent(ev.velocity, Y) if self.sphere else ev.velocity, ev
-
-    def tangent(self, v: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-        """``v`` projected on the tangent spaces of the sphere at ``Y``: :math:`(I - y y^T) v`."""
-        return v - (v * Y).sum(-1, keepdim=True) * Y
-
-    def evaluate(self, Y: torch.Tensor, init_g: torch.Tensor | None):
-        """The :class:`~sinkflow.particles.FieldEvaluation` at ``Y`` (before any projection), the
-        Sinkhorn solve started from ``init_g``."""
-        return attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
-                               temperature=self.temperature, init_g=init_g, tol=self.tol,
-                               max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
-                               landmarks=self.landmarks, mask=self.mask, symmetric=self.symmetric)
-
-    def _half_norms(self, Y: torch.Tensor):
-        r"""Half the diagonal of the scores, :math:`m_i / 2 = y_i^T W y_i / (2\tau)` (numpy for a CPU
-        float tensor, as in :meth:`_start`)."""
-        Y, W = Y.detach(), None if self.W is None else self.W.detach()
-        if Y.device.type == "cpu" and Y.dtype in (torch.float32, torch.float64):
-            Y, W = Y.numpy(), None if W is None else W.numpy()
-        WY = Y if W is None else Y @ W.swapaxes(-1, -2)
-        return (WY * Y).sum(-1) * (0.5 / self.temperature)
-
-    def _start(self, stage: int, half=None):
-        r"""The warm start: the last potential, or, for a symmetric solve to tolerance, the
-        extrapolation of this stage's last potentials :math:`w = g + m/2` (``half``: :math:`m/2` now,
-        :meth:`_half_norms`; the symmetric problem's :math:`w` has no gauge and, unlike ``g``, does
-        not carry the fast change of :math:`m_i = y_i^T W y_i / \tau` as particles spread in
-        :math:`R^d`) by the polynomial through them: of degree 5 from six past potentials, an
-        error :math:`O(h^6)` after which one Newton step reaches 1e-10 (measured in R^2 at
-        n = 16-256, temperature 0.2, h = 0.05: 1e-11 where the quadratic extrapolation of ``g``
-        left 1e-9 and needed a second step; from the ensembles' standard-normal starts in R^2,
-        2,048 systems of n = 32, about 3e-6, still one Newton step)."""
-        if not self.warm_start:
-            return None
-        past = self.history.get(stage)
-        if half is None or past is None:
-            return self.g
-        w = _extrapolated(past)
-        return torch.from_numpy(w - half) if isinstance(half, np.ndarray) else w - half
-
-    def retract(self, Y: torch.Tensor) -> torch.Tensor:
-        return Y / Y.norm(dim=-1, keepdim=True) if self.sphere else Y
-
-    def moved(self, X: torch.Tensor, v: torch.Tensor, h) -> torch.Tensor:
-        """``retract(X + h v)``: a step of size ``h`` (a float, or a tensor broadcasting against ``X``) along ``v``."""
-        return self.retract(X + h * v)
-
-
-#: Past potentials a warm start extrapolates from (a polynomial of degree ``EXTRAPOLATED - 1``).
-EXTRAPOLATED = 6
-
-#: Coefficients of the polynomial extrapolation through the last ``k`` equally spaced values, oldest
-#: first: :math:`p(t_{k}) = \sum_j (-1)^{k-1-j} \binom{k}{j} v_j` (the ``k``-th difference vanishes).
-_EXTRAPOLATION = {k: np.array([(-1) ** (k - 1 - j) * math.comb(k, j) for j in range(k)], dtype=float)
-                  for k in range(1, EXTRAPOLATED + 1)}
-
-
-def _appended(past, g, half):
-    """The potentials ``past`` (stacked along a first dimension, oldest first, at most ``EXTRAPOLATED``)
-    with ``w = g + half`` appended (numpy when ``half`` is)."""
-    w = (g.numpy() + half)[None] if isinstance(half, np.ndarray) else (g + half)[None]
-    if past is None:
-        return w
-    past = past[1:] if len(past) == EXTRAPOLATED else past
-    return np.concatenate((past, w)) if isinstance(w, np.ndarray) else torch.cat((past, w))
-
-
-def _extrapolated(past):
-    """The polynomial extrapolation one step ahead of the equally spaced values ``past[0], past[1], ...``."""
-    coefficients = _EXTRAPOLATION[len(past)]
-    if isinstance(past, np.ndarray):
-        return (coefficients.astype(past.dtype, copy=False) @ past.reshape(len(past), -1)).reshape(past.shape[1:])
-    coefficients = torch.as_tensor(coefficients, dtype=past.dtype, device=past.device)
-    return torch.tensordot(coefficients, past, 1)
+__all__ = ["euler_step", "rk4_step", "INTEGRATORS"]
 
 
 def euler_step(field: ParticleField, X: torch.Tensor, h: float):

@@ -11,8 +11,8 @@ import torch
 
 from sinkflow._backend import check_number, to_torch
 from sinkflow._checks import check_choice
+from sinkflow.fields._particle_field import ParticleField
 from sinkflow.particles._energies import energy_0, energy_gaussian, energy_inf, energy_sphere
-from sinkflow.particles._integrators import ParticleField
 
 __all__ = ["MAX_MONITOR_N", "cluster_statistics", "cluster_labels", "attention_rank", "ATTENTION_RANK_RTOL",
            "MonitorContext", "MonitorRecords",

@@ -23,9 +23,9 @@ import torch
 
 from sinkflow._backend import check_number, check_seed
 from sinkflow._checks import check_choice
-from sinkflow.particles._dense_fields import DENSE_BYTES_LIMIT, dense_limit
+from sinkflow.fields._dense_fields import DENSE_BYTES_LIMIT, dense_limit
+from sinkflow.fields._landmarks import LANDMARK_SAMPLINGS
 from sinkflow.particles._integrators import INTEGRATORS
-from sinkflow.particles._landmarks import LANDMARK_SAMPLINGS
 from sinkflow.particles._monitors import _as_monitor_names
 from sinkflow.particles._placements import Placement, as_placement
 from sinkflow.particles._trajectory import MANIFOLDS, _solver_tol

@@ -37,7 +37,7 @@ import torch
 from sinkflow._backend import check_number, check_seed, leading
 from sinkflow._checks import check_numpy_float
 from sinkflow.attention._variants import get_attention
-from sinkflow.particles._dense_fields import check_matrix, check_weights
+from sinkflow.fields._dense_fields import check_matrix, check_weights
 from sinkflow.particles._ensembles import is_ensemble, simulate_ensemble
 from sinkflow.particles._settings import checked_settings
 from sinkflow.particles._system import run_system

@@ -11,7 +11,7 @@ import torch
 from sinkflow._backend import check_float, check_number, squared_norms, to_torch
 from sinkflow._checks import check_choice, warn_caller
 from sinkflow.attention._variants import get_attention
-from sinkflow.particles._dense_fields import check_matrix
+from sinkflow.fields._dense_fields import check_matrix
 from sinkflow.particles._integrators import INTEGRATORS
 
 __all__ = ["lipschitz_scale", "largest_safe_step"]

@@ -12,11 +12,12 @@ import numpy as np
 import torch
 
 from sinkflow._backend import from_torch
-from sinkflow.particles._causal import causal_mask
-from sinkflow.particles._dense_fields import single_thread_if_small
-from sinkflow.particles._harmonic_fields import HarmonicParticleField, harmonic_choice
-from sinkflow.particles._integrators import INTEGRATORS, ParticleField, _integrate
-from sinkflow.particles._landmarks import _flow_landmarks
+from sinkflow.fields._causal import causal_mask
+from sinkflow.fields._dense_fields import single_thread_if_small
+from sinkflow.fields._harmonic_fields import HarmonicParticleField, harmonic_choice
+from sinkflow.fields._landmarks import _flow_landmarks
+from sinkflow.fields._particle_field import ParticleField
+from sinkflow.particles._integrators import INTEGRATORS, _integrate
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder
 from sinkflow.particles._placements import check_placed_start, placed
 from sinkflow.particles._settings import FlowSettings, choose_path

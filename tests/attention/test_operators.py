@@ -12,8 +12,8 @@ import torch
 
 from sinkflow.attention._operators import _DenseLog, _DenseScaling, _scaling_schedule, dense_operator
 from sinkflow.attention._solver import SolveReport, sinkhorn_solve
+from sinkflow.fields._blockwise_fields import _BlockScores, _BlockwiseOperator, _Passes
 from sinkflow.heat._grid_fields import _SymmetricScaling, symmetric_sinkhorn_scaling
-from sinkflow.particles._blockwise_fields import _BlockScores, _BlockwiseOperator, _Passes
 
 
 def plain_row(C, g):

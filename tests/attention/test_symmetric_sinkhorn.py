@@ -6,7 +6,7 @@ import torch
 
 import sinkflow
 import sinkflow.attention._symmetric_sinkhorn as symmetric
-import sinkflow.particles._dense_fields as dense_fields
+import sinkflow.fields._dense_fields as dense_fields
 from sinkflow.attention._symmetric_sinkhorn import fixed_symmetric, solve_symmetric
 
 

@@ -11,8 +11,8 @@ import torch
 
 from oracles import sinkhorn_log
 from sinkflow import solve_sinkhorn
-from sinkflow.particles._blockwise_fields import lazy_attention_field
-from sinkflow.particles._lowrank_fields import lowrank_attention_field
+from sinkflow.fields._blockwise_fields import lazy_attention_field
+from sinkflow.fields._lowrank_fields import lowrank_attention_field
 
 
 def problem(n=6, m=5, zero_rows=(), zero_cols=(1,), seed=11, scale=1.0):

@@ -78,7 +78,7 @@ def _jacobian_norms(x, W, tau, step=1e-6):
     max-over-particles norm is at most this) of the exact Sinkhorn field's Jacobian, by central differences."""
     import torch
 
-    from sinkflow.particles._dense_fields import attention_field
+    from sinkflow.fields._dense_fields import attention_field
 
     Wt = torch.as_tensor(W)
 

@@ -13,9 +13,9 @@ import torch
 from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import sinkflow
+from sinkflow.fields._dense_fields import attention_field
 from sinkflow.nn import MultiheadAttention, scaled_attention
 from sinkflow.particles import ParticleField, euler_step, rk4_step
-from sinkflow.particles._dense_fields import attention_field
 
 TOL = 1e-10
 D = torch.float64

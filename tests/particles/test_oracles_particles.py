@@ -12,8 +12,8 @@ from scipy.special import logsumexp
 
 import sinkflow
 from oracles import kl, sinkhorn_log
-from sinkflow.particles._blockwise_fields import lazy_attention_field
-from sinkflow.particles._dense_fields import attention_field
+from sinkflow.fields._blockwise_fields import lazy_attention_field
+from sinkflow.fields._dense_fields import attention_field
 
 TAU = 0.4
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sinkflow
-from sinkflow.particles._blockwise_fields import lazy_attention_field
-from sinkflow.particles._dense_fields import attention_field
+from sinkflow.fields._blockwise_fields import lazy_attention_field
+from sinkflow.fields._dense_fields import attention_field
 from sinkflow.particles._energies import energy_inf
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow.particles._dense_fields import dense_limit
+from sinkflow.fields._dense_fields import dense_limit
 from sinkflow.particles._settings import EvaluationSettings, checked_settings, choose_path
 
 

@@ -8,22 +8,22 @@ import torch
 from scipy import integrate, special
 
 import sinkflow
-from sinkflow.particles import (
+from sinkflow.fields import (
     _harmonic_fields,
     _harmonic_kernels,
     attention_field,
     harmonic_attention_field,
     harmonic_kernel,
 )
-from sinkflow.particles._harmonic_bases import (
+from sinkflow.fields._harmonic_bases import (
     _circle_features,
     _sphere_degrees,
     _sphere_features,
     _SphereBasis,
     _SphereFourierBasis,
 )
-from sinkflow.particles._harmonic_fields import HarmonicParticleField
-from sinkflow.particles._harmonic_kernels import likely_kernel, mean_row_sum
+from sinkflow.fields._harmonic_fields import HarmonicParticleField
+from sinkflow.fields._harmonic_kernels import likely_kernel, mean_row_sum
 
 
 def _particles(n, d, seed, weighted):

@@ -20,7 +20,7 @@ from scipy import special
 
 from sinkflow._backend import check_number
 from sinkflow._checks import check_choice
-from sinkflow.particles._harmonic_bases import _CircleBasis, _mm, _sphere_degrees, _SphereBasis, _SphereFourierBasis
+from sinkflow.fields._harmonic_bases import _CircleBasis, _mm, _sphere_degrees, _SphereBasis, _SphereFourierBasis
 
 __all__ = ["HarmonicKernel", "harmonic_kernel"]
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-import sinkflow.particles._blockwise_fields as B
+import sinkflow.fields._blockwise_fields as B
 from sinkflow import solve_sinkhorn
 
 

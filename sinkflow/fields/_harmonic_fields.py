@@ -23,7 +23,7 @@ kernel: :math:`|e^{ikt}|, |P_l| \le 1`) to at most ``tol * min_i a_i / 4``. A ro
 the particle's own term :math:`a_i`, so every SoftMax velocity is within ``tol`` of the exact one,
 whatever the configuration; the Sinkhorn field is checked against the dense one in the tests. The
 fields chosen here (no ``kernel`` given) truncate for rows down to a quarter of the least mean row sum
-(:func:`~sinkflow.particles._harmonic_kernels.likely_kernel`) and certify each evaluation by its smallest
+(:func:`~sinkflow.fields._harmonic_kernels.likely_kernel`) and certify each evaluation by its smallest
 row (:meth:`HarmonicKernel.certifies`), else evaluate it again with the guaranteed truncation.
 
 **Sinkhorn.** ``n_iter=None`` solves the symmetric scaling :math:`u_i (\tilde K a u)_i = 1`
@@ -65,10 +65,10 @@ import torch
 from sinkflow._backend import check_finite, check_float, check_number, from_torch, leading, to_torch
 from sinkflow._checks import check_choice
 from sinkflow.attention._variants import get_attention
-from sinkflow.particles._dense_fields import FieldEvaluation, check_weights
-from sinkflow.particles._harmonic_kernels import HarmonicKernel, _Factored, likely_kernel, retruncated
-from sinkflow.particles._harmonic_solvers import alternating_sinkhorn, passes, symmetric_sinkhorn
-from sinkflow.particles._integrators import ParticleField, _appended
+from sinkflow.fields._dense_fields import FieldEvaluation, check_weights
+from sinkflow.fields._harmonic_kernels import HarmonicKernel, _Factored, likely_kernel, retruncated
+from sinkflow.fields._harmonic_solvers import alternating_sinkhorn, passes, symmetric_sinkhorn
+from sinkflow.fields._particle_field import ParticleField, _appended
 
 __all__ = ["HarmonicField", "harmonic_attention_field", "HarmonicParticleField", "harmonic_choice", "HARMONIC_MIN_N"]
 
@@ -187,7 +187,7 @@ def _evaluate(kernel, X, a, normalization, n_iter, tol, max_iter, g0, need_error
     ``attention``; ``memory``: a dict a flow keeps between the solves of one stage), and the kernel for the
     next evaluation. Where ``kernel`` does not certify the field's smallest row
     (:meth:`HarmonicKernel.certifies`) its ``fallback`` evaluates the field, and the next kernel is cut for
-    half that row (:func:`~sinkflow.particles._harmonic_kernels.retruncated`: a flow whose stragglers stay
+    half that row (:func:`~sinkflow.fields._harmonic_kernels.retruncated`: a flow whose stragglers stay
     pays the second evaluation once); a fixed ``n_iter`` of Sinkhorn always takes the fallback (its
     iterates' rows go unchecked)."""
     if kernel.fallback is not None and normalization == "sinkhorn" and n_iter not in (None, 1):

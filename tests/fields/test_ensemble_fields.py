@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import sinkflow
-import sinkflow.particles._ensemble_fields as ensemble_fields
+import sinkflow.fields._ensemble_fields as ensemble_fields
 from oracles import sinkhorn_log
 from sinkflow.attention._variants import get_attention
-from sinkflow.particles._ensemble_fields import EnsembleField, takes_ensemble
+from sinkflow.fields._ensemble_fields import EnsembleField, takes_ensemble
 
 
 def plain_field(x, attention, W, W_V, a, tau):

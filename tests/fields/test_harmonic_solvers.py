@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import sinkflow
-from sinkflow.particles import _harmonic_solvers, attention_field, harmonic_attention_field, harmonic_kernel
-from sinkflow.particles._harmonic_fields import HarmonicParticleField
-from sinkflow.particles._harmonic_kernels import _Factored
-from sinkflow.particles._harmonic_solvers import _newton_plan, passes
+from sinkflow.fields import _harmonic_solvers, attention_field, harmonic_attention_field, harmonic_kernel
+from sinkflow.fields._harmonic_fields import HarmonicParticleField
+from sinkflow.fields._harmonic_kernels import _Factored
+from sinkflow.fields._harmonic_solvers import _newton_plan, passes
 
 
 def _flow_field(kernel, attention="sinkhorn"):
@@ -47,7 +47,7 @@ def test_circle_gram_from_moments_is_the_direct_gram(beta):
 def test_blockwise_gram_is_the_plain_product(d, monkeypatch):
     """The Gram matrix over feature blocks (BLAS's symmetric update on the CPU, torch's products
     elsewhere) against one plain product of all the features."""
-    monkeypatch.setattr(sinkflow.particles._harmonic_kernels, "_BLOCK_BYTES", 8 * 200 * 37)  # several blocks
+    monkeypatch.setattr(sinkflow.fields._harmonic_kernels, "_BLOCK_BYTES", 8 * 200 * 37)  # several blocks
     x = torch.tensor(sinkflow.random_particles(500, d, seed=3, manifold="sphere"))
     kernel = harmonic_kernel(1 / 6.0, d, 1e-10, 1 / 500)
     s = torch.rand(500, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

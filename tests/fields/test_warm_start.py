@@ -7,7 +7,7 @@ import torch
 
 import sinkflow
 from sinkflow.attention._symmetric_sinkhorn import _cholesky_newton, _kernel
-from sinkflow.particles._integrators import EXTRAPOLATED, ParticleField, _extrapolated
+from sinkflow.fields._particle_field import EXTRAPOLATED, ParticleField, _extrapolated
 
 
 @pytest.mark.parametrize("count", range(1, EXTRAPOLATED + 1))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from scipy.linalg import blas
 
-from sinkflow.particles._harmonic_kernels import _STORE_BYTES, _Factored
+from sinkflow.fields._harmonic_kernels import _STORE_BYTES, _Factored
 
 _NEWTON_RATIO = 1e-3  # Newton's block: the modes of eigenvalue above this fraction of the largest
 _NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2, or r on the circle)

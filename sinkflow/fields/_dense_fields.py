@@ -31,9 +31,9 @@ from sinkflow.attention._scores import dot_core, gaussian_core
 from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
 from sinkflow.attention._variants import get_attention
 from sinkflow.bounds._stochasticity import marginal_errors
-from sinkflow.particles._blockwise_fields import lazy_attention_field
-from sinkflow.particles._causal import key_targets
-from sinkflow.particles._lowrank_fields import lowrank_attention_field
+from sinkflow.fields._blockwise_fields import lazy_attention_field
+from sinkflow.fields._causal import key_targets
+from sinkflow.fields._lowrank_fields import lowrank_attention_field
 
 __all__ = ["ATTENTIONS", "FieldEvaluation", "attention_field", "dense_limit", "check_matrix", "check_weights",
            "single_thread_if_small"]

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import sinkflow
-import sinkflow.particles._landmarks as landmarks_module
-import sinkflow.particles._lowrank_fields as lowrank_fields
-from sinkflow.particles._dense_fields import attention_field
-from sinkflow.particles._lowrank_fields import NystromPositivityError, lowrank_attention_field
+import sinkflow.fields._landmarks as landmarks_module
+import sinkflow.fields._lowrank_fields as lowrank_fields
+from sinkflow.fields._dense_fields import attention_field
+from sinkflow.fields._lowrank_fields import NystromPositivityError, lowrank_attention_field
 
 W = torch.tensor([[0.8, 0.2], [0.2, 0.5]], dtype=torch.float64)
 EXACT = {"skyformer": "gaussian", "nystromformer": "softmax"}
@@ -254,7 +254,7 @@ def test_landmark_sampling_is_checked():
 def test_farthest_points_do_not_depend_on_where_the_cloud_sits():
     # float32 squared distances expanded as |z|^2 + |c|^2 - 2 z.c lose their digits far from
     # the origin (the picks of a cloud shifted by 1000 used to differ); the search centres first
-    from sinkflow.particles._landmarks import farthest_point_indices
+    from sinkflow.fields._landmarks import farthest_point_indices
 
     z = torch.randn(5000, 2, generator=torch.Generator().manual_seed(0))
     assert torch.equal(farthest_point_indices(z + 1000.0, 64, generator=0), farthest_point_indices(z, 64, generator=0))

@@ -49,8 +49,8 @@ import torch
 
 from sinkflow._backend import empty_large
 from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, iterate_kernel
-from sinkflow.particles._dense_fields import SYMMETRIC_BUDGET, FieldEvaluation, _general_fallback
-from sinkflow.particles._integrators import ParticleField
+from sinkflow.fields._dense_fields import SYMMETRIC_BUDGET, FieldEvaluation, _general_fallback
+from sinkflow.fields._particle_field import ParticleField
 
 __all__ = ["BLOCK_ENTRIES", "EnsembleField", "UNSHIFTED_MAX", "takes_ensemble"]
 

@@ -68,8 +68,8 @@ from sinkflow._backend import empty_large, exp_, exp_floor, numpy_exp_applies, s
 from sinkflow.attention._inverses import _pinv_rtol
 from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._nystrom import nystromformer_attention
-from sinkflow.particles._blockwise_fields import cache_block_bytes
-from sinkflow.particles._landmarks import gaussian_coordinates, landmark_indices
+from sinkflow.fields._blockwise_fields import cache_block_bytes
+from sinkflow.fields._landmarks import gaussian_coordinates, landmark_indices
 
 __all__ = ["NystromPositivityError", "LowRankField", "lowrank_attention_field"]
 
