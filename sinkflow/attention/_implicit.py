@@ -57,8 +57,8 @@ def forward_mode_only(*tensors) -> bool:
     graph to build. A run to tolerance then takes the implicit tangent (the converged map's): the unrolled
     one would follow the differentiable iterations, without Newton steps (they would drop the tangent)."""
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
+    if torch.compiler.is_compiling() or torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False  # (torch.compile traces no functorch stack here)
     from torch._C._functorch import TransformType
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
