@@ -52,19 +52,20 @@ def check_backward(backward):
 
 
 def forward_mode_only(*tensors) -> bool:
-    """Whether the inputs are differentiated in forward mode only: under ``torch.func.jvp`` (every functorch
-    transform on the stack a jvp) or carrying a ``torch.autograd.forward_ad`` tangent, with no reverse-mode
-    graph to build. A run to tolerance then takes the implicit tangent (the converged map's): the unrolled
-    one would follow the differentiable iterations, without Newton steps (they would drop the tangent)."""
+    """Whether the inputs are differentiated in forward mode only: under ``torch.func.jvp`` or ``jacfwd``
+    (every functorch transform on the stack a jvp, or a vmap of tangents) or carrying a
+    ``torch.autograd.forward_ad`` tangent, with no reverse-mode graph to build. A run to tolerance then
+    takes the implicit tangent (the converged map's): the unrolled one would follow the differentiable
+    iterations, without Newton steps (they would drop the tangent)."""
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
     if torch.compiler.is_compiling() or torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False  # (torch.compile traces no functorch stack here)
     from torch._C._functorch import TransformType
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
-    keys = [i.key() for i in retrieve_all_functorch_interpreters()]
-    if keys:
-        return all(k == TransformType.Jvp for k in keys)
+    keys = {i.key() for i in retrieve_all_functorch_interpreters()}
+    if keys:  # jvp, or jacfwd (a vmap over tangents: the caller refused batched primals before)
+        return TransformType.Jvp in keys and keys <= {TransformType.Jvp, TransformType.Vmap}
     from torch.autograd import forward_ad
 
     return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
