@@ -249,6 +249,14 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     >>> masked = scaled_attention(q, k, v, "sinkhorn", mask=torch.tensor([True, False, True]))[1]
     >>> float(K[..., 1].max()), torch.equal(K, masked)
     (0.0, True)
+
+    To tolerance, with the gradients of the converged map:
+
+    >>> x = torch.randn(1, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    >>> out, K = scaled_attention(x, x, x, "sinkhorn", tol=1e-10, backward="implicit")
+    >>> float((K.detach().sum(-2) - 1).abs().sum()) < 1e-9      # columns too: doubly stochastic
+    True
+    >>> out.sum().backward()
     """
     variant = _model_variant(normalization)
     solve = solve_options(variant, tol, max_iter, backward)
