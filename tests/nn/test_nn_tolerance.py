@@ -140,8 +140,9 @@ def test_implicit_saved_memory_is_independent_of_the_iteration_count():
 def test_not_converging_warns_as_the_solver():
     q, k, v = _qkv(7, scale=3.0)
     for backward in ("unrolled", "implicit"):
-        with pytest.warns(SinkhornWarning, match="max_iter=3"):
+        with pytest.warns(SinkhornWarning) as record:  # the solver's; implicit adds that its gradient is the iterate's
             scaled_attention(q, k, v, "sinkhorn", tol=TOL, max_iter=3, backward=backward)
+        assert any("max_iter=3" in str(w.message) for w in record)
 
 
 def test_half_inputs_run_in_float32():
