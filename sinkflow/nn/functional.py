@@ -95,11 +95,15 @@ def _weights(q, k, variant, n_iter, mask, bias, solve=None):
     with torch.autocast(device_type=q.device.type, enabled=False):
         scores = _scores(q, k, variant, bias)
         if solve is not None:  # to tolerance: the solver (epsilon scaling, Newton; implicit gradients)
-            tol, max_iter, backward = solve
-            return solve_sinkhorn(scores, None, tol, max_iter, mask=mask, backward=backward).attention
+            return _to_tolerance(scores, mask, *solve)
         if variant.solver == "sinkhorn":  # the training hot path (not a user's callable)
             return sinkhorn_attention(scores, n_iter, mask)  # factored fast path, the solver otherwise
         return variant.normalize(scores, n_iter=n_iter, mask=mask).attention
+
+
+@torch.compiler.disable  # a data-dependent loop: one graph break rather than a recompilation per error read
+def _to_tolerance(scores, mask, tol, max_iter, backward):
+    return solve_sinkhorn(scores, None, tol, max_iter, mask=mask, backward=backward).attention
 
 
 def _scores(q, k, variant, bias=None):
@@ -230,9 +234,10 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     ``backward="unrolled"`` differentiates the iterations; ``backward="implicit"`` (needs ``tol``)
     differentiates the first-order conditions at the returned matrix (docs/theory/implicit.md):
     the gradients of the converged map, with saved memory independent of the iteration count.
-    The data-dependent stopping loop breaks a torch.compile graph and is refused by
-    ``torch.func.vmap``. ``tol`` or ``backward="implicit"`` with another normalization:
-    ValueError.
+    The data-dependent stopping loop runs eagerly under torch.compile (one graph break;
+    ``fullgraph=True`` refuses it) and is refused by ``torch.func.vmap`` (which asks for a fixed
+    ``n_iter``); ``torch.func`` grad, vjp and jvp work. ``tol`` or ``backward="implicit"`` with
+    another normalization: ValueError.
 
     Examples
     --------

@@ -193,3 +193,17 @@ def test_multihead_attention_to_tolerance():
     with warnings.catch_warnings():
         warnings.simplefilter("error", SinkhornWarning)
         implicit(x, x, x)  # converges: no warning
+
+
+@pytest.mark.slow  # compiling takes ~20 s on a loaded machine
+def test_torch_compile_runs_the_solve_eagerly():
+    torch.manual_seed(0)
+    mha = MultiheadAttention(4, 2, batch_first=True, normalization="sinkhorn", tol=1e-5, backward="implicit")
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    out = torch.compile(mha)(x, x, x)[0]
+    (g,) = torch.autograd.grad(out.sum(), x)
+    ref = mha(x, x, x)[0]
+    (g_ref,) = torch.autograd.grad(ref.sum(), x)
+    assert torch.allclose(out, ref, rtol=0, atol=1e-6) and torch.allclose(g, g_ref, rtol=0, atol=1e-6)
+    with pytest.raises(Exception, match="disable"):  # fullgraph: the stopping loop cannot be traced
+        torch.compile(mha, fullgraph=True)(x, x, x)
