@@ -101,10 +101,11 @@ def test_gradcheck_float64():
 
 def test_conjugate_gradient_path_equals_dense(monkeypatch):
     C, W, mask, a, b = _problem((2, 7, 11), seed=4, masked=True, weights=True)
-    dense = _grad(C, W, tol=TOL, mask=mask, a=a, b=b, backward="implicit")
+    dense = _all_grads(C, a, b, W, tol=TOL, mask=mask, backward="implicit")
     monkeypatch.setattr(imp, "_DENSE_MAX", 1)
-    cg = _grad(C, W, tol=TOL, mask=mask, a=a, b=b, backward="implicit")
-    assert torch.allclose(cg, dense, rtol=0, atol=1e-11)
+    cg = _all_grads(C, a, b, W, tol=TOL, mask=mask, backward="implicit")
+    for x, y in zip(cg, dense, strict=True):  # scores and weights
+        assert torch.allclose(x, y, rtol=0, atol=1e-11)
 
 
 def test_conjugate_gradients_warn_when_they_do_not_converge(monkeypatch):
