@@ -72,7 +72,10 @@ def esp_plan(x: torch.Tensor, y: torch.Tensor, *, slices: torch.Tensor | None = 
     -------
     torch.Tensor, shape (..., n, n)
         The plan scaled to rows summing to 1 (``n`` times the coupling of the two uniform
-        measures), in float32 (float64 for float64 inputs), differentiable.
+        measures), differentiable, in the dtype of the inputs (their promotion), as every
+        other variant: computed in float32 (float64 for float64 inputs) and, for float16 and
+        bfloat16 inputs, rounded back (line sums then off by at most about ``eps / 2`` of
+        that dtype; the models' ``"esp"`` / ``"esp_hard"`` use the float32 plan).
 
     Examples
     --------
@@ -85,6 +88,11 @@ def esp_plan(x: torch.Tensor, y: torch.Tensor, *, slices: torch.Tensor | None = 
     >>> bool(torch.equal(sinkflow.esp_plan(x, x, hard=True), torch.eye(7, dtype=torch.float64)))  # a cloud with itself
     True
     """
+    return _plan(x, y, slices, tau, temperature, hard).to(torch.promote_types(x.dtype, y.dtype))
+
+
+def _plan(x, y, slices, tau, temperature, hard):
+    """:func:`esp_plan` in float32 (float64 for float64 inputs)."""
     for t, name in ((x, "x"), (y, "y")):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch tensor, got {type(t).__name__}")
@@ -125,7 +133,7 @@ def _esp_heads(hard: bool):
                              f"{q.shape[-2]} and {k.shape[-2]}")
         dtype = compute_dtype(q, k, v)
         scale = 1.0 / math.sqrt(q.shape[-1])  # the authors' q / sqrt(p), k / sqrt(p)
-        plan = esp_plan(q.to(dtype) * scale, k.to(dtype) * scale, hard=hard)
+        plan = _plan(q.to(dtype) * scale, k.to(dtype) * scale, None, 1e-3, 10.0, hard)
         return plan @ v.to(dtype)
 
     heads.__name__ = f"_{name}_heads"

@@ -17,9 +17,16 @@ Then
 
 .. math:: \frac{\partial L}{\partial C} = K \circ \big(\bar G - (u - a \circ K\mu) 1^T - a \mu^T\big).
 
+The weights enter the column conditions only, so :math:`\partial L / \partial b = \mu` and
+:math:`\partial L / \partial a = -K\mu`, the gradients of the map extended off the simplex by scale
+invariance (:math:`\langle a, \partial L/\partial a\rangle = \langle b, \partial L/\partial b\rangle = 0`).
+Forward mode solves the same system for the tangent of ``g``.
+
 Small problems solve :math:`S` densely; larger ones by conjugate gradients (``S`` is symmetric
 positive semi-definite), whose residual is checked. Memory: the backward keeps ``K``, ``a`` and
-``b`` only, whatever the number of iterations (docs/theory/implicit.md).
+``b`` only, whatever the number of iterations (docs/theory/implicit.md). The backward is made of
+differentiable operations on the saved output, so a double backward (``create_graph=True``) gives
+the exact second derivatives of the converged map.
 """
 
 from __future__ import annotations
@@ -42,6 +49,26 @@ def check_backward(backward):
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be 'unrolled' or 'implicit', got {backward!r}")
     return backward
+
+
+def forward_mode_only(*tensors) -> bool:
+    """Whether the inputs are differentiated in forward mode only: under ``torch.func.jvp`` or ``jacfwd``
+    (every functorch transform on the stack a jvp, or a vmap of tangents) or carrying a
+    ``torch.autograd.forward_ad`` tangent, with no reverse-mode graph to build. A run to tolerance then
+    takes the implicit tangent (the converged map's): the unrolled one would follow the differentiable
+    iterations, without Newton steps (they would drop the tangent)."""
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    if torch.compiler.is_compiling() or torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False  # (torch.compile traces no functorch stack here)
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    keys = {i.key() for i in retrieve_all_functorch_interpreters()}
+    if keys:  # jvp, or jacfwd (a vmap over tangents: the caller refused batched primals before)
+        return TransformType.Jvp in keys and keys <= {TransformType.Jvp, TransformType.Vmap}
+    from torch.autograd import forward_ad
+
+    return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def _regularized_apply(K, a, b, beta, x):
@@ -92,28 +119,66 @@ def _conjugate_gradients(apply, rhs, dtype, max_iter=None):
 
 def implicit_vjp(K, a, b, grad):
     """``dL/dC`` of the converged map at ``K`` for the upstream gradient ``grad`` (all in one dtype)."""
+    return implicit_vjp_all(K, a, b, grad, weights=False)[0]
+
+
+def implicit_vjp_all(K, a, b, grad, weights=True):
+    """``(dL/dC, dL/da, dL/db)`` of the converged map at ``K`` (the last two None unless ``weights``).
+
+    The weights enter the column conditions only: a perturbation ``(da, db)`` adds ``db - K^T da``
+    to the right-hand side of the Schur system, so with ``mu`` the adjoint of the column potential
+    ``dL/db = mu`` and ``dL/da = -K mu``. The map is extended off the simplex by scale invariance,
+    ``K(a, b) = K(a / sum(a), b / sum(b))``; hence both are projected to ``<a, dL/da> = <b, dL/db> = 0``
+    (the gauge fix ``<b, mu> = 0`` already gives it), and lines of weight 0 get 0.
+    """
     H = grad * K
     u, v = H.sum(-1), H.sum(-2)
     rhs = v - (K.transpose(-1, -2) @ u[..., None])[..., 0]
     rhs = torch.where(b > 0, rhs, torch.zeros_like(rhs))
     mu = _schur_solve(K, a, b, rhs)
     Kmu = (K @ mu[..., None])[..., 0]
-    return K * (grad - (u - a * Kmu)[..., :, None] - a[..., :, None] * mu[..., None, :])
+    dC = K * (grad - (u - a * Kmu)[..., :, None] - a[..., :, None] * mu[..., None, :])
+    if not weights:
+        return dC, None, None
+    return dC, _project_adjoint(-Kmu, a), _project_adjoint(mu, b)
 
 
-def implicit_jvp(K, a, b, dC):
-    """The tangent of the converged map at ``K`` along ``dC``: ``dK = K (dC + df 1^T + 1 dg^T)``."""
-    KdC = K * dC
+def _project_adjoint(grad, w):
+    """The adjoint of ``dw -> dw - w sum(dw)`` (scale invariance) on the lines of positive weight, 0 elsewhere."""
+    grad = torch.where(w > 0, grad, torch.zeros_like(grad))
+    return torch.where(w > 0, grad - (w * grad).sum(-1, keepdim=True), torch.zeros_like(grad))
+
+
+def _project_tangent(dw, w):
+    """``dw - w sum(dw)`` on the lines of positive weight (a tangent of the simplex; scale invariance)."""
+    dw = torch.where(w > 0, dw, torch.zeros_like(dw))
+    return dw - w * dw.sum(-1, keepdim=True)
+
+
+def implicit_jvp(K, a, b, dC, da=None, db=None):
+    """The tangent of the converged map at ``K`` along ``(dC, da, db)``: ``dK = K (dC + df 1^T + 1 dg^T)``
+    (``dC``, ``da``, ``db`` may be None: no tangent)."""
+    KdC = K * dC if dC is not None else torch.zeros_like(K)
     r1, r2 = -KdC.sum(-1), -(a[..., :, None] * KdC).sum(-2)
     rhs = r2 - (K.transpose(-1, -2) @ (a * r1)[..., None])[..., 0]
+    if db is not None:
+        rhs = rhs + _project_tangent(db, b)
+    if da is not None:
+        rhs = rhs - (K.transpose(-1, -2) @ _project_tangent(da, a)[..., None])[..., 0]
     rhs = torch.where(b > 0, rhs, torch.zeros_like(rhs))
     dg = _schur_solve(K, a, b, rhs)
     df = r1 - (K @ dg[..., None])[..., 0]
-    return K * (dC + df[..., :, None] + dg[..., None, :])
+    dK = K * (df[..., :, None] + dg[..., None, :])
+    return dK if dC is None else dK + KdC
 
 
 class ImplicitSinkhorn(torch.autograd.Function):
-    """Identity on the converged ``K`` in the forward; the implicit vjp (and jvp) with respect to ``C``."""
+    """Identity on the converged ``K`` in the forward; the implicit vjp and jvp with respect to ``C``, ``a``, ``b``.
+
+    The backward is written in differentiable operations of the saved output: under ``create_graph=True``
+    autograd differentiates it through this Function again, which gives the exact second derivatives
+    of the converged map (the vjp is an explicit function of ``K(C, a, b)``, ``a``, ``b``).
+    """
 
     generate_vmap_rule = True
 
@@ -124,18 +189,23 @@ class ImplicitSinkhorn(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, K, a, b = inputs
+        ctx.shapes = (a.shape, b.shape)
         a = torch.broadcast_to(a, K.shape[:-1])
         b = torch.broadcast_to(b, K.shape[:-2] + K.shape[-1:])
-        ctx.save_for_backward(K, a, b)
+        ctx.save_for_backward(output, a, b)  # the output: a double backward differentiates through it
         ctx.save_for_forward(K, a, b)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         K, a, b = ctx.saved_tensors
-        return implicit_vjp(K, a, b, grad.to(K.dtype)), None, None, None
+        weights = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
+        dC, da, db = implicit_vjp_all(K, a, b, grad.to(K.dtype), weights)
+        da = da.sum_to_size(ctx.shapes[0]) if ctx.needs_input_grad[2] else None
+        db = db.sum_to_size(ctx.shapes[1]) if ctx.needs_input_grad[3] else None
+        return dC, None, da, db
 
     @staticmethod
     def jvp(ctx, dC, dK, da, db):
         K, a, b = ctx.saved_tensors
-        return implicit_jvp(K, a, b, dC.to(K.dtype))
+        dC, da, db = (None if t is None else t.to(K.dtype) for t in (dC, da, db))
+        return implicit_jvp(K, a, b, dC, da, db)

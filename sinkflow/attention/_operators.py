@@ -370,7 +370,8 @@ def _run(op, f, g, n_half, state, record):
 
 def _fixed_iterations(C, f, g, a, b, mask, n_iter, inplace, record):
     """Exactly ``n_iter`` half-iterations: ``(P, f, g, report)``; under autograd with a hand-written backward."""
-    if inplace or n_iter == 1 or branch_free():  # torch.compile, torch.func: plain autograd, log-domain steps
+    # torch.compile, torch.func, weights that require grad (the hand-written backward is for C only): plain autograd
+    if inplace or n_iter == 1 or branch_free() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         (P, f, g), report = sinkhorn_solve(dense_operator(C, a, b, mask, inplace), f, g, n_iter=n_iter, report=record)
         return P, f, g, report
     # Differentiable: the first (SoftMax) step by autograd, the rest hand-differentiated.

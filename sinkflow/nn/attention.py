@@ -61,7 +61,7 @@ from sinkflow.nn._torch_compat import (
     to_batch_first,
     upgrade_state_dict,
 )
-from sinkflow.nn.functional import _model_variant, check_inputs, scaled_attention
+from sinkflow.nn.functional import _model_variant, check_inputs, scaled_attention, solve_options
 
 __all__ = ["AttentionKernel", "MultiheadAttention"]
 
@@ -102,6 +102,9 @@ class AttentionKernel(nn.Module):
         Dropout on the weights (training mode only).
     landmarks : int
         Nyström landmarks of ``"skyformer"`` / ``"nystromformer"``.
+    tol, max_iter, backward : keyword-only
+        Sinkhorn to tolerance instead of ``n_iter`` half-iterations, and how it is differentiated
+        (``"unrolled"`` or ``"implicit"``); see :func:`scaled_attention`. Sinkhorn only.
 
     Examples
     --------
@@ -122,9 +125,10 @@ class AttentionKernel(nn.Module):
     True
     """
 
-    def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0, landmarks: int = 64):
+    def __init__(self, normalization: str = "softmax", n_iter: int = 3, dropout: float = 0.0, landmarks: int = 64, *,
+                 tol: float | None = None, max_iter: int = 20_000, backward: str = "unrolled"):
         super().__init__()
-        _model_variant(normalization)
+        solve = solve_options(_model_variant(normalization), tol, max_iter, backward)
         if isinstance(n_iter, bool) or not isinstance(n_iter, int):
             raise TypeError(f"n_iter must be an integer (Sinkhorn half-iterations), got {n_iter!r}")
         if n_iter < 1:
@@ -135,15 +139,23 @@ class AttentionKernel(nn.Module):
         self.n_iter = n_iter
         self.dropout = check_dropout(dropout)
         self.landmarks = landmarks
+        self.tol, self.max_iter, self.backward = (None, int(max_iter), backward) if solve is None else solve
 
     def forward(self, q, k, v, mask=None, need_weights: bool = True, bias=None):
         need_weights = need_weights or bool(self._forward_hooks) or bool(_global_forward_hooks)
         return scaled_attention(q, k, v, self.normalization, n_iter=self.n_iter, mask=mask, dropout=self.dropout,
                                 training=self.training, landmarks=self.landmarks, need_weights=need_weights,
-                                bias=bias)
+                                bias=bias, tol=self.tol, max_iter=self.max_iter, backward=self.backward)
+
+    def solve_repr(self) -> str:
+        """``", tol=..., max_iter=..., backward=..."`` when Sinkhorn runs to tolerance, else ``""``."""
+        if self.tol is None:
+            return ""
+        return f", tol={self.tol:g}, max_iter={self.max_iter}, backward={self.backward!r}"
 
     def extra_repr(self) -> str:
-        it = f", n_iter={self.n_iter}" if self.normalization == "sinkhorn" else ""
+        it = f", n_iter={self.n_iter}" if self.normalization == "sinkhorn" and self.tol is None else ""
+        it += self.solve_repr()
         it += f", landmarks={self.landmarks}" if self.normalization in ("skyformer", "nystromformer") else ""
         return f"normalization={self.normalization!r}{it}, dropout={self.dropout}"
 
@@ -185,6 +197,15 @@ class MultiheadAttention(nn.Module):
         Sinkhorn half-iterations (1 = SoftMax; the Sinkformer default for ViT is 3).
     landmarks : int, keyword-only
         Nyström landmarks of ``"skyformer"`` / ``"nystromformer"`` (capped by the sequence).
+    tol : float, keyword-only, optional
+        Sinkhorn only: run to this marginal error (:func:`sinkflow.solve_sinkhorn`, within
+        ``max_iter`` half-iterations) instead of ``n_iter`` half-iterations; see
+        :func:`scaled_attention`. Not converging gives a :class:`~sinkflow.attention.SinkhornWarning`.
+    max_iter : int, keyword-only
+        Budget of half-iterations of a run to ``tol``.
+    backward : {"unrolled", "implicit"}, keyword-only
+        With ``tol``: autograd through the iterations, or implicit gradients of the converged
+        map (docs/theory/implicit.md; saved memory independent of the iteration count).
 
     Notes
     -----
@@ -245,7 +266,8 @@ class MultiheadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, device=None, dtype=None, *,
-                 normalization: str = "softmax", n_iter: int = 3, landmarks: int = 64):
+                 normalization: str = "softmax", n_iter: int = 3, landmarks: int = 64, tol: float | None = None,
+                 max_iter: int = 20_000, backward: str = "unrolled"):
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
@@ -277,7 +299,8 @@ class MultiheadAttention(nn.Module):
         else:
             self.bias_k = self.bias_v = None
         self.add_zero_attn = add_zero_attn
-        self.kernel = AttentionKernel(normalization, n_iter, dropout, landmarks)
+        self.kernel = AttentionKernel(normalization, n_iter, dropout, landmarks, tol=tol, max_iter=max_iter,
+                                      backward=backward)
         self._reset_parameters()
         self.register_forward_pre_hook(block_torch_fast_path)
 
@@ -306,6 +329,18 @@ class MultiheadAttention(nn.Module):
     @property
     def n_iter(self) -> int:
         return self.kernel.n_iter
+
+    @property
+    def tol(self) -> float | None:
+        return self.kernel.tol
+
+    @property
+    def max_iter(self) -> int:
+        return self.kernel.max_iter
+
+    @property
+    def backward(self) -> str:
+        return self.kernel.backward
 
     @property
     def dropout(self) -> float:
@@ -384,4 +419,5 @@ class MultiheadAttention(nn.Module):
         extra = "".join(f", {a}={getattr(self, a)}" for a in ("kdim", "vdim") if getattr(self, a) != self.embed_dim)
         extra += ", add_bias_kv=True" if self.bias_k is not None else ""
         extra += ", add_zero_attn=True" if self.add_zero_attn else ""
+        extra += self.kernel.solve_repr()
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}{extra}"

@@ -14,7 +14,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from sinkflow._backend import branch_free, finite_or_nan, transform_entry, transformed
+from sinkflow._backend import branch_free, check_number, finite_or_nan, transform_entry, transformed
+from sinkflow.attention._implicit import check_backward
+from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import dot_scores, gaussian_scores
 from sinkflow.attention._variants import available_attentions, compute_dtype, get_attention, register_attention
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
@@ -26,7 +28,8 @@ __all__ = ["attention_weights", "available_normalizations", "register_normalizat
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "softmax", *,
                       n_iter: int = 3, mask: torch.Tensor | None = None,
-                      bias: torch.Tensor | None = None) -> torch.Tensor:
+                      bias: torch.Tensor | None = None, tol: float | None = None, max_iter: int = 20_000,
+                      backward: str = "unrolled") -> torch.Tensor:
     r"""Attention matrix of queries ``q`` and keys ``k`` for a weight-producing normalization.
 
     Parameters
@@ -37,12 +40,14 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
         A variant that forms the matrix: ``"softmax"``, ``"sinkhorn"``, ``"gaussian"``,
         ``"unnormalized"`` or one registered with a ``normalize``.
     n_iter : int
-        Sinkhorn half-iterations (ignored by the others).
+        Sinkhorn half-iterations (ignored by the others, and by Sinkhorn when ``tol`` is given).
     mask : bool tensor broadcastable to (..., n, m), optional
         ``True`` where query ``i`` may attend to key ``j``.
     bias : float tensor broadcastable to (..., n, m), optional
         Added to the scores (the log-kernel) before the normalization, as torch's float
         ``attn_mask``; see :func:`scaled_attention` for ``-inf`` and underflowing entries.
+    tol, max_iter, backward
+        Sinkhorn to tolerance and its gradients; see :func:`scaled_attention`.
 
     Returns
     -------
@@ -61,18 +66,44 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, normalization: str = "so
     variant = get_attention(normalization)
     if variant.normalize is None:
         raise ValueError(f"attention_weights needs a variant that forms the matrix; {variant.name!r} is output-only")
+    solve = solve_options(variant, tol, max_iter, backward)
     with transform_entry(q, k, mask, bias):
         q, k = check_inputs((q, k), ("q", "k"))
         mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
-        return _weights(q, k, variant, n_iter, mask, bias)
+        return _weights(q, k, variant, n_iter, mask, bias, solve)
 
 
-def _weights(q, k, variant, n_iter, mask, bias):
+def solve_options(variant, tol, max_iter, backward):
+    """``(tol, max_iter, backward)`` of a Sinkhorn run to tolerance, or None for the fixed ``n_iter``: checked
+    here, at the entry (ValueError naming the argument; only Sinkhorn normalizations take them)."""
+    check_backward(backward)
+    check_number(max_iter, "max_iter", integer=True, positive=True)
+    if tol is None and backward == "unrolled":
+        return None
+    if variant.solver != "sinkhorn":
+        what = f"tol={tol!r}" if tol is not None else f"backward={backward!r}"
+        raise ValueError(f"tol and backward apply to Sinkhorn normalization only, got {what} with normalization "
+                         f"{variant.name!r}; pass tol=None and backward='unrolled'")
+    if tol is None:
+        raise ValueError(f"backward={backward!r} differentiates the converged Sinkhorn map: give tol (a run to "
+                         "tolerance), or keep backward='unrolled' with a fixed n_iter")
+    tol = check_number(tol, "tol", positive=True)
+    return float(tol), int(max_iter), backward
+
+
+def _weights(q, k, variant, n_iter, mask, bias, solve=None):
     with torch.autocast(device_type=q.device.type, enabled=False):
         scores = _scores(q, k, variant, bias)
+        if solve is not None:  # to tolerance: the solver (epsilon scaling, Newton; implicit gradients)
+            return _to_tolerance(scores, mask, *solve)
         if variant.solver == "sinkhorn":  # the training hot path (not a user's callable)
             return sinkhorn_attention(scores, n_iter, mask)  # factored fast path, the solver otherwise
         return variant.normalize(scores, n_iter=n_iter, mask=mask).attention
+
+
+@torch.compiler.disable  # a data-dependent loop: one graph break rather than a recompilation per error read
+def _to_tolerance(scores, mask, tol, max_iter, backward):
+    return solve_sinkhorn(scores, None, tol, max_iter, mask=mask, backward=backward).attention
 
 
 def _scores(q, k, variant, bias=None):
@@ -156,7 +187,7 @@ def _model_variant(name):
 
 def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3, mask=None,
                      dropout: float = 0.0, training: bool = False, landmarks: int = 64, need_weights: bool = True,
-                     bias=None):
+                     bias=None, tol: float | None = None, max_iter: int = 20_000, backward: str = "unrolled"):
     r"""Per-head attention ``(output, weights)`` for ``q (..., n, p)``, ``k (..., m, p)``, ``v (..., m, p_v)``.
 
     ``weights`` is the normalized matrix before dropout (None for output-only
@@ -193,6 +224,21 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     the fused passes or the factored path, whose backward and range check choose their
     method from the data (a branch that would break the graph); same numbers to rounding.
 
+    Sinkhorn to tolerance: with ``tol`` (a positive float; ``n_iter`` is then ignored) the matrix
+    is :func:`sinkflow.solve_sinkhorn` run until its marginal error is at most ``tol`` within
+    ``max_iter`` half-iterations (epsilon scaling, over-relaxation, Newton steps where autograd
+    does not follow the steps), with the key marginals of the fixed-``n_iter`` path (a padding
+    mask: uniform over the real keys; another mask: uniform attention's); masks, ``bias``,
+    dropout and ``need_weights`` as above (the matrix is always formed: no fused pass). A solve
+    that does not reach ``tol`` gives the solver's :class:`~sinkflow.attention.SinkhornWarning`.
+    ``backward="unrolled"`` differentiates the iterations; ``backward="implicit"`` (needs ``tol``)
+    differentiates the first-order conditions at the returned matrix (docs/theory/implicit.md):
+    the gradients of the converged map, with saved memory independent of the iteration count.
+    The data-dependent stopping loop runs eagerly under torch.compile (one graph break;
+    ``fullgraph=True`` refuses it) and is refused by ``torch.func.vmap`` (which asks for a fixed
+    ``n_iter``); ``torch.func`` grad, vjp and jvp work. ``tol`` or ``backward="implicit"`` with
+    another normalization: ValueError.
+
     Examples
     --------
     >>> import torch
@@ -208,19 +254,32 @@ def scaled_attention(q, k, v, normalization: str = "softmax", *, n_iter: int = 3
     >>> masked = scaled_attention(q, k, v, "sinkhorn", mask=torch.tensor([True, False, True]))[1]
     >>> float(K[..., 1].max()), torch.equal(K, masked)
     (0.0, True)
+
+    To tolerance, with the gradients of the converged map:
+
+    >>> x = torch.randn(1, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    >>> out, K = scaled_attention(x, x, x, "sinkhorn", tol=1e-10, backward="implicit")
+    >>> float((K.detach().sum(-2) - 1).abs().sum()) < 1e-9      # columns too: doubly stochastic
+    True
+    >>> out.sum().backward()
     """
     variant = _model_variant(normalization)
+    solve = solve_options(variant, tol, max_iter, backward)
     with transform_entry(q, k, v, mask, bias):
-        return _scaled_attention(q, k, v, variant, n_iter, mask, dropout, training, landmarks, need_weights, bias)
+        return _scaled_attention(q, k, v, variant, n_iter, mask, dropout, training, landmarks, need_weights, bias,
+                                 solve)
 
 
-def _scaled_attention(q, k, v, variant, n_iter, mask, dropout, training, landmarks, need_weights, bias):
+def _scaled_attention(q, k, v, variant, n_iter, mask, dropout, training, landmarks, need_weights, bias, solve=None):
     q, k, v = check_inputs((q, k, v), ("q", "k", "v"))
     mask, bias = _split_bias(variant, mask, bias, compute_dtype(q, k))
     if q.shape[-2] == 0 or k.shape[-2] == 0:
         return _empty_attention(q, k, v, need_weights and variant.normalize is not None)
     if variant.normalize is None:
         return variant.heads(q, k, v, mask, n_iter, landmarks).to(v.dtype), None
+    if solve is not None:  # to tolerance: the solver's matrix, then as below (dropout, the product with v)
+        K = _weights(q, k, variant, n_iter, mask, bias, solve)
+        return _output(K, v, dropout, training), (K if need_weights else None)
     fusable = not need_weights and not (dropout > 0 and training) and (bias is None or not bias.requires_grad)
     kind = fused_preferred(variant, n_iter, q, k) if fusable else None  # a learned float mask: eager (its gradient)
     if kind == "sinkhorn" and branch_free():  # its backward picks its method from the data: the log-domain steps
@@ -235,10 +294,13 @@ def _scaled_attention(q, k, v, variant, n_iter, mask, dropout, training, landmar
             out = sinkhorn_attention(scores, n_iter, mask, values=v.to(scores.dtype))
         return out.to(v.dtype), None
     K = _weights(q, k, variant, n_iter, mask, bias)
+    return _output(K, v, dropout, training), K
+
+
+def _output(K, v, dropout, training):
+    """``dropout(K) @ v`` in the dtype of ``v``."""
     Kd = F.dropout(K, dropout, training) if dropout > 0 and training else K
     # The product with V may run in autocast precision; the weights were float32.
     if v.dtype in (torch.float16, torch.bfloat16):
-        out = torch.matmul(Kd.to(v.dtype), v)
-    else:
-        out = torch.matmul(Kd, v.to(Kd.dtype)).to(v.dtype)
-    return out, K
+        return torch.matmul(Kd.to(v.dtype), v)
+    return torch.matmul(Kd, v.to(Kd.dtype)).to(v.dtype)

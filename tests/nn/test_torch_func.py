@@ -39,9 +39,13 @@ def _scaled(normalization, need_weights, n_iter=3, mask=None):
 
 
 def _sinkhorn(n_iter, full=False):
+    # To tolerance, forward mode takes the converged map's tangent (implicit) and reverse mode differentiates
+    # the unrolled iterate: they agree to about the solve's tolerance, hence 1e-13 here (TOL = 1e-10).
+    tol = 1e-13 if n_iter is None else None
+
     def f(x):  # x: (n, p): scores x x^T
         C = x @ x.mT
-        return sinkflow.solve_sinkhorn(C, n_iter).attention if full else sinkflow.sinkhorn(C, n_iter)
+        return sinkflow.solve_sinkhorn(C, n_iter, tol).attention if full else sinkflow.sinkhorn(C, n_iter, tol)
     return f
 
 
