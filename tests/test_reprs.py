@@ -231,6 +231,17 @@ def test_nystrom_check_repr_separates_the_bound_from_the_theorem(results):
     assert "theorem applies: m = 8 >= 5 required" in repr(replace(check, theorem_applies=True, m_required=5))
     assert "THEOREM REFUTED" in repr(replace(check, theorem_applies=True, consistent=False, bound_holds=False))
 
+    # the verdict follows bound_holds both ways (a repr that always said "holds" passed the lines above)
+    def bound_line(result):
+        return next(line for line in repr(result).splitlines() if line.strip().startswith("bound:"))
+
+    failed = replace(check, bound_holds=False, failures=check.trials, failure_rate=1.0)
+    held = replace(check, bound_holds=True, failures=0, failure_rate=0.0)
+    assert "FAILS" in bound_line(failed) and "holds" not in bound_line(failed), bound_line(failed)
+    assert f"0/{check.trials} draws" in bound_line(failed)
+    assert "holds" in bound_line(held) and "FAILS" not in bound_line(held), bound_line(held)
+    assert f"{check.trials}/{check.trials} draws" in bound_line(held)
+
 
 def test_marginal_errors_of_one_matrix_keep_their_plain_repr():
     assert repr(sinkflow.marginal_errors(np.array([[1.0, 0.0], [1.0, 0.0]]))) == "MarginalErrors(row=0.0, column=1.0)"
