@@ -181,11 +181,14 @@ def test_trajectory_html_has_a_small_png_still(results):
 def test_trajectory_still_changes_no_global_matplotlib_state(results):
     import matplotlib
 
+    def open_figures():  # pyplot's, if loaded (another test module may have left one open: compare, not count)
+        return sys.modules["matplotlib.pyplot"].get_fignums() if "matplotlib.pyplot" in sys.modules else []
+
     traj = _build(results, "Trajectory (ensemble)")
-    backend, rc = matplotlib.get_backend(), dict(matplotlib.rcParams)
+    backend, rc, before = matplotlib.get_backend(), dict(matplotlib.rcParams), open_figures()
     assert "data:image/png;base64," in traj._repr_html_()
     assert matplotlib.get_backend() == backend and dict(matplotlib.rcParams) == rc
-    assert "matplotlib.pyplot" not in sys.modules or len(sys.modules["matplotlib.pyplot"].get_fignums()) == 0
+    assert open_figures() == before, "the still opened a pyplot figure"
 
 
 def test_trajectory_repr_torch_and_fixed_iterations():
