@@ -139,11 +139,12 @@ plt.show()
 # start the mode $\cos k\theta$ with the largest growth rate wins, so about $k^*(\beta)$ clusters form
 # (`sinkflow.fastest_mode`, docs/theory/mean_field.md). The prediction differs: $k^* = 4$ for SoftMax,
 # $k^* = 5$ for Sinkhorn, and so do the flows. Each particle is coloured by the cluster it ends in;
-# `anim.save("demo.gif")` writes the same animation to a file.
+# `anim.save("demo.gif")` writes the same animation to a file. Here `size=3.2` draws 320 px panels (640 px
+# wide), small enough for a notebook; leave `size` out for the projector's default (1,280 px, docs/classroom.md).
 
 # %%
 runs = sinkflow.circle_demo(steps=80 if QUICK else 200)   # {"SoftMax": Trajectory, "Sinkhorn": Trajectory}
-anim = sinkflow.animate(runs, k_star=True, frames=30 if QUICK else 200)
+anim = sinkflow.animate(runs, k_star=True, frames=30 if QUICK else 200, size=3.2)
 anim
 
 # %% [markdown]

@@ -15,6 +15,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 import pytest
+from _notebook_checks import MIN_GIF_WIDTH, gif_size, quick_training_problems, stored_gifs, verdict_problems
 
 FOLDER = Path(__file__).parents[1] / "notebooks"
 NOTEBOOKS = sorted(FOLDER.glob("[0-9]*.ipynb"))
@@ -49,8 +50,8 @@ def test_notebook_says_what_its_source_says(path):
 
 
 #: The stored size of one notebook: quick-mode figures as palette PNGs at the inline backend's resolution
-#: and the classroom animation as a GIF (02: 281 kB, of which the GIF is about 230 kB; the others
-#: 46-200 kB). A JavaScript animation player (1.35 MB for 30 frames), full-colour PNGs (03 stored 525 kB
+#: and the classroom animation as a GIF (02: 326 kB, of which the 640 x 410 px GIF is about 210 kB in base64;
+#: the others 46-200 kB). A JavaScript animation player (1.35 MB for 30 frames), full-colour PNGs (03 stored 525 kB
 #: with them) or a figure at print resolution fail it.
 MAX_STORED_BYTES = 400_000
 
@@ -119,32 +120,29 @@ def test_notebook_prose_quotes_no_number_its_cells_do_not_print(path):
     assert not [d for d in sorted(decimals) if d not in code]
 
 
-VERDICT = re.compile(r"\b(agrees|agree|CONTRADICTS|contradicts|confirms|confirmed|refutes|refuted)\b")
-UNDECIDED = "too short to decide"
-
-
-def _stdout_lines(cell) -> list[str]:
-    return [line for out in cell.get("outputs", []) if out.get("output_type") == "stream"
-            for line in out.get("text", "").splitlines()]
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_stored_verdicts_follow_from_what_their_cells_printed(path):
     # issue 40: quick mode printed "CONTRADICTS the paper" on runs too short to decide. A stored (quick-mode)
     # output prints either a verdict with its reason or that the run is too short to decide, never both
+    # (tests/test_notebooks.py holds the notebooks it executes to the same rules)
     nb = nbformat.read(path, as_version=4)
-    for cell in (c for c in nb.cells if c.cell_type == "code"):
-        lines = _stdout_lines(cell)
-        verdicts = [line for line in lines if VERDICT.search(line) and UNDECIDED not in line]
-        undecided = [line for line in lines if UNDECIDED in line]
-        assert not (verdicts and undecided), f"a verdict printed where the cell says it cannot decide: {verdicts}"
-        for line in undecided:
-            assert "SINKFLOW_QUICK=0" in line and re.search(r"about \d+ s", line), \
-                f"an undecided line says how to decide (the full run and its time): {line!r}"
-        for k, line in enumerate(lines):
-            if re.search(r"\bCONTRADICTS\b", line):
-                why = lines[k + 1].strip() if k + 1 < len(lines) else ""
-                assert why.startswith("why"), f"a contradiction without its reason: {line!r}"
+    problems = verdict_problems(c for c in nb.cells if c.cell_type == "code")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_verdict_rules_catch_what_they_name():
+    # the shared rules (tests/_notebook_checks.py) on cells made by hand: each broken rule is reported
+    def cell(*lines):
+        return nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output("stream", text="\n".join(lines) + "\n")])
+
+    undecided = "claim: quick mode: too short to decide; run with SINKFLOW_QUICK=0 (about 480 s)"
+    assert verdict_problems([cell("0.19 -> 0.14: agrees"), cell(undecided),
+                             cell("0.19 -> 0.24: CONTRADICTS the paper", "why: one seed")]) == []
+    assert len(verdict_problems([cell("0.19 -> 0.14: agrees", undecided)])) == 1  # both in one cell
+    assert len(verdict_problems([cell("quick mode: too short to decide")])) == 1  # without how to decide
+    assert len(verdict_problems([cell("0.19 -> 0.24: CONTRADICTS the paper", "0.3")])) == 1  # no "why"
+    assert quick_training_problems([cell(*[undecided] * 4)]) == []
+    assert len(quick_training_problems([cell(*[undecided] * 3, "0.19 -> 0.14: agrees")])) == 2
 
 
 def _names(node) -> set[str]:
@@ -176,6 +174,24 @@ TRAINING_NOTEBOOK = FOLDER / "05_doubly_stochastic_training.ipynb"
 def test_the_training_notebook_decides_nothing_in_quick_mode():
     # its stored outputs are quick mode's: four claims, each too short to decide, none judged
     nb = nbformat.read(TRAINING_NOTEBOOK, as_version=4)
-    lines = [line for c in nb.cells if c.cell_type == "code" for line in _stdout_lines(c)]
-    assert len([line for line in lines if UNDECIDED in line]) == 4
-    assert not [line for line in lines if VERDICT.search(line) and UNDECIDED not in line]
+    problems = quick_training_problems([c for c in nb.cells if c.cell_type == "code"])
+    assert not problems, problems
+
+
+def test_a_stored_animation_is_wide_enough_to_read():
+    # issue 43: notebook 02 kept a 374 x 212 px GIF of the classroom demo (text about 7 px high) after the
+    # demo was made for a projector; the width is read from each stored GIF's header
+    gifs = {path.name: stored_gifs([c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"])
+            for path in NOTEBOOKS}
+    assert any(gifs.values()), "no notebook stores an animation: notebook 02 shows the classroom demo"
+    narrow = {name: sizes for name, found in gifs.items() for sizes in found if sizes[1][0] < MIN_GIF_WIDTH}
+    assert not narrow, f"GIFs under {MIN_GIF_WIDTH} px wide (code cell, (width, height)): {narrow}"
+
+
+def test_the_gif_header_reader():
+    import base64
+
+    header = base64.b64encode(b"GIF89a" + (640).to_bytes(2, "little") + (410).to_bytes(2, "little") + b"\0" * 8)
+    assert gif_size(header.decode()) == (640, 410)
+    with pytest.raises(ValueError, match="not a GIF"):
+        gif_size(base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 8).decode())

@@ -1,5 +1,6 @@
 """The README keeps its promises: its Python runs and prints what its comments say, its commands
-are valid invocations, its links and its picture exist, and it stays one page.
+are valid invocations, its links and its picture exist, and it stays one page. The docs' landing
+page (docs/index.md) shows a first example too: its Python is held to the same convention.
 
 Convention for the Python blocks: every ``print(...)`` carries a comment ``# -> OUTPUT`` with
 the line it prints. The blocks run in order in one namespace, in a fresh interpreter with a
@@ -26,6 +27,8 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
 TEXT = README.read_text(encoding="utf-8")
+#: Pages whose ```python blocks a reader copies: each runs and prints what its comments say.
+EXAMPLE_PAGES = (README, ROOT / "docs" / "index.md")
 
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
 EXPECTED = re.compile(r"#\s*->\s*(.*?)\s*$")
@@ -39,8 +42,8 @@ TWO_COMMANDS = (
 )
 
 
-def blocks(lang: str) -> list[str]:
-    return [body for tag, body in FENCE.findall(TEXT) if tag == lang]
+def blocks(lang: str, text: str = TEXT) -> list[str]:
+    return [body for tag, body in FENCE.findall(text) if tag == lang]
 
 
 # --- the page -------------------------------------------------------------------------------
@@ -176,23 +179,37 @@ def test_output_convention(printed, expected, ok):
     assert output_matches(printed, expected) is ok
 
 
-def test_every_print_of_the_readme_says_what_it_prints():
-    code = "\n".join(blocks("python"))
+def _page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=_page_id)
+def test_every_print_of_the_readme_says_what_it_prints(page):
+    code = "\n".join(blocks("python", page.read_text(encoding="utf-8")))
     prints = [line for line in code.splitlines() if re.match(r"\s*print\(", line)]
-    assert prints, "the README has no example"
+    assert prints, f"{_page_id(page)} has no example"
     unexplained = [line for line in prints if not EXPECTED.search(line)]
     assert not unexplained, f"a print without its `# -> output` comment: {unexplained}"
 
 
-def test_readme_python_blocks_run_and_print_what_they_say(tmp_path):
-    code = "\n\n".join(blocks("python"))
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=_page_id)
+def test_readme_python_blocks_run_and_print_what_they_say(page, tmp_path):
+    code = "\n\n".join(blocks("python", page.read_text(encoding="utf-8")))
     expected = [m.group(1) for line in code.splitlines() if (m := EXPECTED.search(line))]
     env = {**os.environ, "MPLBACKEND": "Agg", "SINKFLOW_QUICK": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=600)
-    assert run.returncode == 0, f"the README's Python failed:\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, f"the Python of {_page_id(page)} failed:\n{run.stderr[-3000:]}"
     printed = run.stdout.splitlines()
     assert len(printed) == len(expected), f"printed {printed}\nthe comments say {expected}"
     wrong = [(p, e) for p, e in zip(printed, expected, strict=True) if not output_matches(p, e)]
-    assert not wrong, "printed (left) against the README's comments (right):\n" + "\n".join(map(str, wrong))
+    assert not wrong, f"printed (left) against the comments of {_page_id(page)} (right):\n" + "\n".join(map(str, wrong))
+
+
+def test_every_notebook_is_linked_from_the_capability_table():
+    # issue 41: notebooks 06 and 07 came after the table and were left out of it (their rows showed "-")
+    rows = [line for line in TEXT.splitlines() if line.startswith("| ") and "](notebooks/" in line]
+    linked = {Path(target).name for row in rows for target in LINK.findall(row) if target.startswith("notebooks/")}
+    notebooks = {p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb")}
+    assert notebooks and not notebooks - linked, f"notebooks no table row links: {sorted(notebooks - linked)}"

@@ -181,11 +181,14 @@ def test_trajectory_html_has_a_small_png_still(results):
 def test_trajectory_still_changes_no_global_matplotlib_state(results):
     import matplotlib
 
+    def open_figures():  # pyplot's, if loaded (another test module may have left one open: compare, not count)
+        return sys.modules["matplotlib.pyplot"].get_fignums() if "matplotlib.pyplot" in sys.modules else []
+
     traj = _build(results, "Trajectory (ensemble)")
-    backend, rc = matplotlib.get_backend(), dict(matplotlib.rcParams)
+    backend, rc, before = matplotlib.get_backend(), dict(matplotlib.rcParams), open_figures()
     assert "data:image/png;base64," in traj._repr_html_()
     assert matplotlib.get_backend() == backend and dict(matplotlib.rcParams) == rc
-    assert "matplotlib.pyplot" not in sys.modules or len(sys.modules["matplotlib.pyplot"].get_fignums()) == 0
+    assert open_figures() == before, "the still opened a pyplot figure"
 
 
 def test_trajectory_repr_torch_and_fixed_iterations():
@@ -230,6 +233,17 @@ def test_nystrom_check_repr_separates_the_bound_from_the_theorem(results):
 
     assert "theorem applies: m = 8 >= 5 required" in repr(replace(check, theorem_applies=True, m_required=5))
     assert "THEOREM REFUTED" in repr(replace(check, theorem_applies=True, consistent=False, bound_holds=False))
+
+    # the verdict follows bound_holds both ways (a repr that always said "holds" passed the lines above)
+    def bound_line(result):
+        return next(line for line in repr(result).splitlines() if line.strip().startswith("bound:"))
+
+    failed = replace(check, bound_holds=False, failures=check.trials, failure_rate=1.0)
+    held = replace(check, bound_holds=True, failures=0, failure_rate=0.0)
+    assert "FAILS" in bound_line(failed) and "holds" not in bound_line(failed), bound_line(failed)
+    assert f"0/{check.trials} draws" in bound_line(failed)
+    assert "holds" in bound_line(held) and "FAILS" not in bound_line(held), bound_line(held)
+    assert f"{check.trials}/{check.trials} draws" in bound_line(held)
 
 
 def test_marginal_errors_of_one_matrix_keep_their_plain_repr():

@@ -603,7 +603,8 @@ def _figure(runs, positions, geom, cluster_tol, texts, layout):
                 note = ax.text(0, 0, max(notes[label], key=len), ha="center", va="center", color="0.25",
                                linespacing=1.35, zorder=4)
                 moving.append((note, notes[label], geom == "circle"))
-        moving.append((fig.text(0.25 * line / width, 1 - 0.35 * line / height, max(clock, key=len), ha="left",
+        # the clock stands clear of the frame's corner (a projector or a player's controls crop the edges)
+        moving.append((fig.text(1.0 * line / width, 1 - 0.5 * line / height, max(clock, key=len), ha="left",
                                 va="top", fontsize=1.12 * font), clock, False))
         palette = matplotlib.colormaps["tab10"].colors
         marker = dict(ls="none", marker="o", ms=dot, mec="none")

@@ -303,6 +303,25 @@ def test_the_frame_names_its_panels_and_explains_its_colours():
     np.testing.assert_allclose(ring.get_offsets(), x0)
 
 
+def test_the_clock_stands_clear_of_the_frame_corner():
+    # issue 43's check: "t = 20.00" sat 5 px from the frame's corner, where a projector or a player crops it
+    for size in (sinkflow.plots._animate.PANEL_SIZE, 3.2):
+        anim = sinkflow.animate(_circle_runs(n=6, steps=2), frames=2, size=size)
+        fig = anim.figure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()  # the layout, as a saved frame has it
+        renderer = canvas.get_renderer()
+        (clock,) = [t for t in fig.texts if t.get_text().startswith("t = ")]
+        box = clock.get_window_extent(renderer)
+        font = clock.get_fontsize() * fig.dpi / 72  # px
+        assert box.x0 >= 0.8 * font, (size, box.x0, font)  # a margin of about a character's height
+        assert fig.bbox.height - box.y1 >= 0.3 * font, (size, fig.bbox.height - box.y1, font)
+        titles = [ax.title.get_window_extent(renderer) for ax in fig.axes]
+        assert all(box.y0 >= t.y1 or box.x1 <= t.x0 for t in titles), "the clock overlaps a panel title"
+
+
 def test_an_animation_never_rendered_leaves_without_a_warning():
     import gc
     import warnings
