@@ -5,13 +5,16 @@
 One row per trick and run it is meant to speed up (a :func:`sinkflow.simulate` call, an ensemble, a
 figure build; never a kernel alone), at a size its comment names. Each row runs the same call with the
 trick on and with it off, alternately (the order flips every repeat), and prints the medians, their
-ratio (off / on) and the verdict: ``keep`` at 1.2x or more, else ``delete``. Times are the process's
+ratio (off / on) and the row's verdict: ``keep`` at 1.2x or more, else ``delete``; a trick stays when
+one of its rows says ``keep`` (the summary under the table). Times are the process's
 CPU seconds (user and system: page faults count), except the thread row, whose point is wall time.
 One torch / BLAS thread, as numpy's ``exp`` route requires, except where a row says otherwise.
 
 How a trick is turned off: :func:`sinkflow.fast_paths` where the trick is behind that switch,
-otherwise a patch of the trick's function for the duration of the ``off`` run (so that the script
-also measures a trick that has been deleted: its row then says ``(gone)``).
+otherwise a patch of the trick's function for the duration of the ``off`` run. A trick deleted since
+says ``(gone)``; to measure it, run the script on an older revision's package (``git archive REV sinkflow``
+into a folder, then ``PYTHONPATH=that-folder``). The table of the last run is in docs/performance.md,
+*Speed tricks and their switch*.
 """
 
 from __future__ import annotations
@@ -229,6 +232,7 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"load average before: {os.getloadavg()[0]:.2f}; {args.repeats} alternated repeats, medians\n")
     print("| trick | row | on (s) | off (s) | off / on | verdict |\n|---|---|---|---|---|---|")
+    best: dict[str, float] = {}
     for trick, row, run, off in rows(args.quick):
         if args.only and trick not in args.only:
             continue
@@ -239,10 +243,13 @@ def main() -> None:
         with sinkflow.torch_threads(2 if "2 torch threads" in row else 1):
             on, off_time = measure(run, off, args.repeats, wall)
         ratio = off_time / on
+        best[trick] = max(best.get(trick, 0.0), ratio)
         record(f"{trick}: {row}: on", on)
         print(f"| {trick} | {row} | {on:.3g} | {off_time:.3g} | {ratio:.2f}x | "
               f"{'keep' if ratio >= KEEP else 'delete'} |", flush=True)
-    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}\n")
+    for trick, ratio in best.items():  # a trick stays when one of its rows gains enough
+        print(f"{trick}: best row {ratio:.2f}x: {'keep' if ratio >= KEEP else 'delete'}")
 
 
 if __name__ == "__main__":

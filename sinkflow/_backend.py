@@ -84,11 +84,24 @@ def fast_paths(enabled: bool = True):
     """Turn sinkflow's speed tricks on or off inside a ``with`` block (restored afterwards).
 
     Each trick is kept only where an end-to-end run (a :func:`sinkflow.simulate` call, an ensemble,
-    a figure build) measured at least 1.2x from it, and each gives the same numbers to rounding: the
-    block-wise and landmark fields exponentiate their blocks through numpy's ``exp``, about twice as
-    fast as torch's on one thread (1.35-1.49x on a block-wise ``simulate`` at n = 8,000-20,000).
-    Off, every path takes torch's plain operations (the tests pass both ways). The environment
-    variable ``SINKFLOW_FAST_PATHS=0`` turns them off for a whole process.
+    a figure build) measured at least 1.2x from it (``benchmarks/bench_tricks.py``), and each gives the
+    same numbers to rounding:
+
+    * the ensemble field's passes in numpy on the CPU (an ensemble's Sinkhorn ``simulate``);
+    * the harmonic field's passes in numpy on the CPU (a Sinkhorn ``simulate`` on the circle);
+    * flows of at most 256 particles on one torch thread (``single_thread_if_small``; a loaded machine);
+    * the warm start's half norms in numpy (a small Sinkhorn ``simulate`` to tolerance);
+    * figures cut from one Agg drawing instead of matplotlib's ``bbox_inches="tight"`` (the figure build);
+    * the block-wise and landmark fields' exponentials through numpy's ``exp``, where numpy runs its
+      AVX-512 loop (:func:`numpy_exp_is_fast`; 1.35-1.49x on a block-wise ``simulate``), not elsewhere.
+
+    Off, every path takes torch's plain operations and matplotlib's own (the tests pass both ways).
+    The environment variable ``SINKFLOW_FAST_PATHS=0`` turns them off for a whole process.
+
+    Parameters
+    ----------
+    enabled : bool
+        Whether the tricks are on inside the block.
 
     Examples
     --------

@@ -25,8 +25,8 @@ other passes out or into cache:
   when it has converged; a CPU block in numpy); the plan :math:`\mathrm{diag}(1/s) E \mathrm{diag}(u)`
   is never formed, the velocity is :math:`E (u \odot V) / s`;
 * on CPU every pass is numpy's (unless :func:`sinkflow.fast_paths` is off), on arrays that share the
-  tensors' memory: the exponentials (2.2-2.5x
-  faster than torch's ``exp`` on an AVX-512 AMD EPYC, float32 and float64), the products with the
+  tensors' memory: the exponentials (2.2-2.5x faster than torch's ``exp`` on an AVX-512 AMD EPYC, float32
+  and float64; on AVX2 about as fast in float32, slower in float64), the products with the
   values through numpy's ``matmul`` (about a third of torch's ``bmm`` time on stacks of small
   matrices, measured on 2,048 x 32 x 32), and the short passes over ``B x n x d`` arrays (the
   tangent projection and the retraction on the sphere, the integrator's ``X + h v``:

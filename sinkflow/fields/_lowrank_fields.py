@@ -50,7 +50,7 @@ pseudo-inverse cutoff, padded with zero columns to a multiple of 8, which BLAS r
 :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has ``r << m`` (the benchmark cloud
 of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256`` farthest points, 10 of 256 uniform
 ones). ``B`` is formed once per field (``n m`` exponentials, in blocks of rows sized from the L2
-cache) and kept, as :math:`B^T` on huge pages where the platform has them, when it fits ``CACHE_BYTES``
+cache) and kept, as :math:`B^T`, when it fits ``CACHE_BYTES``
 (256 MiB), else each pass recomputes the blocks
 :math:`L_b` (memory ``O(m^2 + block)``). A pass over a kept ``B`` reads it once, in cache-sized chunks,
 and carries the masses alone (matrix-vector products), except the pass that computes the velocity.
