@@ -320,6 +320,6 @@ def _exp_(t):
 
 def _in_numpy(t: torch.Tensor) -> bool:
     """Whether ``t``'s blocks run through numpy: on the CPU with the speed tricks on (:func:`sinkflow.fast_paths`;
-    1.4-1.7x on an ensemble's Sinkhorn ``simulate``, ``benchmarks/bench_tricks.py``); otherwise torch's
+    1.4-1.8x on an ensemble's Sinkhorn ``simulate``, ``benchmarks/bench_tricks.py``); otherwise torch's
     operations, one block on an accelerator."""
     return t.device.type == "cpu" and fast_paths_enabled()

@@ -2,7 +2,7 @@ r"""The Sinkhorn solves of the harmonic fields on their features (the mathematic
 
 Everything is written on rows: weights ``W`` ``(c, n)``, moments :math:`W\Phi` ``(c, r)`` and kernel sums
 :math:`(M\Lambda)\Phi^T` ``(c, n)``, as numpy arrays on the CPU (a numpy call costs a third to a fifth of
-a torch call: 1.3-1.6x on a Sinkhorn ``simulate`` on the circle at N = 2*10^4, ``benchmarks/bench_tricks.py``)
+a torch call: 1.2-1.6x on a Sinkhorn ``simulate`` on the circle at N = 2*10^4, ``benchmarks/bench_tricks.py``)
 and torch tensors elsewhere, or with the speed tricks off (:func:`sinkflow.fast_paths`). :class:`_Passes`
 runs the two products block by block; the small dense algebra of Newton's step runs on the host (``r``-vectors).
 

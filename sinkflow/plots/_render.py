@@ -52,7 +52,7 @@ def save_figure(fig, paths) -> list[Path]:
     of the drawing). Here the figure is drawn once at the PNG resolution, which lays it out;
     the PNG is that drawing cut to the tight bounding box, and the other formats are one draw
     each of the layout frozen by it, so the PNG and the PDF show the same positions: the default
-    figure build ran 1.36x faster than with ``bbox_inches="tight"`` (``benchmarks/bench_tricks.py``).
+    figure build ran 1.36-1.49x faster than with ``bbox_inches="tight"`` (``benchmarks/bench_tricks.py``).
     A speed trick: with :func:`sinkflow.fast_paths` off, each file is matplotlib's own
     ``savefig(bbox_inches="tight")``.
 
