@@ -138,8 +138,10 @@ def test_figures_are_cut_from_one_drawing_only_with_the_switch_on(tmp_path, monk
         ax.set_xlabel("n")
         ax.legend()
         path = tmp_path / f"f{len(list(tmp_path.iterdir()))}.png"
-        render_module.save_figure(fig, [path])
-        plt.close(fig)
+        try:
+            render_module.save_figure(fig, [path])
+        finally:  # also when the patched trick raises: no figure left open
+            plt.close(fig)
         return imread(path)
 
     on, off = _both_ways(run, monkeypatch, render_module, "_draw_once")
