@@ -9,8 +9,8 @@ torch.from_numpy shares memory, so the round trip costs nothing beyond the solve
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-import mmap
 import os
 from typing import Any
 
@@ -21,8 +21,9 @@ from sinkflow._checks import check_number, check_seed  # noqa: F401  (torch-free
 
 __all__ = ["squared_norms", "to_torch", "from_torch", "is_torch", "leading", "check_number", "check_seed",
            "check_finite", "check_float", "compiling", "require", "compute_dtype", "lift_half", "exp_floor", "exp_",
-           "numpy_exp_applies", "torch_threads", "fast_paths", "fast_paths_enabled", "broadcast_shapes", "empty_large",
-           "first_order", "storage_free", "transform_entry", "transformed", "branch_free", "vmapped", "finite_or_nan"]
+           "numpy_exp_applies", "numpy_exp_is_fast", "torch_threads", "fast_paths", "fast_paths_enabled",
+           "broadcast_shapes", "first_order", "storage_free", "transform_entry", "transformed", "branch_free",
+           "vmapped", "finite_or_nan"]
 
 
 @contextlib.contextmanager
@@ -83,11 +84,24 @@ def fast_paths(enabled: bool = True):
     """Turn sinkflow's speed tricks on or off inside a ``with`` block (restored afterwards).
 
     Each trick is kept only where an end-to-end run (a :func:`sinkflow.simulate` call, an ensemble,
-    a figure build) measured at least 1.2x from it, and each gives the same numbers to rounding: the
-    block-wise and landmark fields exponentiate their blocks through numpy's ``exp``, about twice as
-    fast as torch's on one thread (1.35-1.49x on a block-wise ``simulate`` at n = 8,000-20,000).
-    Off, every path takes torch's plain operations (the tests pass both ways). The environment
-    variable ``SINKFLOW_FAST_PATHS=0`` turns them off for a whole process.
+    a figure build) measured at least 1.2x from it (``benchmarks/bench_tricks.py``), and each gives the
+    same numbers to rounding:
+
+    * the ensemble field's passes in numpy on the CPU (an ensemble's Sinkhorn ``simulate``);
+    * the harmonic field's passes in numpy on the CPU (a Sinkhorn ``simulate`` on the circle);
+    * flows of at most 256 particles on one torch thread (``single_thread_if_small``; a loaded machine);
+    * the warm start's half norms in numpy (a small Sinkhorn ``simulate`` to tolerance);
+    * figures cut from one Agg drawing instead of matplotlib's ``bbox_inches="tight"`` (the figure build);
+    * the block-wise and landmark fields' exponentials through numpy's ``exp``, where numpy runs its
+      AVX-512 loop (:func:`numpy_exp_is_fast`; 1.35-1.49x on a block-wise ``simulate``), not elsewhere.
+
+    Off, every path takes torch's plain operations and matplotlib's own (the tests pass both ways).
+    The environment variable ``SINKFLOW_FAST_PATHS=0`` turns them off for a whole process.
+
+    Parameters
+    ----------
+    enabled : bool
+        Whether the tricks are on inside the block.
 
     Examples
     --------
@@ -120,25 +134,43 @@ NUMPY_EXP_MIN = 2**14
 def numpy_exp_applies(*tensors) -> bool:
     """Whether a path may exponentiate its blocks through numpy (:func:`exp_`), decided once at its entry.
 
-    Yes when the speed tricks are on (:func:`fast_paths`), torch runs on one thread (on more, torch's
-    ``exp`` uses them and numpy's does not), nothing is being compiled, and every input (None skipped)
-    is a plain CPU float32 / float64 tensor that no autograd or forward-mode AD follows and that is
-    not an inference tensor outside inference mode, and that numpy can view (a tensor under a
-    ``torch.func`` transform or a tracing mode cannot be: its path then takes torch's ``exp``). Only
-    public torch API is asked.
+    Yes when the speed tricks are on (:func:`fast_paths`), numpy's ``exp`` runs its AVX-512 loop on this
+    CPU (:func:`numpy_exp_is_fast`), torch runs on one thread (on more, torch's ``exp`` uses them and
+    numpy's does not), nothing is being compiled, and every input (None skipped) is a plain CPU float32 /
+    float64 tensor that no autograd or forward-mode AD follows and that is not an inference tensor outside
+    inference mode, and that numpy can view (a tensor under a ``torch.func`` transform or a tracing mode
+    cannot be: its path then takes torch's ``exp``). Only public torch API is asked.
 
     Examples
     --------
     >>> import torch, sinkflow
-    >>> from sinkflow._backend import numpy_exp_applies
+    >>> from sinkflow._backend import numpy_exp_applies, numpy_exp_is_fast
     >>> x = torch.ones(3)
     >>> with sinkflow.torch_threads(1):
-    ...     numpy_exp_applies(x), numpy_exp_applies(x.requires_grad_())
+    ...     numpy_exp_applies(x) == numpy_exp_is_fast(), numpy_exp_applies(x.requires_grad_())
     (True, False)
     """
-    if not fast_paths_enabled() or compiling() or torch.get_num_threads() != 1:
+    if not fast_paths_enabled() or compiling() or not numpy_exp_is_fast() or torch.get_num_threads() != 1:
         return False
     return all(t is None or _numpy_viewable(t) for t in tensors)
+
+
+@functools.cache
+def numpy_exp_is_fast() -> bool:
+    """Whether numpy's float64 ``exp`` dispatches to its AVX-512 loop on this CPU (``X86_V4`` or an
+    ``AVX512`` target, by numpy's public ``numpy.lib.introspect.opt_func_info``; asked once).
+
+    Only there does it beat torch's: a block-wise ``simulate`` ran 1.35-1.49x faster through it on an
+    AVX-512 AMD EPYC (n = 8,000 and 20,000), while on an AVX2 EPYC numpy's float64 ``exp`` took 2.4x
+    torch's time and the same ``simulate`` 2.1x longer (docs/performance.md, ``benchmarks/bench_tricks.py``).
+    """
+    try:
+        from numpy.lib.introspect import opt_func_info
+
+        current = opt_func_info(func_name="^exp$")["exp"]["dd"]["current"]
+    except Exception:  # numpy < 2, or another layout of the report: torch's exp
+        return False
+    return "X86_V4" in current or "AVX512" in current
 
 
 def _numpy_viewable(t: torch.Tensor) -> bool:
@@ -181,37 +213,6 @@ def exp_(t: torch.Tensor, numpy: bool = False) -> torch.Tensor:
         np.exp(a, out=a)
     torch.autograd.graph.increment_version(t)  # as torch's own in-place op would: a saved t is stale now
     return t
-
-
-#: Tensors of at least this many bytes go on transparent huge pages (:func:`empty_large`): one 2 MiB page.
-HUGE_PAGE_BYTES = 2**21
-
-
-def empty_large(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
-    """An uninitialized tensor whose first write does not fault page by page.
-
-    A fresh CPU buffer of 100 MB costs ~24,000 page faults of 4 KiB on its first write (49 ms of
-    kernel time against 5 ms for the write itself, one thread); on transparent huge pages
-    (``MADV_HUGEPAGE`` on an anonymous mapping, where the platform has it) 50 faults of 2 MiB
-    (14 ms). Smaller buffers, other devices and platforms without the advice get ``torch.empty``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from sinkflow._backend import empty_large
-    >>> empty_large((3, 2**20), torch.float32, "cpu").fill_(1.0).sum().item()
-    3145728.0
-    """
-    count = 1
-    for size in shape:
-        count *= int(size)
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if torch.device(device).type != "cpu" or nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(shape, dtype=dtype, device=device)
-    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(OSError):  # a kernel without transparent huge pages: ordinary pages
-        pages.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(pages, dtype=dtype).view(shape)  # the tensor keeps the mapping alive
 
 
 def squared_norms(x: torch.Tensor) -> torch.Tensor:

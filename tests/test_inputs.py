@@ -18,11 +18,10 @@ import pytest
 import torch
 
 import sinkflow
+import sinkflow._backend
 from sinkflow._backend import (
-    HUGE_PAGE_BYTES,
     broadcast_shapes,
     check_number,
-    empty_large,
     exp_,
     leading,
     numpy_exp_applies,
@@ -284,19 +283,6 @@ def test_broadcast_shapes_is_torchs_rule(shapes):
         assert got == expected and isinstance(got, torch.Size)
 
 
-@pytest.mark.parametrize("shape, dtype", [((3, HUGE_PAGE_BYTES), torch.float32), ((5, 7), torch.float64),
-                                          ((HUGE_PAGE_BYTES // 8,), torch.float64), ((0, 4), torch.float32)])
-def test_empty_large_buffers_are_private_writable_tensors(shape, dtype):
-    """Large or small (torch.empty), each call its own memory, alive while a view of it is."""
-    a, b = empty_large(shape, dtype, "cpu"), empty_large(shape, dtype, "cpu")
-    assert a.shape == shape and a.dtype == dtype and a.is_contiguous()
-    a.fill_(1.0)
-    b.fill_(2.0)
-    view = a.view(-1)[-3:]
-    del a
-    assert view.tolist() == [1.0] * min(3, view.numel()) and bool((b == 2.0).all())
-
-
 EXP_CASES = {"numpy": (1, 30_001, 1, True), "two threads": (2, 30_001, 1, True),
              "strided view": (1, 30_001, 2, True), "small": (1, 1_001, 1, True), "switched off": (1, 30_001, 1, False)}
 
@@ -309,6 +295,7 @@ def test_exp_in_place_is_torchs_exp(dtype, case, monkeypatch):
     small block): torch's values within 4 eps relative, the same overflow to inf, underflow to 0 and NaN;
     in place, its version counter bumped."""
     threads, size, step, on = EXP_CASES[case]
+    monkeypatch.setattr(sinkflow._backend, "numpy_exp_is_fast", lambda: True)  # the route, whatever this CPU
     calls, real_exp = [], np.exp
     monkeypatch.setattr(np, "exp", lambda *a, **k: calls.append(1) or real_exp(*a, **k))
     base = torch.linspace(-800.0, 800.0, size, dtype=dtype)
@@ -335,7 +322,7 @@ def test_exp_in_place_compiles_in_one_graph():
     torch.testing.assert_close(got, torch.exp(x * 2.0) + 1.0)
 
 
-def test_the_entry_decides_against_numpy_under_transforms_and_for_inference_tensors():
+def test_the_entry_decides_against_numpy_under_transforms_and_for_inference_tensors(monkeypatch):
     """Under torch.func.vmap, grad, jvp, forward-mode AD and for an inference tensor outside inference mode,
     the entry check says torch, so the path computes torch's result (and its tangent, its error)."""
     x = torch.linspace(-3.0, 3.0, 2 * 2**15, dtype=torch.float64).reshape(2, -1)
@@ -343,6 +330,8 @@ def test_the_entry_decides_against_numpy_under_transforms_and_for_inference_tens
     def path(v):  # a path: decides at its entry, then exponentiates its block
         block = v * 1.0
         return exp_(block, numpy_exp_applies(v))
+
+    monkeypatch.setattr(sinkflow._backend, "numpy_exp_is_fast", lambda: True)  # the route, whatever this CPU
 
     with sinkflow.torch_threads(1):
         assert numpy_exp_applies(x)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, lift_half, to_torch, torch_threads, transform_entry
+from sinkflow._backend import check_finite, fast_paths_enabled, lift_half, to_torch, torch_threads, transform_entry
 from sinkflow._summary import Summarized, describe_array, number, shape_text
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import dot_core, gaussian_core
@@ -67,9 +67,10 @@ def single_thread_if_small(n: int, device) -> None:
 
     For ``n <= SMALL_N`` torch's thread pool costs more than it saves, and on a loaded
     machine its spin-waiting made small operations 10-150x slower (docs/performance.md;
-    measured here: 100 sphere steps at n = 32 took 0.50 s on 2 threads, 0.09 s on 1).
+    measured here: 100 sphere steps at n = 32 took 0.50 s on 2 threads, 0.09 s on 1; 8.8x on a loaded
+    machine, ``benchmarks/bench_tricks.py``). A speed trick: off with :func:`sinkflow.fast_paths`.
     """
-    if torch.device(device).type != "cpu" or n > SMALL_N:
+    if torch.device(device).type != "cpu" or n > SMALL_N or not fast_paths_enabled():
         yield
         return
     with torch_threads(1):

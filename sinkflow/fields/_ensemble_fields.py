@@ -24,8 +24,9 @@ other passes out or into cache:
   (matrix-vector products and Newton's steps, warm started, each system leaving the iteration
   when it has converged; a CPU block in numpy); the plan :math:`\mathrm{diag}(1/s) E \mathrm{diag}(u)`
   is never formed, the velocity is :math:`E (u \odot V) / s`;
-* on CPU every pass is numpy's, on arrays that share the tensors' memory: the exponentials (2.2-2.5x
-  faster than torch's ``exp`` on an AVX-512 AMD EPYC, float32 and float64), the products with the
+* on CPU every pass is numpy's (unless :func:`sinkflow.fast_paths` is off), on arrays that share the
+  tensors' memory: the exponentials (2.2-2.5x faster than torch's ``exp`` on an AVX-512 AMD EPYC, float32
+  and float64; on AVX2 about as fast in float32, slower in float64), the products with the
   values through numpy's ``matmul`` (about a third of torch's ``bmm`` time on stacks of small
   matrices, measured on 2,048 x 32 x 32), and the short passes over ``B x n x d`` arrays (the
   tangent projection and the retraction on the sphere, the integrator's ``X + h v``:
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from sinkflow._backend import empty_large
+from sinkflow._backend import fast_paths_enabled
 from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, iterate_kernel
 from sinkflow.fields._dense_fields import SYMMETRIC_BUDGET, FieldEvaluation, _general_fallback
 from sinkflow.fields._particle_field import ParticleField
@@ -77,7 +78,6 @@ class EnsembleField(ParticleField):
     """A :class:`ParticleField` of a batch ``(B, n, d)`` evaluated block by block (module docstring)."""
 
     _work: dict = field(default_factory=dict)  # reused buffers by name (module docstring)
-    _arena: _Arena = field(default_factory=lambda: _Arena())  # the numpy buffers' memory
 
     def evaluate(self, Y: torch.Tensor, init_g: torch.Tensor | None) -> FieldEvaluation:
         V = Y if self.W_V is None else Y @ self.W_V.mT
@@ -93,8 +93,7 @@ class EnsembleField(ParticleField):
         """The reused array ``name`` of ``shape`` and ``like``'s dtype (allocated when either changes)."""
         buffer = self._work.get(name)
         if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or type(buffer) is not type(like):
-            fresh = self._arena.empty(shape, like.dtype) if isinstance(like, np.ndarray) else _empty(like, shape)
-            buffer = self._work[name] = fresh
+            buffer = self._work[name] = _empty(like, shape)
         return buffer
 
     def _transposed(self, name, t):
@@ -209,34 +208,6 @@ class EnsembleField(ParticleField):
         return large if bool(large.any()) else None  # max_i C_ii of each system; NaN: the flow's check stops it
 
 
-class _Arena:
-    """The memory of a field's numpy work arrays: slices of chunks of at least ``CHUNK`` bytes on
-    transparent huge pages (:func:`sinkflow._backend.empty_large`). A field's seven buffers of about a
-    megabyte each (2,048 systems of n = 32) cost ~1,800 page faults of 4 KiB on their first writes, 12 ms
-    of kernel time a ``simulate`` call, more than a step; on huge pages a handful. A buffer whose shape
-    changes takes new memory, and the old slice is not reused (it happens once per batch size). Arrays
-    under ``SMALL`` bytes come from ``numpy.empty``."""
-
-    CHUNK = 8 << 20
-    ALIGN = 64
-    SMALL = 1 << 18
-
-    def __init__(self):
-        self._chunk, self._used = None, 0
-
-    def empty(self, shape, dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.SMALL:  # a small ensemble's arrays: malloc's, not a huge page to zero
-            return np.empty(shape, dtype)
-        start = -(-self._used // self.ALIGN) * self.ALIGN
-        if self._chunk is None or start + nbytes > self._chunk.size:
-            self._chunk = empty_large((max(self.CHUNK, nbytes),), torch.uint8, "cpu").numpy()
-            start = 0
-        self._used = start + nbytes
-        return self._chunk[start:start + nbytes].view(dtype).reshape(shape)
-
-
 def _abs_max(t: np.ndarray) -> float:
     return max(float(t.max()), -float(t.min()))
 
@@ -348,5 +319,7 @@ def _exp_(t):
 
 
 def _in_numpy(t: torch.Tensor) -> bool:
-    """Whether ``t``'s blocks run through numpy (CPU); on an accelerator one block runs in torch."""
-    return t.device.type == "cpu"
+    """Whether ``t``'s blocks run through numpy: on the CPU with the speed tricks on (:func:`sinkflow.fast_paths`;
+    1.4-1.8x on an ensemble's Sinkhorn ``simulate``, ``benchmarks/bench_tricks.py``); otherwise torch's
+    operations, one block on an accelerator."""
+    return t.device.type == "cpu" and fast_paths_enabled()

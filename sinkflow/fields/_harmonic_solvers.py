@@ -2,9 +2,9 @@ r"""The Sinkhorn solves of the harmonic fields on their features (the mathematic
 
 Everything is written on rows: weights ``W`` ``(c, n)``, moments :math:`W\Phi` ``(c, r)`` and kernel sums
 :math:`(M\Lambda)\Phi^T` ``(c, n)``, as numpy arrays on the CPU (a numpy call costs a third to a fifth of
-a torch call, and at n = 1,024 a step is a few dozen calls: docs/performance.md) and torch tensors
-elsewhere. :class:`_Passes` runs the two products block by block; the small dense algebra of Newton's
-step runs on the host (``r``-vectors).
+a torch call: 1.2-1.6x on a Sinkhorn ``simulate`` on the circle at N = 2*10^4, ``benchmarks/bench_tricks.py``)
+and torch tensors elsewhere, or with the speed tricks off (:func:`sinkflow.fast_paths`). :class:`_Passes`
+runs the two products block by block; the small dense algebra of Newton's step runs on the host (``r``-vectors).
 
 One iteration of the symmetric solve is one sweep by cache-sized block: the sums of the current
 points, then, with the block's features still in cache, the moments of the next scaling. The
@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from scipy.linalg import blas
 
+from sinkflow._backend import fast_paths_enabled
 from sinkflow.fields._harmonic_kernels import _STORE_BYTES, _Factored
 
 _NEWTON_RATIO = 1e-3  # Newton's block: the modes of eigenvalue above this fraction of the largest
 _NEWTON_MAX = 400  # and at most this many (its Gram matrix costs n * rows^2, or r on the circle)
 _NEWTON_FAR = 1e-3  # marginal error above which the Jacobian is formed anew at every step
-_NUMPY_ON_CPU = True  # False: torch's operations everywhere (as on other devices; the tests check both)
 _CACHE_BYTES = 2**20  # the products run on blocks of features this large: a sweep's second product finds them in a
 # core's cache, and OpenBLAS's gemm with 3-6 rows runs up to 2x faster on them than on 4 MiB blocks
 
@@ -39,7 +39,7 @@ class _Passes:
     """
 
     def __init__(self, F: _Factored, a: torch.Tensor, keep: bool = True):
-        self.factored, self.numpy = F, F.X.device.type == "cpu" and _NUMPY_ON_CPU
+        self.factored, self.numpy = F, F.X.device.type == "cpu" and fast_paths_enabled()  # off: torch's ops
         self.xp = np if self.numpy else torch
         self.a, self.lam = self.array(a), self.array(F.lam[:, 0])
         X = self.array(F.X)

@@ -50,7 +50,7 @@ pseudo-inverse cutoff, padded with zero columns to a multiple of 8, which BLAS r
 :math:`\tilde G = B B^T` with :math:`B = L H`; a smooth kernel has ``r << m`` (the benchmark cloud
 of ``benchmarks/bench_particles.py``: ``r = 23`` of ``m = 256`` farthest points, 10 of 256 uniform
 ones). ``B`` is formed once per field (``n m`` exponentials, in blocks of rows sized from the L2
-cache) and kept, as :math:`B^T` on huge pages where the platform has them, when it fits ``CACHE_BYTES``
+cache) and kept, as :math:`B^T`, when it fits ``CACHE_BYTES``
 (256 MiB), else each pass recomputes the blocks
 :math:`L_b` (memory ``O(m^2 + block)``). A pass over a kept ``B`` reads it once, in cache-sized chunks,
 and carries the masses alone (matrix-vector products), except the pass that computes the velocity.
@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sinkflow._backend import empty_large, exp_, exp_floor, numpy_exp_applies, squared_norms
+from sinkflow._backend import exp_, exp_floor, numpy_exp_applies, squared_norms
 from sinkflow.attention._inverses import _pinv_rtol
 from sinkflow.attention._kernelized import _kernel
 from sinkflow.attention._nystrom import nystromformer_attention
@@ -162,7 +162,7 @@ class _NystromKernel:
         self.buffer = torch.empty((min(n, self.rows), m), dtype=z.dtype, device=z.device)
         self.factor = None  # B^T (r x n) when kept: its product is the form BLAS runs fastest, ~15% over B
         if n * self.half.shape[1] * z.element_size() <= CACHE_BYTES:
-            factor = empty_large((self.half.shape[1], n), z.dtype, z.device)
+            factor = torch.empty((self.half.shape[1], n), dtype=z.dtype, device=z.device)
             half_t = self.half.T.contiguous()
             for i0 in range(0, n, self.rows):
                 i1 = min(n, i0 + self.rows)

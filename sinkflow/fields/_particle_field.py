@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sinkflow._backend import fast_paths_enabled
 from sinkflow.fields._dense_fields import attention_field
 
 __all__ = ["ParticleField"]
@@ -93,7 +94,7 @@ class ParticleField:
         r"""Half the diagonal of the scores, :math:`m_i / 2 = y_i^T W y_i / (2\tau)` (numpy for a CPU
         float tensor, as in :meth:`_start`)."""
         Y, W = Y.detach(), None if self.W is None else self.W.detach()
-        if Y.device.type == "cpu" and Y.dtype in (torch.float32, torch.float64):
+        if Y.device.type == "cpu" and Y.dtype in (torch.float32, torch.float64) and fast_paths_enabled():
             Y, W = Y.numpy(), None if W is None else W.numpy()
         WY = Y if W is None else Y @ W.swapaxes(-1, -2)
         return (WY * Y).sum(-1) * (0.5 / self.temperature)

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import empty_large
 from sinkflow.fields._particle_field import ParticleField
 
 __all__ = ["euler_step", "rk4_step", "INTEGRATORS"]
@@ -118,10 +117,10 @@ def _integrate(field, X, step, h, steps, record, save_every, progress, name, fix
 
     kept = [0, *range(save_every, steps + 1, save_every)]
     kept += [steps] if kept[-1] != steps else []
-    # one preallocated tensor (huge pages): a list of clones stacked at the end copied every position twice
+    # one preallocated tensor: a list of clones stacked at the end copied every position twice
     # (1.3 ms a step for 2,048 x 32 x 2 saved every step) and held it twice; autograd's in-place copy keeps
     # the graph of a position that has one
-    positions = empty_large((len(kept), *X.shape), X.dtype, X.device)
+    positions = torch.empty((len(kept), *X.shape), dtype=X.dtype, device=X.device)
     positions[0].copy_(X)
     iters = np.zeros((steps,) + tuple(X.shape[:-2]), dtype=int)
     converged = np.ones(X.shape[:-2], dtype=bool)

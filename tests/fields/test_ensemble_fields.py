@@ -43,26 +43,24 @@ def batch(seed, B, n, spread):
     return x, a / a.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("arena", [False, True])
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("attention", ["softmax", "sinkhorn"])
-def test_blocks_of_systems_give_the_plain_field(monkeypatch, attention, arena):
-    """``arena``: every work array from the huge-page arena, in chunks of 600 bytes (several chunks, and
-    arrays larger than a chunk), evaluated twice (the second time on the reused arrays)."""
+def test_blocks_of_systems_give_the_plain_field(monkeypatch, attention, fast):
+    """``fast``: the numpy passes on the CPU (the speed tricks on) or torch's operations (off, as on an
+    accelerator); evaluated twice, the second time on the reused work arrays."""
     monkeypatch.setattr(ensemble_fields, "BLOCK_ENTRIES", 3 * 9 * 9)  # blocks of 3 systems; 7 = 3 + 3 + 1
-    if arena:
-        monkeypatch.setattr(ensemble_fields._Arena, "SMALL", 0)
-        monkeypatch.setattr(ensemble_fields._Arena, "CHUNK", 600)
     x, a = batch(1, 7, 9, 0.5)  # the plain loop converges within its 801 half-steps
     rng = np.random.default_rng(2)
     W = np.stack([np.eye(2) + 0.2 * M @ M.T for M in rng.standard_normal((7, 2, 2))])  # symmetric PSD
     W_V = rng.standard_normal((7, 2, 2))
     tau = 0.5
     f = field(attention, W / tau, W_V, a, 1.0)
-    ev = f.evaluate(torch.as_tensor(x), None)
+    with sinkflow.fast_paths(fast):
+        ev = f.evaluate(torch.as_tensor(x), None)
+        again = f.evaluate(torch.as_tensor(x), None)
     expected = plain_field(x, attention, W, W_V, a, np.full(7, tau))
     np.testing.assert_allclose(ev.velocity.numpy(), expected, rtol=0, atol=1e-10)
-    if arena:
-        assert torch.equal(f.evaluate(torch.as_tensor(x), None).velocity, ev.velocity)
+    assert torch.equal(again.velocity, ev.velocity)
     if attention == "sinkhorn":
         assert ev.converged.all() and ev.n_iter.shape == (7,) and ev.g.shape == (7, 9)
 

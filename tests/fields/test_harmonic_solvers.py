@@ -57,9 +57,10 @@ def test_blockwise_gram_is_the_plain_product(d, monkeypatch):
     Phi = kernel.features(x).numpy()[rows]
     direct = (Phi * s.numpy()) @ Phi.T
     for numpy in (True, False):
-        monkeypatch.setattr(_harmonic_solvers, "_NUMPY_ON_CPU", numpy)
-        P = passes(F, torch.full((500,), 1 / 500, dtype=torch.float64))
-        np.testing.assert_allclose(P.gram(rows, P.array(s)), direct, atol=1e-12 * np.abs(direct).max())
+        with sinkflow.fast_paths(numpy):  # numpy's passes on the CPU, or torch's operations
+            P = passes(F, torch.full((500,), 1 / 500, dtype=torch.float64))
+            assert P.numpy is numpy
+            np.testing.assert_allclose(P.gram(rows, P.array(s)), direct, atol=1e-12 * np.abs(direct).max())
 
 
 @pytest.mark.parametrize("d", [2, 3])
@@ -74,10 +75,10 @@ def test_torch_operations_and_small_blocks_give_the_same_field(d, monkeypatch):
     np.testing.assert_allclose(reference[None].velocity, dense, atol=1e-10)
     rank = reference[None].kernel.rank
     for numpy, cache in ((False, _harmonic_solvers._CACHE_BYTES), (True, 8 * rank * 40)):
-        monkeypatch.setattr(_harmonic_solvers, "_NUMPY_ON_CPU", numpy)
         monkeypatch.setattr(_harmonic_solvers, "_CACHE_BYTES", cache)
         for n_iter, ref in reference.items():
-            other = harmonic_attention_field(x, "sinkhorn", temperature=1 / beta, n_iter=n_iter, tol=1e-12)
+            with sinkflow.fast_paths(numpy):  # off: torch's operations, as on other devices
+                other = harmonic_attention_field(x, "sinkhorn", temperature=1 / beta, n_iter=n_iter, tol=1e-12)
             np.testing.assert_allclose(other.velocity, ref.velocity, atol=1e-13)
             np.testing.assert_allclose(other.g, ref.g, atol=1e-12)
             assert other.n_iter == ref.n_iter
