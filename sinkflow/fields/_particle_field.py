@@ -96,7 +96,7 @@ class ParticleField:
 
     def tangent(self, v: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         """``v`` projected on the tangent spaces of the sphere at ``Y``: :math:`(I - y y^T) v`."""
-        return v - (v * Y).sum(-1, keepdim=True) * Y
+        return tangent(v, Y)
 
     def evaluate(self, Y: torch.Tensor, init_g: torch.Tensor | None):
         """The :class:`~sinkflow.particles.FieldEvaluation` at ``Y`` (before any projection), the
@@ -160,7 +160,17 @@ class ParticleField:
 
     def moved(self, X: torch.Tensor, v: torch.Tensor, h) -> torch.Tensor:
         """``retract(X + h v)``: a step of size ``h`` (a float, or a tensor broadcasting against ``X``) along ``v``."""
-        return self.retract(X + h * v)
+        return self.retract(advanced(X, v, h))
+
+
+def tangent(v: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """:math:`v - \\langle v, y\\rangle y` row by row (the tangent part on the unit sphere), in two operations."""
+    return torch.addcmul(v, (v * Y).sum(-1, keepdim=True), Y, value=-1)
+
+
+def advanced(X: torch.Tensor, v: torch.Tensor, h) -> torch.Tensor:
+    """``X + h v`` in one operation for a float ``h`` (a tensor ``h`` broadcasts)."""
+    return torch.add(X, v, alpha=h) if isinstance(h, float) else X + h * v
 
 
 #: Past potentials a warm start extrapolates from (a polynomial of degree ``EXTRAPOLATED - 1``).
