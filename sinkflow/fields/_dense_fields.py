@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,52 +162,123 @@ def attention_field(x: torch.Tensor, attention, W: torch.Tensor | None, W_V: tor
     field is then solved by :mod:`sinkflow.attention._symmetric_sinkhorn` (one exponential pass).
     """
     with transform_entry(x, W, W_V, weights, init_g, mask):
-        return _attention_field(x, attention, W, W_V, n_iter, weights, temperature, init_g, tol, max_iter, chunked,
-                                need_errors, landmarks, mask, symmetric)
+        grad = torch.is_grad_enabled() and (x.requires_grad or (W is not None and W.requires_grad))
+        evaluate = field_evaluator(x, attention, W, W_V, n_iter=n_iter, weights=weights, temperature=temperature,
+                                   tol=tol, max_iter=max_iter, chunked=chunked, need_errors=need_errors,
+                                   landmarks=landmarks, mask=mask, symmetric=symmetric, grad=grad)
+        return evaluate(x, init_g)
 
 
-def _attention_field(x, attention, W, W_V, n_iter, weights, temperature, init_g, tol, max_iter, chunked, need_errors,
-                     landmarks, mask, symmetric):
+def field_evaluator(like: torch.Tensor, attention, W, W_V, *, n_iter, weights, temperature, tol, max_iter, chunked,
+                    need_errors, landmarks, mask, symmetric, grad: bool) -> Callable[..., FieldEvaluation]:
+    """:func:`attention_field` with its path chosen once: ``evaluate(x, init_g) -> FieldEvaluation`` for states
+    ``x`` of ``like``'s shape, dtype and device (a flow's every step), whose settings (the variant, the checks, the
+    solver, the weights' logarithm) were resolved here. ``grad``: whether the states or the matrices carry an
+    autograd graph (the symmetric solver does not differentiate)."""
+    variant = _checked_variant(attention, landmarks, chunked, mask)
+    if landmarks is not None:
+        return lambda x, init_g: _landmark_field(x, _values(x, W_V), variant, W, n_iter, weights, temperature, init_g,
+                                                 tol, max_iter, landmarks)
+    if chunked:
+        return lambda x, init_g: _blockwise_field(x, _values(x, W_V), variant, W, n_iter, weights, temperature, init_g,
+                                                  tol, max_iter)
+    # n_iter=1 is SoftMax
+    if (symmetric and mask is None and variant.solver == "sinkhorn" and n_iter != 1 and not grad
+            and like.dtype in (torch.float32, torch.float64)):
+        return _symmetric_evaluator(like, variant, W, W_V, n_iter, weights, temperature, tol, max_iter, need_errors)
+    return _DenseEvaluator(like, variant, W, W_V, n_iter, weights, temperature, tol, max_iter, need_errors, mask)
+
+
+def _checked_variant(attention, landmarks, chunked, mask):
+    """The variant of ``attention``, refused where the asked evaluation cannot take it."""
     variant = get_attention(attention)
     if mask is not None and (landmarks is not None or chunked):
         raise ValueError("a masked (causal) flow is evaluated densely: pass chunked=False and no landmarks")
-    V = x if W_V is None else x @ W_V.mT
-    if landmarks is not None:
-        return _landmark_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter, landmarks)
-    if variant.approximates is not None:
+    if landmarks is None and variant.approximates is not None:
         raise ValueError(f"attention {variant.name!r} approximates {variant.approximates!r} with landmarks; pass "
                          "landmarks=m")
-    if chunked:
-        return _blockwise_field(x, V, variant, W, n_iter, weights, temperature, init_g, tol, max_iter)
-    if variant.normalize is None:
+    if landmarks is None and not chunked and variant.normalize is None:
         raise ValueError(f"attention {variant.name!r} was registered with heads only (for models); register a "
                          "normalize(scores, n_iter, mask) to use it on particles")
-    # n_iter=1 is SoftMax
-    symmetric_solve = (symmetric and mask is None and variant.solver == "sinkhorn" and n_iter != 1
-                       and x.dtype in (torch.float32, torch.float64) and not (torch.is_grad_enabled() and (
-                           x.requires_grad or (W is not None and W.requires_grad))))
-    if symmetric_solve and x.ndim == 2 and x.device.type == "cpu" and x.shape[0] <= NUMPY_N:
-        small = _small_symmetric_field(_numpy_scores(x, W, temperature, variant.scores), V, n_iter, weights, init_g,
-                                       tol, max_iter, need_errors)
-        if small is not None:
-            return small
-    C = (gaussian_core if variant.scores == "gaussian" else dot_core)(x, x, W, float(temperature))
-    if symmetric_solve:
-        return _symmetric_field(C, V, n_iter, weights, init_g, tol, max_iter, need_errors)
-    if weights is not None or not variant.normalized:
-        a = weights
-        if a is None:
-            a = torch.full(x.shape[-2:-1], 1.0 / x.shape[-2], dtype=x.dtype, device=x.device)
-        C = C + torch.log(a)[..., None, :]  # kernel a_j e^{C_ij}
-    res = variant.normalize(C, n_iter=n_iter, mask=mask, weights=weights, tol=tol, max_iter=max_iter, init_g=init_g)
-    K = res.attention
-    row_err = col_err = math.nan
-    if need_errors and mask is not None:
-        err = marginal_errors(K.detach(), weights, key_targets(mask, weights, x))
-        row_err, col_err = float(err.row), float(err.column)
-    elif need_errors:
-        row_err, col_err = _errors(K.detach(), weights)
-    return FieldEvaluation(K @ V, K, res.g, res.n_iter, res.converged, row_err, col_err)
+    return variant
+
+
+def _values(x, W_V):
+    return x if W_V is None else x @ W_V.mT
+
+
+def _scores(like, kind: str, W, tau: float):
+    """The scores :math:`C = x W x^T / \\tau` of a state ``x`` like ``like`` as one function: for dot scores of
+    one system or a flat batch the temperature scales the product inside it (``addmm`` / ``baddbmm`` with
+    ``alpha = 1 / tau``, no pass over the ``n x n`` scores of its own); Gaussian scores and other batch
+    shapes through :func:`~sinkflow.attention._scores.gaussian_core` / :func:`~sinkflow.attention._scores.dot_core`."""
+    if kind == "gaussian":
+        return lambda x: gaussian_core(x, x, W, tau)
+    if like.ndim not in (2, 3):
+        return lambda x: dot_core(x, x, W, tau)
+    product, zero, alpha = torch.addmm if like.ndim == 2 else torch.baddbmm, like.new_zeros(()), 1.0 / tau
+    if W is None:
+        return lambda x: product(zero, x, x.mT, beta=0, alpha=alpha)
+    return lambda x: product(zero, x @ W, x.mT, beta=0, alpha=alpha)
+
+
+def _symmetric_evaluator(like, variant, W, W_V, n_iter, weights, temperature, tol, max_iter, need_errors):
+    """The Sinkhorn field of a symmetric PSD problem: one small CPU system in numpy where it converges there
+    (:func:`_small_symmetric_field`), else :func:`_symmetric_field`."""
+    core = gaussian_core if variant.scores == "gaussian" else dot_core
+    small = like.ndim == 2 and like.device.type == "cpu" and like.shape[0] <= NUMPY_N
+
+    def evaluate(x, init_g):
+        V = _values(x, W_V)
+        if small:
+            ev = _small_symmetric_field(_numpy_scores(x, W, temperature, variant.scores), V, n_iter, weights, init_g,
+                                        tol, max_iter, need_errors)
+            if ev is not None:
+                return ev
+        return _symmetric_field(core(x, x, W, float(temperature)), V, n_iter, weights, init_g, tol, max_iter,
+                                need_errors)
+
+    return evaluate
+
+
+class _DenseEvaluator:
+    """The dense field through the variant's ``normalize`` (SoftMax of dot or Gaussian scores straight through
+    ``torch.softmax``); the kernel :math:`a_j e^{C_{ij}}` takes the weights' logarithm, computed once."""
+
+    def __init__(self, like, variant, W, W_V, n_iter, weights, temperature, tol, max_iter, need_errors, mask):
+        self.scores = _scores(like, variant.scores, W, float(temperature))
+        self.W_V, self.weights, self.mask = W_V, weights, mask
+        self.options = dict(n_iter=n_iter, mask=mask, weights=weights, tol=tol, max_iter=max_iter)
+        self.normalize = variant.normalize
+        self.row = variant.solver == "row" and mask is None  # sinkflow's own SoftMax: torch's fused kernel
+        self.log_a = None
+        if weights is not None or not variant.normalized:
+            a = weights if weights is not None else torch.full(like.shape[-2:-1], 1.0 / like.shape[-2],
+                                                               dtype=like.dtype, device=like.device)
+            self.log_a = torch.log(a)[..., None, :]  # kernel a_j e^{C_ij}
+        self.errors = need_errors
+
+    def __call__(self, x, init_g) -> FieldEvaluation:
+        V = x if self.W_V is None else x @ self.W_V.mT
+        C = self.scores(x)
+        if self.log_a is not None:
+            C = C + self.log_a
+        if self.row:
+            K = torch.softmax(C, -1)
+            g, count, converged = None, 1, True
+        else:
+            res = self.normalize(C, init_g=init_g, **self.options)
+            K, g, count, converged = res.attention, res.g, res.n_iter, res.converged
+        row_err = col_err = math.nan
+        if self.errors:
+            row_err, col_err = self._errors(K.detach(), x)
+        return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
+
+    def _errors(self, K, x):
+        if self.mask is None:
+            return _errors(K, self.weights)
+        err = marginal_errors(K, self.weights, key_targets(self.mask, self.weights, x))
+        return float(err.row), float(err.column)
 
 
 def _errors(K, a):

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import fast_paths_enabled
-from sinkflow.fields._dense_fields import attention_field
+from sinkflow._backend import fast_paths_enabled, storage_free, transform_entry
+from sinkflow.attention._variants import get_attention
+from sinkflow.fields._dense_fields import field_evaluator
 
 __all__ = ["ParticleField"]
 
@@ -65,7 +66,22 @@ class ParticleField:
     history: dict = field(default_factory=dict)
     calls: int = 0
 
+    #: The evaluation ``(Y, init_g) -> FieldEvaluation``, chosen at the first call (:meth:`evaluate`).
+    _evaluator = None
+    #: Whether an evaluation starts from and updates a carried potential: None until :meth:`evaluate` chose
+    #: the evaluation, then False where none is ever carried (no ``warm_start``, or SoftMax and ``e^C``).
+    _carries = None
+
     def velocity(self, Y: torch.Tensor):
+        if self._carries is False:
+            self.calls += 1
+            ev = self.evaluate(Y, None)
+        else:
+            ev = self._carried_evaluation(Y)
+        return self.tangent(ev.velocity, Y) if self.sphere else ev.velocity, ev
+
+    def _carried_evaluation(self, Y: torch.Tensor):
+        """The evaluation at ``Y`` started from the carried potential (:meth:`_start`), which it then updates."""
         stage = self.calls % self.stages
         self.calls += 1
         extrapolate = self.symmetric and self.n_iter is None and self.warm_start
@@ -76,19 +92,41 @@ class ParticleField:
             if extrapolate:
                 half = self._half_norms(Y) if half is None else half
                 self.history[stage] = _appended(self.history.get(stage), self.g, half)
-        return self.tangent(ev.velocity, Y) if self.sphere else ev.velocity, ev
+        return ev
 
     def tangent(self, v: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         """``v`` projected on the tangent spaces of the sphere at ``Y``: :math:`(I - y y^T) v`."""
-        return v - (v * Y).sum(-1, keepdim=True) * Y
+        return tangent(v, Y)
 
     def evaluate(self, Y: torch.Tensor, init_g: torch.Tensor | None):
         """The :class:`~sinkflow.particles.FieldEvaluation` at ``Y`` (before any projection), the
-        Sinkhorn solve started from ``init_g``."""
-        return attention_field(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
-                               temperature=self.temperature, init_g=init_g, tol=self.tol,
-                               max_iter=self.max_iter, chunked=self.chunked, need_errors=self.need_errors,
-                               landmarks=self.landmarks, mask=self.mask, symmetric=self.symmetric)
+        Sinkhorn solve started from ``init_g``.
+
+        The path (the variant's solver, the checks, whether gradients are tracked, whether a
+        ``torch.func`` transform wraps the inputs) is chosen at the first call, from this field's
+        options and ``Y``'s shape, dtype and device, and kept for the run's every later step.
+        """
+        evaluator = self._evaluator
+        if evaluator is None:
+            evaluator = self._evaluator = self._choose_evaluator(Y)
+        return evaluator(Y, init_g)
+
+    def _choose_evaluator(self, Y: torch.Tensor):
+        tensors = (Y, self.W, self.W_V, self.weights, self.mask)
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+        evaluate = field_evaluator(Y, self.attention, self.W, self.W_V, n_iter=self.n_iter, weights=self.weights,
+                                   temperature=self.temperature, tol=self.tol, max_iter=self.max_iter,
+                                   chunked=self.chunked, need_errors=self.need_errors, landmarks=self.landmarks,
+                                   mask=self.mask, symmetric=self.symmetric, grad=grad)
+        self._carries = self.warm_start and get_attention(self.attention).solver not in ("row", "none")
+        if not storage_free(*tensors):
+            return evaluate
+
+        def transformed(Y, init_g):  # inputs wrapped by a torch.func transform: attention_field's entry, each call
+            with transform_entry(Y, self.W, self.W_V, self.weights, init_g, self.mask):
+                return evaluate(Y, init_g)
+
+        return transformed
 
     def _half_norms(self, Y: torch.Tensor):
         r"""Half the diagonal of the scores, :math:`m_i / 2 = y_i^T W y_i / (2\tau)` (numpy for a CPU
@@ -118,11 +156,21 @@ class ParticleField:
         return torch.from_numpy(w - half) if isinstance(half, np.ndarray) else w - half
 
     def retract(self, Y: torch.Tensor) -> torch.Tensor:
-        return Y / Y.norm(dim=-1, keepdim=True) if self.sphere else Y
+        return Y / torch.linalg.vector_norm(Y, dim=-1, keepdim=True) if self.sphere else Y
 
     def moved(self, X: torch.Tensor, v: torch.Tensor, h) -> torch.Tensor:
         """``retract(X + h v)``: a step of size ``h`` (a float, or a tensor broadcasting against ``X``) along ``v``."""
-        return self.retract(X + h * v)
+        return self.retract(advanced(X, v, h))
+
+
+def tangent(v: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """:math:`v - \\langle v, y\\rangle y` row by row (the tangent part on the unit sphere), in two operations."""
+    return torch.addcmul(v, (v * Y).sum(-1, keepdim=True), Y, value=-1)
+
+
+def advanced(X: torch.Tensor, v: torch.Tensor, h) -> torch.Tensor:
+    """``X + h v`` in one operation for a float ``h`` (a tensor ``h`` broadcasts)."""
+    return torch.add(X, v, alpha=h) if isinstance(h, float) else X + h * v
 
 
 #: Past potentials a warm start extrapolates from (a polynomial of degree ``EXTRAPOLATED - 1``).

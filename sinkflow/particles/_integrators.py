@@ -107,14 +107,21 @@ def _per_system(value):
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
 
 
-def _integrate(field, X, step, h, steps, record, save_every, progress, name, fixed_count) -> _Run:
+def _integrate(field, X, step, h, steps, record, save_every, progress, name, fixed_count, check_every=1) -> _Run:
     """``steps`` integrator steps of size ``h`` from ``X``, monitored, every ``save_every``-th position kept.
 
     ``X`` may hold a batch of systems (``(B, n, d)``, ``h`` a float or a ``(B, 1, 1)`` tensor):
-    iteration counts and convergence are then per system.
-    """
-    from sinkflow._progress import progress_bar
+    iteration counts and convergence are then per system. ``fixed_count``: the field's iterations (and so
+    its cost) do not depend on the state, and it reports no convergence to track.
 
+    What depends only on the call's settings (whether monitors run, the progress bar, where each position
+    is saved, how the states are checked for finiteness) is decided before the first step, which is the
+    integrator's tensor operations and little else. A run that saves every state and runs no monitors
+    checks the saved states for NaN and inf every ``check_every`` steps (:data:`CHECK_EVERY` for a dense
+    field of a fixed count: a non-finite state costs no more than a finite one there, and evaluates to NaN
+    without an error), in one pass; the first non-finite state is found among them, and the error names
+    its step all the same. Otherwise every state is checked as it comes.
+    """
     kept = [0, *range(save_every, steps + 1, save_every)]
     kept += [steps] if kept[-1] != steps else []
     # one preallocated tensor: a list of clones stacked at the end copied every position twice
@@ -122,30 +129,99 @@ def _integrate(field, X, step, h, steps, record, save_every, progress, name, fix
     # the graph of a position that has one
     positions = torch.empty((len(kept), *X.shape), dtype=X.dtype, device=X.device)
     positions[0].copy_(X)
-    iters = np.zeros((steps,) + tuple(X.shape[:-2]), dtype=int)
-    converged = np.ones(X.shape[:-2], dtype=bool)
-    for k in progress_bar(range(steps), enabled=progress, desc=f"{name} flow", unit="step"):
+    slot = {k: i for i, k in enumerate(kept)}  # step -> row of positions
+    tally = _Tally(X.shape[:-2], fixed_count)
+    monitored = bool(record.functions)
+    check = _Checks(positions, h, every=check_every if save_every == 1 and not monitored else 1)
+    for k in _steps(steps, progress, name):
         X_next, evs = step(field, X, h)
-        record(k, X, evs[0])
+        if monitored:
+            record(k, X, evs[0])
         X = X_next
-        iters[k] = sum(_per_system(ev.n_iter) for ev in evs)
-        if not fixed_count:
-            for ev in evs:
-                converged &= _per_system(ev.converged)
-        if not _finite(X.detach()):
-            _left_the_range(X, k, h)
-        if (k + 1) % save_every == 0 or k + 1 == steps:
-            positions[-1 if k + 1 == steps else (k + 1) // save_every].copy_(X)
+        tally.add(evs)
+        row = slot.get(k + 1)
+        if row is not None:
+            positions[row].copy_(X)
+        check(k, X)
+    check.last(steps, X)
     record(steps, X, None, force=True)
-    return _Run(np.array(kept), positions, iters, converged if converged.ndim else bool(converged))
+    return _Run(np.array(kept), positions, *tally.results(steps))
 
 
-def _finite(X: torch.Tensor) -> bool:
-    """Whether every entry of ``X`` is finite; a CPU float array in numpy (a tenth of torch's time on
-    an ensemble's 2,048 x 32 x 2 positions, half of it at one system's)."""
-    if X.device.type == "cpu" and X.dtype in (torch.float32, torch.float64):
-        return bool(np.isfinite(X.numpy()).all())
-    return bool(torch.isfinite(X).all())
+#: Steps between two finiteness checks of a dense run of a fixed count that saves every state (:func:`_integrate`).
+CHECK_EVERY = 16
+
+
+class _Tally:
+    """The solver iterations of every step and the convergence of the run (per system for a batch)."""
+
+    def __init__(self, batch, fixed_count: bool):
+        self.batch, self.fixed_count = tuple(batch), fixed_count
+        self.counts, self.converged = [], np.ones(self.batch, dtype=bool)
+
+    def add(self, evs):
+        if self.batch:  # arrays per system, copied (a field may reuse its arrays)
+            self.counts.append(sum(_per_system(ev.n_iter) for ev in evs))
+        else:  # Python numbers, made an array at the end
+            self.counts.append(evs[0].n_iter if len(evs) == 1 else sum(ev.n_iter for ev in evs))
+        if not self.fixed_count:
+            for ev in evs:
+                if ev.converged is not True:
+                    self.converged &= _per_system(ev.converged)
+
+    def results(self, steps: int):
+        if not self.batch:
+            iterations = np.array(self.counts, dtype=int).reshape(steps)  # Python ints (or 0-d tensors)
+        else:
+            iterations = np.zeros((steps,) + self.batch, dtype=int)
+            for k, count in enumerate(self.counts):
+                iterations[k] = count
+        converged = self.converged
+        return iterations, converged if converged.ndim else bool(converged)
+
+
+class _Checks:
+    """The finiteness check of a run's states: every step, or every ``every`` steps on the saved states (all
+    of them, ``positions``) in one pass, in numpy for a CPU float tensor (a tenth of torch's time on an
+    ensemble's 2,048 x 32 x 2 positions, half of it at one system's)."""
+
+    def __init__(self, positions: torch.Tensor, h, every: int):
+        self.h, self.every, self.done = h, every, 0  # states 0..done checked
+        in_numpy = positions.device.type == "cpu" and positions.dtype in (torch.float32, torch.float64)
+        self.saved = positions.detach().numpy() if in_numpy else None
+        if self.saved is None:
+            self.every = 1
+
+    def __call__(self, k: int, X: torch.Tensor):
+        if self.every == 1:
+            if not self._finite(X):
+                _left_the_range(X, k, self.h)
+        elif (k + 1) % self.every == 0:
+            self.last(k + 1, X)
+
+    def last(self, steps: int, X: torch.Tensor):
+        """Check the saved states up to ``steps`` (the end of the run)."""
+        if self.every == 1 or steps == self.done:
+            return
+        block = self.saved[self.done + 1 : steps + 1]
+        if not np.isfinite(block).all():
+            first = self.done + 1 + int(np.flatnonzero(~np.isfinite(block).reshape(len(block), -1).all(1))[0])
+            _left_the_range(torch.from_numpy(self.saved[first]), first - 1, self.h)
+        self.done = steps
+
+    def _finite(self, X: torch.Tensor) -> bool:
+        if self.saved is not None:
+            return bool(np.isfinite(X.detach().numpy()).all())
+        return bool(torch.isfinite(X.detach()).all())
+
+
+def _steps(steps: int, progress, name: str):
+    """The step indices, through a progress bar unless ``progress`` is False (no bar to build or update)."""
+    if progress is False:
+        return range(steps)
+    from sinkflow._progress import progress_bar
+
+    return progress_bar(range(steps), enabled=progress, desc=f"{name} flow", unit="step")
 
 
 def _left_the_range(X, k, h):

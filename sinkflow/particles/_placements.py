@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from sinkflow._checks import check_choice, check_number
+from sinkflow.fields._particle_field import advanced, tangent
 
 __all__ = ["Placement", "placement", "PLACEMENTS", "PLACEMENT_NORMALIZATIONS", "PlacedField"]
 
@@ -94,10 +95,9 @@ class Placement:
     def tangent(self, v: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         r""":math:`P_Y v = v - \langle v, y\rangle y / |y|^2` row by row (``|y| = 1`` taken as exact on the unit
         sphere, as the sphere flow of :func:`sinkflow.simulate` does)."""
-        inner = (v * Y).sum(-1, keepdim=True)
         if self.normalization == "sphere":
-            return v - inner * Y
-        return v - inner / (Y * Y).sum(-1, keepdim=True) * Y
+            return tangent(v, Y)  # as the sphere flow's field: bit for bit
+        return v - (v * Y).sum(-1, keepdim=True) / (Y * Y).sum(-1, keepdim=True) * Y
 
     def velocity(self, attend, Y: torch.Tensor, layer: int, t, discrete: bool, switch: int):
         """The step direction at ``Y`` of layer ``layer`` (time ``t`` of the stage) and the field's evaluation.
@@ -204,11 +204,11 @@ class PlacedField:
 
     def moved(self, X: torch.Tensor, v: torch.Tensor, h) -> torch.Tensor:
         layer = (self.evaluations - 1) // self.field.stages
-        Y = X + h * v
+        Y = advanced(X, v, h)  # as ParticleField.moved
         if not self.placement.retracts(layer, self.switch):
             return Y
         if self.placement.normalization == "sphere":
-            return Y / Y.norm(dim=-1, keepdim=True)  # as ParticleField.retract: bit for bit the sphere flow
+            return Y / torch.linalg.vector_norm(Y, dim=-1, keepdim=True)  # as ParticleField.retract: bit for bit
         return self.placement.normalize(Y)
 
 

@@ -34,17 +34,20 @@ def lipschitz_scale(x: torch.Tensor, W: torch.Tensor | None, W_V: torch.Tensor |
     >>> lipschitz_scale(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), None, None, 1.0)
     3.0
     """
-    return float(_lipschitz(x, W, W_V, temperature))
+    x = x.detach().to(torch.float64)
+    R2 = float((x * x).sum()) / max(x.shape[0], 1)  # mean_i |x_i|^2 of one system; the rest in Python floats
+    return float(_norm(W_V)) * (1 + 2 * float(_norm(W)) * R2 / temperature)
 
 
 def _lipschitz(x, W, W_V, temperature):
     """:func:`lipschitz_scale` of each system of a batch ``x`` (``(..., n, d)``), as a float64 tensor."""
     R2 = squared_norms(x.detach().to(torch.float64)).mean(-1)
+    return _norm(W_V) * (1 + 2 * _norm(W) * R2 / temperature)
 
-    def norm(M):
-        return 1.0 if M is None else torch.linalg.matrix_norm(M.detach().to(torch.float64), 2)
 
-    return norm(W_V) * (1 + 2 * norm(W) * R2 / temperature)
+def _norm(M):
+    """The spectral norm of ``M`` (``(..., d, d)``) in float64; 1.0 for None (the identity)."""
+    return 1.0 if M is None else torch.linalg.matrix_norm(M.detach().to(torch.float64), 2)
 
 
 def _interaction_matrix(Wq, Wk, d, like):

@@ -17,7 +17,7 @@ from sinkflow.fields._dense_fields import single_thread_if_small
 from sinkflow.fields._harmonic_fields import HarmonicParticleField, harmonic_choice
 from sinkflow.fields._landmarks import _flow_landmarks
 from sinkflow.fields._particle_field import ParticleField
-from sinkflow.particles._integrators import INTEGRATORS, _integrate
+from sinkflow.particles._integrators import CHECK_EVERY, INTEGRATORS, _integrate
 from sinkflow.particles._monitors import MAX_MONITOR_N, MonitorContext, _energy_kind, _Recorder
 from sinkflow.particles._placements import check_placed_start, placed
 from sinkflow.particles._settings import FlowSettings, choose_path
@@ -53,7 +53,7 @@ def run_system(X: torch.Tensor, variant, Wq, Wk, Wv, a, tau: float, h, steps: in
     stepped = placed(field, settings.placement, float(h), steps, settings.integrator)  # norm=: the placement's layer
     with single_thread_if_small(n, X.device):
         run = _integrate(stepped, X, INTEGRATORS[settings.integrator], float(h), steps, record, keep.save_every,
-                         keep.progress, variant.name, fixed_count=solver.n_iter is not None)
+                         keep.progress, variant.name, *_counting(variant, solver.n_iter, path))
     return Trajectory(
         times=run.steps * float(h), positions=from_torch(run.positions, numpy_out), monitors=record.arrays(),
         monitor_times=np.array(record.times) * float(h),
@@ -71,8 +71,20 @@ def _landmark_count(landmarks) -> int | None:
     return int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks)
 
 
-def _monitor_context(field, variant, W, a, tau, d, X, settings) -> MonitorContext:
-    """What the monitors need: the energies use ``W / tau`` (the bilinear form of the scores) in float64."""
+def _counting(variant, n_iter, path) -> tuple[bool, int]:
+    """Whether every field evaluation of a run takes the same iterations and reports convergence (a fixed
+    ``n_iter``, or sinkflow's own SoftMax and :math:`e^C`: one pass), and how many steps apart its states are
+    checked for NaN and inf (:data:`~sinkflow.particles._integrators.CHECK_EVERY` for such a dense field,
+    where a non-finite state costs no more than a finite one and raises nothing, else every step)."""
+    fixed = n_iter is not None or variant.solver in ("row", "none")
+    return fixed, CHECK_EVERY if fixed and path.name == "dense" else 1
+
+
+def _monitor_context(field, variant, W, a, tau, d, X, settings) -> MonitorContext | None:
+    """What the monitors need (None without monitors): the energies use ``W / tau`` (the bilinear form of the
+    scores) in float64."""
+    if not settings.recording.monitors:
+        return None
     W_energy = ((W if W is not None else torch.eye(d, dtype=X.dtype, device=X.device)) / tau).detach()
     a64 = None if a is None else a.detach().to(torch.float64) / a.detach().to(torch.float64).sum()
     return MonitorContext(field, _energy_kind(variant, settings.sphere), W_energy.to(torch.float64), a64,

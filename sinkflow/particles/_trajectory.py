@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sinkflow._backend import check_finite, check_float, check_number, squared_norms
+from sinkflow._backend import check_finite, check_float, check_number
 from sinkflow._checks import check_index, warn_caller
 from sinkflow._optional import require
 from sinkflow._summary import Summarized, as_numpy, describe_array, number, png_data_uri, span
@@ -509,7 +509,7 @@ def _check_positions(X, manifold, batched: bool = False):
         raise ValueError(f"x0 must have shape {'(..., ' if batched else '('}n, d) with n, d >= 1, got {tuple(X.shape)}")
     check_finite(X.detach(), "x0")
     if manifold == "sphere":
-        dev = float((squared_norms(X.detach()).sqrt_() - 1).abs_().max())
+        dev = float((torch.linalg.vector_norm(X.detach(), dim=-1) - 1).abs_().max())
         if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
             raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
                              "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
