@@ -33,7 +33,7 @@ from sinkflow.plots import (
 NAMES = sorted(registry())
 #: Figures outside the default build whose quick config takes more than a few seconds to compute (CPU s on
 #: the 2-core development machine): their quick-mode checks run with the slow tests.
-SLOW_QUICK = {"attention_lipschitz": 55, "long_context": 10}
+SLOW_QUICK = {"attention_lipschitz": 55, "long_context": 10, "clustering_phase_diagram": 16}
 QUICK_NAMES = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_QUICK else n for n in NAMES]
 
 
