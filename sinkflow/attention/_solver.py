@@ -193,8 +193,12 @@ class _Monitor:
 
     def after(self, e, delta, row_step, left):
         if self.plain:
+            if not isinstance(e, torch.Tensor):  # a float (an operator on numpy arrays)
+                return e, float(e) <= self.tol
             err = e if e.ndim == 0 and not e.requires_grad else _max_over_batch(e.detach())
             return err, float(err) <= self.tol
+        if not isinstance(e, torch.Tensor):  # an operator on numpy arrays
+            e = torch.as_tensor(e)
         other = e
         if self.omega != 1.0:
             # Over-relaxed steps leave the marginal just treated off by exp((omega-1) delta) - 1.

@@ -9,7 +9,7 @@ import sinkflow
 import sinkflow.attention._symmetric_sinkhorn as symmetric
 import sinkflow.fields._dense_fields as dense_fields
 from oracles import sinkhorn_log
-from sinkflow.attention._symmetric_sinkhorn import solve_one, solve_symmetric
+from sinkflow.attention._symmetric_sinkhorn import _kernel, solve_kernel, solve_symmetric
 
 
 def plain_sinkhorn(C, a, half_steps):
@@ -36,8 +36,11 @@ def test_one_system_takes_the_batched_solvers_iterates_bit_for_bit(n):
                                 1e-11, 200)
         for b in range(3):
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                K, g, count, err = solve_one(C[b], a[b], None if init is None else init[b], 1e-11, 200)
-            assert count == int(batch.iterations[b]) and err <= 1e-11
+                E, half = _kernel(C[b].copy())
+                op, report = solve_kernel(E, half, a[b], None if init is None else init[b], 1e-11, 200)
+            K, g, count, err = (E * (op.u / op.s[:, None]), op.w - half, int(op.systems.iterations),
+                                report.marginal_error)
+            assert count == int(batch.iterations[b]) == report.n_iter and err <= 1e-11 and report.converged
             np.testing.assert_array_equal(K, batch.attention[b].numpy())
             np.testing.assert_array_equal(g, batch.g[b].numpy())
 
