@@ -151,7 +151,7 @@ class _Systems:
     def __init__(self, xp, w, warm):
         self.xp, self.batched = xp, w.ndim > 1
         self.active = xp.ones_like(w[..., 0]) > 0
-        self.iterations = 0 * w[..., 0]
+        self.iterations = xp.zeros_like(w[..., 0])  # (not 0 * w: NaN where w is)
         self.err = self.iterations + (0.0 if warm else math.inf)  # a warm start counts as close
 
     def read(self, E, u, s, a, tol):

@@ -132,3 +132,25 @@ def test_sphere_flow_reuses_the_last_newton_inverse_and_replaces_a_wrong_one(mon
         dense = _dense_sinkhorn(y, beta)
         dense = dense - (dense * y).sum(1, keepdim=True) * y
         assert float((v - dense).abs().max()) < 1e-10
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_the_symmetric_solve_reports_like_the_one_solver(d):
+    """The symmetric solve runs on the one solver: ``memory["report"]`` counts its sweeps (the kernel
+    applications, less the field's own when the numerators did not ride along), its error is the returned
+    one and the marginal error of ``u`` recomputed by one more application (``P.apply``), and a budget too
+    small is reported as not converged."""
+    n, beta = 300, 5.0
+    x = torch.tensor(sinkflow.random_particles(n, d, seed=4, manifold="sphere"))
+    kernel = harmonic_kernel(1 / beta, d, 1e-10, 1 / n)
+    P = passes(_Factored(kernel, x, keep=d == 3), torch.full((n,), 1 / n, dtype=torch.float64), True)
+    memory = {}
+    _, _, u, applications, converged, err = _harmonic_solvers.symmetric_sinkhorn(P, P.xp.ones_like(P.a), 1e-10,
+                                                                                200, memory)
+    report = memory["report"]
+    assert converged and report.converged and report.marginal_error == err <= 1e-10
+    assert report.n_iter in (applications, applications - 1) and report.n_iter > 1
+    assert float((P.a * abs(u * P.apply(u) - 1)).sum()) <= 1e-10  # the marginal of the returned scaling
+    memory = {}
+    _harmonic_solvers.symmetric_sinkhorn(P, P.xp.ones_like(P.a), 1e-10, 2, memory)
+    assert memory["report"].n_iter == 2 and not memory["report"].converged
