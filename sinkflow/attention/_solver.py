@@ -375,8 +375,7 @@ def sinkhorn_solve(op, f, g, *, n_iter=None, tol=None, max_iter=2000, schedule=(
         state = new_state(check=False)
         op.reset(1.0, f, g)
         err = float(_half_steps(op, 1.0, int(n_iter), None, state, report))
-        converged = True if tol is None else err <= tol
-        return op.finish(), SolveReport(state["count"], err, converged, _floats(state["errors"]), state["scales"])
+        return op.finish(), fixed_report(state["count"], err, tol, _floats(state["errors"]), state["scales"])
     if len(schedule) > 1 and not op.rescalable:
         raise ValueError("epsilon scaling (a schedule of score multipliers) needs a rescalable operator")
     state = new_state(check=True, accelerate=accelerate)
@@ -390,6 +389,13 @@ def sinkhorn_solve(op, f, g, *, n_iter=None, tol=None, max_iter=2000, schedule=(
     out = op.finish()
     return out, SolveReport(state["count"], err, err <= tol, _floats(state["errors"]), state["scales"],
                             state.get("stalled"))
+
+
+def fixed_report(n_iter, error=math.inf, tol=None, errors=None, scales=None) -> SolveReport:
+    """The report of a fixed count of ``n_iter`` half-steps (the solver's lean entry, and the fused torch
+    kernels that keep their own passes): converged unless a ``tol`` is given and the last ``error`` read
+    exceeds it (``inf``: none read)."""
+    return SolveReport(n_iter, error, True if tol is None else error <= tol, errors or [], scales or [])
 
 
 def _failure_message(report, tol, max_iter, dtype):
