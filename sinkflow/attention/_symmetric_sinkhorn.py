@@ -25,6 +25,12 @@ Only one ``n x n`` exponential pass per solve (``E``); every iteration is a matr
 Batches (leading dimensions) are independent systems: each one stops when its own marginal
 error is below ``tol`` and is left untouched afterwards, so a system's result does not depend on
 the others in its batch.
+
+Both solves run on the one Sinkhorn solver (:mod:`sinkflow.attention._solver`), its stopping rule and
+its :class:`~sinkflow.attention._solver.SolveReport`: to tolerance over :class:`SymmetricBall` (a whole
+symmetric step per solver step), a fixed count of alternating half-iterations over
+:class:`AlternatingScaling`. Both operators take numpy arrays or torch tensors; small CPU problems run in
+numpy while :func:`sinkflow.fast_paths` are on (:func:`in_numpy`).
 """
 
 from __future__ import annotations
@@ -56,11 +62,12 @@ NEWTON_N = 96
 _NEWTON_FROM = 1e-2  # marginal error below which Newton's steps take over
 _NEWTON_MAX = 1.0  # largest change of a potential a Newton step may make (else the start was too far)
 
-#: CPU problems with at most this many matrix entries in all run in numpy: torch's per-operation
-#: overhead (~5 us) is several times numpy's at these sizes, and a solve is ~40 small operations.
+#: CPU problems with at most this many matrix entries in all run in numpy (while :func:`sinkflow.fast_paths`
+#: are on): torch's per-operation overhead (~5 us) is several times numpy's at these sizes, and a solve is
+#: ~40 small operations.
 NUMPY_ENTRIES = 1 << 17
 
-#: Half the float exponent range: sums below it are refreshed by :func:`_alternate`.
+#: Half the float exponent range: sums below it are refreshed by :class:`AlternatingScaling`.
 _SQRT_TINY = {dtype: math.sqrt(float(np.finfo(dtype).tiny)) for dtype in (np.dtype(np.float32), np.dtype(np.float64))}
 _SQRT_TINY.update({torch.float32: _SQRT_TINY[np.dtype(np.float32)], torch.float64: _SQRT_TINY[np.dtype(np.float64)]})
 
@@ -188,7 +195,7 @@ def _newton_solve(E, u, s, F):
     r"""``(I + K)^{-1} F``. Torch tensors take the symmetric positive definite form
     :math:`(I + K)^{-1} F = \mathrm{diag}(1/u) (E + \mathrm{diag}(s/u))^{-1} (s F)` (``E`` PSD,
     ``s / u >= 1``): a Cholesky factorization, no pivoting, no ``K``, about half the cost of
-    a batched ``gesv`` of 32 x 32 systems; numpy arrays: one system (:func:`solve_one`'s step) the same
+    a batched ``gesv`` of 32 x 32 systems; numpy arrays: one system the same
     form (:func:`_cholesky_newton`), a block of systems the same, one loop over its systems
     (:func:`_cholesky_newtons`)."""
     if isinstance(E, np.ndarray):
