@@ -25,6 +25,7 @@ def problem(seed, n, spread, tau=0.2):
 
 
 @pytest.mark.parametrize("n", [12, 96, 130])  # Newton's steps, then heavy-ball steps alone
+@sinkflow.fast_paths(True)  # the numpy route, batched and alone (SINKFLOW_FAST_PATHS=0 turns it off elsewhere)
 def test_one_system_takes_the_batched_solvers_iterates_bit_for_bit(n):
     systems = [problem(s, n, spread) for s, spread in ((1, 1.0), (2, 3.0), (3, 0.3))]
     C = np.stack([c for _, c, _ in systems])
