@@ -188,15 +188,8 @@ class _Monitor:
         self.wanted = record or self.checking
         self.omega = 1.0
         self.history, self.stage_errors, self.limits = [], [], {"ceiling": _OMEGA_MAX}
-        # only the stop test: no record, no rate to read, no relaxation (a few microseconds a read)
-        self.plain = self.checking and not record and patience is None and not state.get("accelerate")
 
     def after(self, e, delta, row_step, left):
-        if self.plain:
-            if not isinstance(e, torch.Tensor):  # a float (an operator on numpy arrays)
-                return e, float(e) <= self.tol
-            err = e if e.ndim == 0 and not e.requires_grad else _max_over_batch(e.detach())
-            return err, float(err) <= self.tol
         if not isinstance(e, torch.Tensor):  # an operator on numpy arrays
             e = torch.as_tensor(e)
         other = e
@@ -238,6 +231,8 @@ def _half_steps(op, scale, n_half, tol, state, record, patience=None, read_start
     of the start is read first (a warm start already within ``tol`` costs no step). Returns the
     last error read (a tensor; ``inf`` when none was).
     """
+    if tol is not None and not record and patience is None and state["check"] and not state.get("accelerate"):
+        return _plain_steps(op, n_half, tol, state, read_start)
     if tol is None and not record:  # the lean fixed count: no error read, no monitor
         row = state["next"] == "row"
         for done in range(1, int(n_half) + 1):
@@ -269,6 +264,39 @@ def _half_steps(op, scale, n_half, tol, state, record, patience=None, read_start
     state["count"] += done
     state["next"] = "row" if row else "col"
     return err
+
+
+def _plain_steps(op, n_half, tol, state, read_start):
+    """:func:`_half_steps` with the stop test alone (no record, no rate to read, no relaxation: a few
+    microseconds a read, for the small operators whose solve is a handful of steps): the error read every
+    ``op.check_every`` half-steps (first the start's with ``read_start``), stop once it is at most ``tol``."""
+    row, k, done, err = state["next"] == "row", op.check_every, 0, math.inf
+    if read_start:
+        err = _largest(op.error(not row))
+        if float(err) <= tol:
+            return err
+    step, error = op.step, op.error
+    while done < n_half:
+        read = done % k == 0
+        step(row, 1.0, read or done + 1 == n_half)
+        done += 1
+        if read:
+            err = _largest(error(row))
+            if float(err) <= tol:
+                row = not row
+                break
+        row = not row
+    state["count"] += done
+    state["next"] = "row" if row else "col"
+    return err
+
+
+def _largest(e):
+    """The error the stop test reads: a float as it is (an operator on numpy arrays), else the largest over
+    the leading dimensions (a tensor)."""
+    if not isinstance(e, torch.Tensor):
+        return e
+    return e if e.ndim == 0 and not e.requires_grad else _max_over_batch(e.detach())
 
 
 _STAGE_TOL = 1e-3  # loosest tolerance of an intermediate epsilon-scaling stage

@@ -342,7 +342,7 @@ class SymmetricBall:
 
     def finish(self):
         self._sums()
-        return None, self.w - self.half
+        return self  # the result: op.u, op.s, op.w - half, op.systems (solve_kernel)
 
     def report(self, solved):
         """The solver's report in iterations, with the largest column error of any system (NaN if one blew up)."""
