@@ -15,7 +15,9 @@ ensemble of 8 systems (``simulate`` on a ``(8, n, 2)`` batch; the plain loop bat
 It prints the median of the paired ratios (simulate / plain) and each side's time per step.
 
 Usage: ``python benchmarks/bench_step_overhead.py [--repeats 5] [--steps 50] [--sizes 16 64 256]
-[--systems 1 8] [--cases SoftMax "Sinkhorn(3)" "Sinkhorn to tol"]``
+[--systems 1 8] [--cases SoftMax "Sinkhorn(3)" "Sinkhorn to tol"] [--baseline REV [--rounds N]]``; with
+``--baseline`` (``benchmarks/_timing.py``) the runs alternate between this checkout and revision ``REV``
+and compare the ``simulate`` rows.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 
 import numpy as np
 import torch
+from _timing import compare_revisions, record  # (benchmarks/_timing.py)
 
 import sinkflow
 
@@ -105,6 +108,9 @@ def timed(fn):
 
 
 def main(argv=None):
+    argv = compare_revisions(__file__, argv)
+    if argv is None:
+        return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=50)
@@ -139,6 +145,7 @@ def main(argv=None):
                     ratio = statistics.median(a / b for a, b in pairs)
                     a_ms = 1e3 * statistics.median(a for a, _ in pairs) / args.steps
                     b_ms = 1e3 * statistics.median(b for _, b in pairs) / args.steps
+                    record(f"{name}, {'circle' if sphere else 'R^2'}, {systems} x {n}: simulate ms/step", a_ms)
                     print(f"| {name} | {'circle' if sphere else 'R^2'} | {systems} | {n} | {a_ms:.3f} | "
                           f"{b_ms:.3f} | {ratio:.2f}x |", flush=True)
 

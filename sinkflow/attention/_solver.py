@@ -188,13 +188,10 @@ class _Monitor:
         self.wanted = record or self.checking
         self.omega = 1.0
         self.history, self.stage_errors, self.limits = [], [], {"ceiling": _OMEGA_MAX}
-        # only the stop test: no record, no rate to read, no relaxation (a few microseconds a read)
-        self.plain = self.checking and not record and patience is None and not state.get("accelerate")
 
     def after(self, e, delta, row_step, left):
-        if self.plain:
-            err = e if e.ndim == 0 and not e.requires_grad else _max_over_batch(e.detach())
-            return err, float(err) <= self.tol
+        if not isinstance(e, torch.Tensor):  # an operator on numpy arrays
+            e = torch.as_tensor(e)
         other = e
         if self.omega != 1.0:
             # Over-relaxed steps leave the marginal just treated off by exp((omega-1) delta) - 1.
@@ -234,6 +231,16 @@ def _half_steps(op, scale, n_half, tol, state, record, patience=None, read_start
     of the start is read first (a warm start already within ``tol`` costs no step). Returns the
     last error read (a tensor; ``inf`` when none was).
     """
+    if tol is not None and not record and patience is None and state["check"] and not state.get("accelerate"):
+        return _plain_steps(op, n_half, tol, state, read_start)
+    if tol is None and not record:  # the lean fixed count: no error read, no monitor
+        row = state["next"] == "row"
+        for done in range(1, int(n_half) + 1):
+            op.step(row, 1.0, done == n_half)
+            row = not row
+        state["count"] += max(int(n_half), 0)
+        state["next"] = "row" if row else "col"
+        return math.inf
     mon = _Monitor(op.a, op.b, scale, tol, state, record, patience)
     k = op.check_every
     err = math.inf
@@ -257,6 +264,39 @@ def _half_steps(op, scale, n_half, tol, state, record, patience=None, read_start
     state["count"] += done
     state["next"] = "row" if row else "col"
     return err
+
+
+def _plain_steps(op, n_half, tol, state, read_start):
+    """:func:`_half_steps` with the stop test alone (no record, no rate to read, no relaxation: a few
+    microseconds a read, for the small operators whose solve is a handful of steps): the error read every
+    ``op.check_every`` half-steps (first the start's with ``read_start``), stop once it is at most ``tol``."""
+    row, k, done, err = state["next"] == "row", op.check_every, 0, math.inf
+    if read_start:
+        err = _largest(op.error(not row))
+        if float(err) <= tol:
+            return err
+    step, error = op.step, op.error
+    while done < n_half:
+        read = done % k == 0
+        step(row, 1.0, read or done + 1 == n_half)
+        done += 1
+        if read:
+            err = _largest(error(row))
+            if float(err) <= tol:
+                row = not row
+                break
+        row = not row
+    state["count"] += done
+    state["next"] = "row" if row else "col"
+    return err
+
+
+def _largest(e):
+    """The error the stop test reads: a float as it is (an operator on numpy arrays), else the largest over
+    the leading dimensions (a tensor)."""
+    if not isinstance(e, torch.Tensor):
+        return e
+    return e if e.ndim == 0 and not e.requires_grad else _max_over_batch(e.detach())
 
 
 _STAGE_TOL = 1e-3  # loosest tolerance of an intermediate epsilon-scaling stage
@@ -371,8 +411,7 @@ def sinkhorn_solve(op, f, g, *, n_iter=None, tol=None, max_iter=2000, schedule=(
         state = new_state(check=False)
         op.reset(1.0, f, g)
         err = float(_half_steps(op, 1.0, int(n_iter), None, state, report))
-        converged = True if tol is None else err <= tol
-        return op.finish(), SolveReport(state["count"], err, converged, _floats(state["errors"]), state["scales"])
+        return op.finish(), fixed_report(state["count"], err, tol, _floats(state["errors"]), state["scales"])
     if len(schedule) > 1 and not op.rescalable:
         raise ValueError("epsilon scaling (a schedule of score multipliers) needs a rescalable operator")
     state = new_state(check=True, accelerate=accelerate)
@@ -386,6 +425,13 @@ def sinkhorn_solve(op, f, g, *, n_iter=None, tol=None, max_iter=2000, schedule=(
     out = op.finish()
     return out, SolveReport(state["count"], err, err <= tol, _floats(state["errors"]), state["scales"],
                             state.get("stalled"))
+
+
+def fixed_report(n_iter, error=math.inf, tol=None, errors=None, scales=None) -> SolveReport:
+    """The report of a fixed count of ``n_iter`` half-steps (the solver's lean entry, and the fused torch
+    kernels that keep their own passes): converged unless a ``tol`` is given and the last ``error`` read
+    exceeds it (``inf``: none read)."""
+    return SolveReport(n_iter, error, True if tol is None else error <= tol, errors or [], scales or [])
 
 
 def _failure_message(report, tol, max_iter, dtype):

@@ -29,7 +29,7 @@ from sinkflow._backend import check_finite, fast_paths_enabled, lift_half, to_to
 from sinkflow._summary import Summarized, describe_array, number, shape_text
 from sinkflow.attention._normalizations import solve_sinkhorn
 from sinkflow.attention._scores import dot_core, gaussian_core
-from sinkflow.attention._symmetric_sinkhorn import _alternate, fixed_symmetric, solve_one, solve_symmetric
+from sinkflow.attention._symmetric_sinkhorn import _kernel, fixed_count, fixed_symmetric, solve_kernel, solve_symmetric
 from sinkflow.attention._variants import get_attention
 from sinkflow.bounds._stochasticity import marginal_errors
 from sinkflow.fields._blockwise_fields import lazy_attention_field
@@ -320,17 +320,22 @@ def _numpy_scores(x, W, temperature, scores):
 def _small_symmetric_field(Cn, V, n_iter, weights, init_g, tol, max_iter, need_errors) -> FieldEvaluation | None:
     """:func:`_symmetric_field` of one small CPU system, from numpy scores ``Cn`` to velocity in numpy
     (torch's per-call overhead is several times numpy's at this size, and a particle step is a few
-    dozen calls); None where the general solver has to finish (left to :func:`_symmetric_field`)."""
+    dozen calls): the same operators on numpy arrays. None where the general solver has to finish (left
+    to :func:`_symmetric_field`), or when :func:`sinkflow.fast_paths` are off."""
+    if not fast_paths_enabled():
+        return None
     n = Cn.shape[-1]
     a = np.full(n, 1.0 / n, dtype=Cn.dtype) if weights is None else weights.detach().numpy()
     g0 = None if init_g is None else init_g.detach().numpy()
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system: not converged
         if n_iter is None:
-            K, g, count, err = solve_one(Cn, a, g0, tol, min(max_iter, SYMMETRIC_BUDGET))
-            if not err <= tol:
+            E, half = _kernel(Cn)
+            op, report = solve_kernel(E, half, a, g0, tol, min(max_iter, SYMMETRIC_BUDGET))
+            if not report.converged:
                 return None
+            K, g, count = E * (op.u / op.s[:, None]), op.w - half, int(op.systems.iterations)
         else:
-            (K, g), count = _alternate(Cn, a, g0, int(n_iter)), int(n_iter)
+            (K, g), count = fixed_count(Cn, a, g0, int(n_iter)), int(n_iter)
     velocity = torch.from_numpy(K @ V.numpy()) if not V.requires_grad else torch.from_numpy(K) @ V
     K, g = torch.from_numpy(K), torch.from_numpy(g)
     row_err = col_err = math.nan

@@ -20,7 +20,7 @@ other passes out or into cache:
 * Sinkhorn to tolerance (a symmetric PSD ``W``): the Gaussian form of the scores,
   :math:`D_{ij} = C_{ij} - C_{ii}/2 - C_{jj}/2 \le 0`, comes from the same product (two more
   coordinates), its exponentials :math:`E = e^D` are taken in place, and
-  :func:`~sinkflow.attention._symmetric_sinkhorn.iterate_kernel` iterates on that cached kernel
+  the one solver iterates on that cached kernel (:func:`~sinkflow.attention._symmetric_sinkhorn.solve_kernel`)
   (matrix-vector products and Newton's steps, warm started, each system leaving the iteration
   when it has converged; a CPU block in numpy); the plan :math:`\mathrm{diag}(1/s) E \mathrm{diag}(u)`
   is never formed, the velocity is :math:`E (u \odot V) / s`;
@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from sinkflow._backend import fast_paths_enabled
-from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, iterate_kernel
+from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, solve_kernel
 from sinkflow.fields._dense_fields import SYMMETRIC_BUDGET, FieldEvaluation, _general_fallback
 from sinkflow.fields._particle_field import ParticleField
 
@@ -146,9 +146,9 @@ class EnsembleField(ParticleField):
             E = _exp_(_matmul(q_half[rows], keys[rows], buffer[: rows.stop - rows.start]))
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a blown-up system: not converged
                 init = None if init_g is None else init_g[rows]
-                (u, s), g[rows], count[rows], err = iterate_kernel(E, half[rows], a[rows], init, self.tol,
-                                                                  min(self.max_iter, SYMMETRIC_BUDGET))
-            converged[rows] = err <= self.tol  # NaN: not converged
+                op, _ = solve_kernel(E, half[rows], a[rows], init, self.tol, min(self.max_iter, SYMMETRIC_BUDGET))
+            u, s, g[rows], count[rows] = op.u, op.s, op.w - half[rows], op.systems.iterations
+            converged[rows] = op.systems.err <= self.tol  # NaN: not converged
             if bool(converged[rows].all()):
                 _matmul(E, u[..., None] * V[rows], P[rows, :, :d])
                 P[rows, :, d] = s

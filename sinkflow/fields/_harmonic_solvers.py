@@ -22,6 +22,7 @@ import torch
 from scipy.linalg import blas
 
 from sinkflow._backend import fast_paths_enabled
+from sinkflow.attention._solver import SolveReport, sinkhorn_solve
 from sinkflow.fields._harmonic_kernels import _STORE_BYTES, _Factored
 
 _NEWTON_RATIO = 1e-3  # Newton's block: the modes of eigenvalue above this fraction of the largest
@@ -253,26 +254,57 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
     is scaled to :math:`(a u)^T \tilde K (a u) = 1`, which the fixed point satisfies (the plain step does
     not contract that mode).
 
-    Returns ``(velocity (d, n), row sums (n,), u, kernel applications, converged, marginal error)``.
-    """
-    xp, a, newton = P.xp, P.a, _Newton(P)
-    memory = {} if memory is None else memory
-    expect, gram = memory.get("sweeps"), newton.from_moments
-    kept = None if gram else memory.get("newton")  # the last solve's, if of these rows
-    newton.inverse = kept if kept is not None and kept.shape == (newton.rows.size,) * 2 else None
-    M = P.moments((a * u)[None])
-    scale = 1 / math.sqrt(float((M[0] * P.lam * M[0]).sum()))
-    u, M = u * scale, M * scale
-    E, u_next, velocity = xp.empty_like(u), xp.empty_like(u), xp.empty_like(P.X1[1:])
-    t, done, errs, previous = None, 0, [], math.inf
-    while done < max_iter:
-        done += 1
-        carried = M.shape[0] > 1
-        carry = (expect is not None and done + 1 >= expect) or (len(errs) >= 2 and errs[-1] ** 3 <= tol * errs[-2] ** 2)
-        state = {"err": 0.0, "positive": True}
+    Runs on the one Sinkhorn solver (:func:`~sinkflow.attention._solver.sinkhorn_solve`) over
+    :class:`_HarmonicSweeps`: its stopping rule (the error of the start read first, then after every
+    step; a sweep whose error is not a number stops, not converged) and its report.
 
-        # bound now (``P.sweep`` calls it before the loop moves on): this iteration's values
-        def step(i0, i1, S, *, u=u, u_next=u_next, M=M, t=t, carried=carried, carry=carry, state=state):
+    Returns ``(velocity (d, n), row sums (n,), u, kernel applications, converged, marginal error)``;
+    ``memory["report"]`` is the :class:`~sinkflow.attention._solver.SolveReport` (sweeps, error, converged).
+    """
+    memory = {} if memory is None else memory
+    op = _HarmonicSweeps(P, tol, memory)
+    out, report = sinkhorn_solve(op, None, u, tol=tol, max_iter=max(max_iter - 1, 0), accelerate=False, stall=False,
+                                 read_start=True)
+    memory["report"] = SolveReport(op.done, op.err, op.err <= tol, report.errors, report.scales)
+    return out
+
+
+class _HarmonicSweeps:
+    """The kernel operator of :func:`symmetric_sinkhorn`: :meth:`error` is a sweep (the marginal error of
+    ``u`` and the moments of the next scaling), :meth:`step` the update between two sweeps (Newton's
+    correction, the swap to the next scaling). Scaling domain, on rows; ``potentials() = (None, u)``."""
+
+    domain = "scaling"
+    rescalable = False
+    differentiable = False
+    check_every = 1
+
+    def __init__(self, P: _Passes, tol: float, memory: dict):
+        self.P, self.a, self.b, self.tol, self.memory = P, P.a, P.a, tol, memory
+        self.newton = newton = _Newton(P)
+        self.expect, self.gram = memory.get("sweeps"), newton.from_moments
+        kept = None if self.gram else memory.get("newton")  # the last solve's, if of these rows
+        newton.inverse = kept if kept is not None and kept.shape == (newton.rows.size,) * 2 else None
+
+    def reset(self, scale, f, u):
+        P, xp = self.P, self.P.xp
+        M = P.moments((self.a * u)[None])
+        scale = 1 / math.sqrt(float((M[0] * P.lam * M[0]).sum()))
+        self.u, self.M = u * scale, M * scale
+        self.E, self.u_next, self.velocity = xp.empty_like(u), xp.empty_like(u), xp.empty_like(P.X1[1:])
+        self.t, self.done, self.errs, self.previous, self.err = None, 0, [], math.inf, math.inf
+
+    def error(self, row):
+        """One sweep: the marginal error of ``u`` (0 for the solver when it is not a number: the solve stops)."""
+        P, xp, a, gram, E, velocity = self.P, self.P.xp, self.a, self.gram, self.E, self.velocity
+        u, u_next, M, t, errs = self.u, self.u_next, self.M, self.t, self.errs
+        self.done += 1
+        carried = M.shape[0] > 1
+        carry = ((self.expect is not None and self.done + 1 >= self.expect)
+                 or (len(errs) >= 2 and errs[-1] ** 3 <= self.tol * errs[-2] ** 2))
+        state = self.state = {"err": 0.0, "positive": True}
+
+        def step(i0, i1, S):  # (``P.sweep`` calls it before the loop moves on)
             E[i0:i1] = S[0]
             state["err"] += float((a[i0:i1] * abs(u[i0:i1] * S[0] - 1)).sum())
             if carried:
@@ -282,47 +314,97 @@ def symmetric_sinkhorn(P: _Passes, u, tol: float, max_iter: int, memory: dict | 
             xp.reciprocal(point, out=u_next[i0:i1])
             return None if carried else _weights(P, u_next[i0:i1], carry, gram, i0, i1)
 
-        Mn = P.sweep(M if t is None else xp.concatenate([M, M[:1] + P.device(t)]), step, carry)
-        err = state["err"]
+        self.Mn = P.sweep(M if t is None else xp.concatenate([M, M[:1] + P.device(t)]), step, carry)
+        self.carry = carry
+        self.err = err = state["err"]
         errs.append(err)
-        if err <= tol or not math.isfinite(err) or done == max_iter:
-            break
-        if not state["positive"]:  # the corrected point went too far: the plain step from u
+        return err if math.isfinite(err) else 0.0
+
+    def step(self, row, omega, fused):
+        P, newton, gram, Mn, t = self.P, self.newton, self.gram, self.Mn, self.t
+        if not self.state["positive"]:  # the corrected point went too far: the plain step from u
             t, newton.inverse, Mn = None, None, None
-            xp.reciprocal(E, out=u_next)
+            P.xp.reciprocal(self.E, out=self.u_next)
         if Mn is None:  # predicted to converge and did not, or the plain step
-            Mn = P.moments(_weights(P, u_next, carry, gram), carry)
-        f = P.host(Mn[0] - M[0]) - (0 if t is None else t)  # H(x) - x
-        refresh = gram or newton.inverse is None or err > _NEWTON_FAR or err > 0.1 * previous  # far, or gained < 10x
+            Mn = P.moments(_weights(P, self.u_next, self.carry, gram), self.carry)
+        f = P.host(Mn[0] - self.M[0]) - (0 if t is None else t)  # H(x) - x
+        err = self.err
+        refresh = (gram or newton.inverse is None or err > _NEWTON_FAR
+                   or err > 0.1 * self.previous)  # far, or gained < 10x
         if refresh:
-            newton.factor(P, a * u_next * u_next, P.host(Mn[-1]) if gram else None)
-        previous, t = (math.inf if refresh or t is None else err), newton.correction(f)
-        u, u_next, M = u_next, u, Mn[:Mn.shape[0] - gram]
-    if err <= tol:
-        memory["sweeps"] = done
-        memory["newton"] = None if gram else newton.inverse
-    if M.shape[0] > 1:  # the numerators rode along
-        return velocity, E, u, done, err <= tol, err
-    return P.sums(P.moments(P.carried(a * u), True)[1:]) / E, E, u, done + 1, err <= tol, err
+            newton.factor(P, self.a * self.u_next * self.u_next, P.host(Mn[-1]) if gram else None)
+        self.previous, self.t = (math.inf if refresh or t is None else err), newton.correction(f)
+        self.u, self.u_next, self.M = self.u_next, self.u, Mn[:Mn.shape[0] - gram]
+
+    def potentials(self):
+        return None, self.u
+
+    def finish(self):
+        P, u, err, converged = self.P, self.u, self.err, self.err <= self.tol
+        if converged:
+            self.memory["sweeps"] = self.done
+            self.memory["newton"] = None if self.gram else self.newton.inverse
+        if self.M.shape[0] > 1:  # the numerators rode along
+            return self.velocity, self.E, u, self.done, converged, err
+        return P.sums(P.moments(P.carried(self.a * u), True)[1:]) / self.E, self.E, u, self.done + 1, converged, err
 
 
 def alternating_sinkhorn(P: _Passes, gamma, n_iter: int, need_errors: bool):
     """``n_iter`` half-iterations, row step first from the column scaling ``gamma``:
     :math:`K = \\mathrm{diag}(\\alpha) \\tilde K \\mathrm{diag}(a \\gamma)`, :math:`\\alpha = 1/\\tilde K(a\\gamma)`,
-    :math:`\\gamma = 1/\\tilde K(a\\alpha)`. Returns ``(velocity (d, n), gamma, row error, column error)``."""
-    alpha = None
-    for step in range(1, n_iter):  # all but the last half-step
-        if step % 2:
-            alpha = 1 / P.apply(gamma)
-        else:
-            gamma = 1 / P.apply(alpha)
-    if n_iter % 2:  # the last step normalizes the rows: fused with the velocity
-        velocity, sums = P.field(gamma)
-        col = P.column_error(sums, gamma) if need_errors else math.nan
-        return velocity, gamma, 0.0 if need_errors else math.nan, col
-    gamma = 1 / P.apply(alpha)  # ended on a column step: K applied as it is
-    velocity, sums = P.field(gamma)
-    row_sums = alpha * sums
-    row = float((P.a * abs(row_sums - 1)).sum()) if need_errors else math.nan
-    col = P.column_error(1 / alpha, gamma) if need_errors else math.nan
-    return velocity * row_sums, gamma, row, col
+    :math:`\\gamma = 1/\\tilde K(a\\alpha)`, on the one solver's lean fixed-count entry over
+    :class:`_HarmonicAlternating` (the last half-step fused with the velocity).
+    Returns ``(velocity (d, n), gamma, row error, column error)``."""
+    (_, out), _ = sinkhorn_solve(_HarmonicAlternating(P, n_iter, need_errors), None, gamma, n_iter=n_iter)
+    return out
+
+
+class _HarmonicAlternating:
+    """The kernel operator of :func:`alternating_sinkhorn`: scaling domain, one kernel application a half-step,
+    the last one fused with the field (``potentials() = (log alpha or None, gamma)``)."""
+
+    domain = "scaling"
+    rescalable = False
+    differentiable = False
+    check_every = 1
+
+    def __init__(self, P: _Passes, n_iter: int, need_errors: bool):
+        self.P, self.a, self.b, self.n_iter, self.need_errors = P, P.a, P.a, n_iter, need_errors
+
+    def reset(self, scale, f, gamma):
+        self.gamma, self.alpha, self.done, self.out = gamma, None, 0, None
+
+    def step(self, row, omega, fused):
+        P = self.P
+        self.done += 1
+        if self.done < self.n_iter:  # all but the last half-step
+            if row:
+                self.alpha = 1 / P.apply(self.gamma)
+            else:
+                self.gamma = 1 / P.apply(self.alpha)
+            return
+        need = self.need_errors
+        if row:  # the last step normalizes the rows: fused with the velocity
+            velocity, sums = P.field(self.gamma)
+            self.alpha = 1 / sums
+            col = P.column_error(sums, self.gamma) if need else math.nan
+            self.out = (velocity, self.gamma, 0.0 if need else math.nan, col)
+            return
+        self.gamma = 1 / P.apply(self.alpha)  # ended on a column step: K applied as it is
+        velocity, sums = P.field(self.gamma)
+        row_sums = self.alpha * sums
+        row_err = float((P.a * abs(row_sums - 1)).sum()) if need else math.nan
+        col = P.column_error(1 / self.alpha, self.gamma) if need else math.nan
+        self.out = (velocity * row_sums, self.gamma, row_err, col)
+
+    def error(self, row):
+        """L1 error of the marginal the last half-step left (one more application)."""
+        if row:
+            return self.P.column_error(1 / self.alpha, self.gamma)
+        return float((self.P.a * abs(self.alpha * self.P.apply(self.gamma) - 1)).sum())
+
+    def potentials(self):
+        return (None if self.alpha is None else self.P.xp.log(self.alpha)), self.gamma
+
+    def finish(self):
+        return None, self.out

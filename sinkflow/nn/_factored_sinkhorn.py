@@ -44,6 +44,7 @@ from sinkflow._backend import branch_free, first_order
 from sinkflow.attention._log_steps import _masked_softmax
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
 from sinkflow.attention._normalizations import sinkhorn, softmax
+from sinkflow.attention._solver import fixed_report
 
 
 class _OutOfRange(Exception):
@@ -121,13 +122,17 @@ def _forward(S, n_iter, marg, V):
 
 class _FactoredSinkhorn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores, values, n_iter, mask=None):
+    def forward(ctx, scores, values, n_iter, mask=None, stats=None):
         S = _masked_softmax(scores, mask)[0]
         marg = _Marginals.of(mask, scores.shape, scores.dtype)
         sums, alphas, betas, Y = _forward(S, n_iter, marg, values)
         if not _in_range(sums, marg):
             raise _OutOfRange
         alpha, beta = alphas[max(alphas)], betas[max(betas)]
+        if stats is not None:  # asked: the marginal the last half-step left, one more product with S
+            last_row = n_iter % 2 == 1
+            stats["error"] = _plan_error(beta * _vecmat(alpha, S) if last_row else alpha * _matvec(S, beta),
+                                         last_row, marg, S.shape[-2])
         ctx.n_iter, ctx.marg, ctx.matrix = n_iter, marg, values is None
         ctx.sums, ctx.alphas, ctx.betas = sums, alphas, betas  # intermediates (not inputs or outputs)
         if values is None:
@@ -142,10 +147,22 @@ class _FactoredSinkhorn(torch.autograd.Function):
     def backward(ctx, grad):
         if ctx.matrix:
             (S,) = ctx.saved_tensors
-            return _matrix_backward(ctx, grad, S), None, None, None
+            return _matrix_backward(ctx, grad, S), None, None, None, None
         S, V = ctx.saved_tensors
         dC, dV = _output_backward(ctx, grad, S, V)
-        return dC, dV, None, None
+        return dC, dV, None, None, None
+
+
+def _plan_error(sums, columns: bool, marg: _Marginals, n: int) -> float:
+    """The solver's marginal error of a plan from its column sums (``columns``) or row sums: the L1
+    deviation weighted by uniform query weights (``1 / n'`` over the ``n'`` admissible rows), the largest
+    over the leading dimensions (:class:`~sinkflow.attention._solver.SolveReport`)."""
+    with torch.no_grad():
+        ok = marg.cols if columns else marg.rows
+        e = (sums - (marg.b if columns else 1.0)).abs()
+        e = e if ok is None else torch.where(ok, e, 0.0)
+        count = n if marg.rows is None else marg.rows.sum(-1).clamp_min(1).to(e.dtype)
+        return float((e.sum(-1) / count).amax())
 
 
 def _sum_adjoint(d_scale, scale, s):
@@ -217,8 +234,12 @@ def _matrix_backward(ctx, grad, S):
 
 
 def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | None = None,
-                       values: torch.Tensor | None = None) -> torch.Tensor:
+                       values: torch.Tensor | None = None, report: bool = False):
     """``sinkflow.sinkhorn(scores, n_iter=n_iter, mask=mask)``, times ``values`` when given.
+
+    With ``report=True`` it returns ``(output, SolveReport)``: the one solver's report of a fixed count
+    (:func:`~sinkflow.attention._solver.fixed_report`), whose marginal error (of the marginal the last
+    half-step did not normalize, as the solver reads it) costs one more product, computed only when asked.
 
     The factored path runs for float32/float64 scores (any boolean mask) with ``n_iter >= 2``
     whose admissible line sums stay in range, and then never forms the matrix when
@@ -237,15 +258,26 @@ def sinkhorn_attention(scores: torch.Tensor, n_iter: int, mask: torch.Tensor | N
         raise ValueError(f"n_iter must be a positive integer (Sinkhorn half-iterations), got {n_iter!r}")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = attend), got dtype {mask.dtype}")
+    stats = {} if report else None
+    out = _attention(scores, int(n_iter), mask, values, stats)
+    return (out, fixed_report(int(n_iter), stats["error"])) if report else out
+
+
+def _attention(scores, n_iter, mask, values, stats):
+    """The attention of :func:`sinkhorn_attention`; the marginal error into ``stats`` (a dict) when given."""
     if n_iter > 1 and scores.dtype in (torch.float32, torch.float64) and not branch_free():  # its range check syncs
         try:  # an isolated -inf is a zero of the SoftMax, as a masked entry; a line of them fails the range check
-            return _FactoredSinkhorn.apply(scores, values, int(n_iter), mask)
+            return _FactoredSinkhorn.apply(scores, values, n_iter, mask, stats)
         except _OutOfRange:
             pass
     scores, mask = _fold_neg_inf(scores, mask)
-    if n_iter == 1:
-        return _times(softmax(scores, mask), values)
-    return _times(sinkhorn(scores, n_iter=n_iter, mask=mask), values)
+    P = softmax(scores, mask) if n_iter == 1 else sinkhorn(scores, n_iter=n_iter, mask=mask)
+    if stats is not None:
+        last_row = n_iter % 2 == 1
+        Pf = P.detach().float() if P.dtype.itemsize < 4 else P.detach()  # half precision: summed in float32
+        marg = _Marginals.of(mask, scores.shape, Pf.dtype)
+        stats["error"] = _plan_error(Pf.sum(-2) if last_row else Pf.sum(-1), last_row, marg, P.shape[-2])
+    return _times(P, values)
 
 
 def _fold_neg_inf(scores, mask):

@@ -51,6 +51,7 @@ import torch
 
 from sinkflow._backend import first_order
 from sinkflow.attention._marginals import is_padding, uniform_attention_marginal
+from sinkflow.attention._solver import fixed_report
 from sinkflow.nn._factored_sinkhorn import sinkhorn_attention
 from sinkflow.nn._flash import CPU_FLASH, CPU_FLASH_BACKWARD, ExpAttention, as4d, bias_mask, one_width
 
@@ -168,8 +169,10 @@ class _SinkhornPasses(torch.autograd.Function):
     """``P V`` for the Sinkhorn(n_iter) plan of ``scale q k^T + M`` on 4-D tensors of one width (CPU)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, n_iter, ln, scale):
+    def forward(ctx, q, k, v, n_iter, ln, scale, stats=None):
         y, steps, F, G = _forward(q, k, v, n_iter, ln, scale)
+        if stats is not None:
+            stats["potentials"] = (F, G)
         ctx.n_iter, ctx.ln, ctx.scale = n_iter, ln, scale
         ctx.save_for_backward(q, k, v, y, F, G, *(p for step in steps for p in step))
         return y
@@ -180,11 +183,11 @@ class _SinkhornPasses(torch.autograd.Function):
         q, k, v, y, F, G, *pots = ctx.saved_tensors
         if not float(_score_range(q, k, ctx.ln, ctx.scale)) <= SCORE_RANGE_LIMIT[q.dtype]:  # one sync; NaN too
             dq, dk, dv = _eager_backward(ctx, dy, q, k, v)
-            return dq, dk, dv, None, None, None
+            return dq, dk, dv, None, None, None, None
         # dy of a sum is expanded (stride 0): the kernels misread it
         steps = list(zip(pots[::2], pots[1::2], strict=True))
         dq, dk, dv = _combined_backward(ctx, dy.contiguous(), q, k, v, y, F, G, steps)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def _score_range(q, k, ln, scale):
@@ -298,19 +301,26 @@ class _LogSumExp(torch.autograd.Function):
         return dq, dk, dv[..., 0], None, None
 
 
-def _sinkhorn_chain(q, k, v, n_iter, ln, scale):
-    """``P V`` as ``n_iter`` log-sum-exp passes and the output pass, each its own autograd node."""
+def _sinkhorn_chain(q, k, v, n_iter, ln, scale, stats=None):
+    """``P V`` as ``n_iter`` log-sum-exp passes and the output pass, each its own autograd node (the plan's
+    potentials into ``stats`` when given: after an odd count ``f`` is the output pass's)."""
     g, f = ln.start(k), None
     for t in range(n_iter):
         if t % 2 == 0:
             f = ln.potential(_LogSumExp.apply(q, k, g, ln.row_mask, scale), rows=True)
         else:
             g = ln.potential(_LogSumExp.apply(k, q, f, ln.col_mask, scale), rows=False, shift=ln.log_b)
+    if stats is not None:
+        stats["potentials"] = (f, g)
     return ExpAttention.apply(q, k, v, f, g, ln.row_mask, scale)
 
 
-def sinkhorn_passes(q, k, v, n_iter, allowed=None, bias=None, chain=False):
+def sinkhorn_passes(q, k, v, n_iter, allowed=None, bias=None, chain=False, report=False):
     r"""Sinkhorn(``n_iter``) attention :math:`P V` of ``(..., n, p)`` tensors (CPU) from flash passes.
+
+    With ``report=True`` it returns ``(P V, SolveReport)``: the one solver's report of a fixed count
+    (:func:`~sinkflow.attention._solver.fixed_report`), whose marginal error (of the marginal the last
+    half-step did not normalize) costs one more log-sum-exp pass, computed only when asked.
 
     ``chain=True`` runs the per-step chain (its own backward for each pass) instead of the
     combined backward: the reference of the tests. Scores spread past
@@ -330,6 +340,23 @@ def sinkhorn_passes(q, k, v, n_iter, allowed=None, bias=None, chain=False):
     batch, n, m, p_v = q.shape[:-2], q.shape[-2], k.shape[-2], v.shape[-1]
     ln = _lines(allowed, bias, batch, n, m, q.dtype, q.device)
     q, k, v = (as4d(t) for t in one_width(q, k, v))
-    y = (_sinkhorn_chain(q, k, v, n_iter, ln, scale) if chain
-         else _SinkhornPasses.apply(q, k, v, int(n_iter), ln, scale))
-    return y.reshape(*batch, *y.shape[-2:])[..., :p_v]
+    stats = {} if report else None
+    y = (_sinkhorn_chain(q, k, v, n_iter, ln, scale, stats) if chain
+         else _SinkhornPasses.apply(q, k, v, int(n_iter), ln, scale, stats))
+    y = y.reshape(*batch, *y.shape[-2:])[..., :p_v]
+    return (y, fixed_report(int(n_iter), _passes_error(q, k, n_iter, ln, scale, *stats["potentials"]))) if report else y
+
+
+def _passes_error(q, k, n_iter, ln, scale, f, g) -> float:
+    """The solver's marginal error of the plan ``exp(scale q k^T + M + f_i + g_j)`` after ``n_iter`` half-steps:
+    its columns against ``b`` after a row step, else its rows against 1 (one flash pass), the L1 deviation
+    weighted by uniform query weights over the admissible rows, the largest over the leading dimensions."""
+    with torch.no_grad():
+        f, g = f.detach(), g.detach()
+        if n_iter % 2:  # ended on a row step: the columns
+            e, ok = (torch.exp(_lse(k, q, ln.col_mask, f, scale) + g) - torch.exp(ln.log_b)).abs(), ln.cols
+        else:
+            e, ok = (torch.exp(_lse(q, k, ln.row_mask, g, scale) + f) - 1.0).abs(), ln.rows
+        e = e if ok is None else torch.where(ok, e, 0.0)
+        count = q.shape[-2] if ln.rows is None else ln.rows.sum(-1).clamp_min(1).to(e.dtype)
+        return float((e.sum(-1) / count).amax())

@@ -6,12 +6,16 @@ from the returned potentials.
 """
 
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
+import sinkflow.attention._symmetric_sinkhorn as symmetric
 from sinkflow.attention._operators import _DenseLog, _DenseScaling, _scaling_schedule, dense_operator
 from sinkflow.attention._solver import SolveReport, sinkhorn_solve
+from sinkflow.attention._symmetric_sinkhorn import fixed_count, solve_symmetric
 from sinkflow.fields._blockwise_fields import _BlockScores, _BlockwiseOperator, _Passes
 from sinkflow.heat._grid_fields import _SymmetricScaling, symmetric_sinkhorn_scaling
 
@@ -220,3 +224,60 @@ def test_grid_solve_reports_like_the_others():
     # a budget too small: not converged, the error of the last step reported
     s2, n2, err2, ok2 = symmetric_sinkhorn_scaling(lambda v: K @ v, w, tol=1e-12, max_iter=3)
     assert (n2, ok2) == (3, False) and err2 > 1e-12
+
+
+def symmetric_problem(seed=2, n=20, batch=3):
+    """Dot scores of points in the plane at three temperatures (symmetric PSD) and positive weights."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, n, 2))
+    C = x @ x.swapaxes(-1, -2) / np.array([0.3, 1.0, 0.03])[:batch, None, None]
+    a = rng.random((batch, n)) + 0.2
+    return torch.as_tensor(C), torch.as_tensor(a / a.sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("numpy_entries", [symmetric.NUMPY_ENTRIES, 0])  # numpy arrays, then torch tensors
+def test_symmetric_solve_reports_like_the_others(monkeypatch, numpy_entries):
+    # the report of the symmetric operator: iterations of the slowest system and the largest column error,
+    # that of the returned plan recomputed by plain sums; a system that blew up stops alone, not converged
+    monkeypatch.setattr(symmetric, "NUMPY_ENTRIES", numpy_entries)
+    C, a = symmetric_problem(seed=3)
+    res = solve_symmetric(C, a, None, 1e-11, 200)
+    assert res.iterations.tolist() == [4, 5, 3]  # (measured) systems that stop at different iterations
+    column = ((a[..., :, None] * res.attention).sum(-2) - a).abs().sum(-1)
+    assert isinstance(res.report, SolveReport) and res.report.converged and res.converged.all()
+    assert res.report.n_iter == int(res.iterations.max())
+    assert res.report.marginal_error == pytest.approx(float(column.max()), abs=1e-14)
+    assert float(column.max()) <= 1e-11
+    for b in range(3):  # a system stops for itself: its plan is the one it reaches alone (to rounding of the
+        alone = solve_symmetric(C[b], a[b], None, 1e-11, 200)  # batched products; a step more moves it ~1e-12)
+        torch.testing.assert_close(alone.attention, res.attention[b], rtol=0, atol=1e-15)
+        assert alone.report.n_iter == int(res.iterations[b])
+    C_bad = C.clone()
+    C_bad[1, 0, 0] = math.nan
+    bad = solve_symmetric(C_bad, a, None, 1e-11, 200)
+    assert bad.converged.tolist() == [True, False, True] and int(bad.iterations[1]) < 200
+    assert not bad.report.converged and math.isnan(bad.report.marginal_error)
+    assert torch.equal(bad.iterations[[0, 2]], res.iterations[[0, 2]])
+    # a budget too small: not converged, every system at the budget
+    short = solve_symmetric(C, a, None, 1e-11, 2)
+    assert not short.report.converged and short.report.n_iter == 2 and short.report.marginal_error > 1e-11
+
+
+@pytest.mark.parametrize("as_numpy", [True, False])
+def test_a_symmetric_fixed_count_reports_the_plain_loops_errors(as_numpy):
+    # the fixed count on the solver's lean entry: no error read unless asked; asked, the error after every
+    # half-step is that of the plain log-domain loop (oracle), of the marginal the half-step did not normalize
+    C, a = symmetric_problem(seed=3)
+    g0 = 0.1 * torch.randn(3, 20, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    args = [t.numpy() for t in (C, a, g0)] if as_numpy else [C, a, g0]
+    (K, g), report = fixed_count(*args, 5, report=True)
+    assert report.n_iter == 5 and report.converged and len(report.errors) == 5
+    assert fixed_count(*args, 5)[1].shape == (3, 20)  # lean: (K, g) alone
+    T, f, h = C + torch.log(a)[..., None, :], torch.zeros_like(a), g0.clone()
+    for k, err in enumerate(report.errors):
+        row = k % 2 == 0
+        f, h = (plain_row(T, h), h) if row else (f, plain_col(T, f, a, a))
+        e_row, e_col = marginal_errors(T, f, h, a, a)
+        assert err == pytest.approx(float((e_col if row else e_row).max()), abs=ATOL)
+    torch.testing.assert_close(torch.as_tensor(K), torch.exp(f[..., :, None] + T + h[..., None, :]), rtol=0,
+                               atol=ATOL)

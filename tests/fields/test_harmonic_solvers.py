@@ -133,3 +133,47 @@ def test_sphere_flow_reuses_the_last_newton_inverse_and_replaces_a_wrong_one(mon
         dense = _dense_sinkhorn(y, beta)
         dense = dense - (dense * y).sum(1, keepdim=True) * y
         assert float((v - dense).abs().max()) < 1e-10
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_the_symmetric_solve_reports_like_the_one_solver(d):
+    """The symmetric solve runs on the one solver: ``memory["report"]`` counts its sweeps (the kernel
+    applications, less the field's own when the numerators did not ride along), its error is the returned
+    one and the marginal error of ``u`` recomputed by one more application (``P.apply``), and a budget too
+    small is reported as not converged."""
+    n, beta = 300, 5.0
+    x = torch.tensor(sinkflow.random_particles(n, d, seed=4, manifold="sphere"))
+    kernel = harmonic_kernel(1 / beta, d, 1e-10, 1 / n)
+    P = passes(_Factored(kernel, x, keep=d == 3), torch.full((n,), 1 / n, dtype=torch.float64), True)
+    memory = {}
+    _, _, u, applications, converged, err = _harmonic_solvers.symmetric_sinkhorn(P, P.xp.ones_like(P.a), 1e-10,
+                                                                                200, memory)
+    report = memory["report"]
+    assert converged and report.converged and report.marginal_error == err <= 1e-10
+    assert report.n_iter in (applications, applications - 1) and report.n_iter > 1
+    assert float((P.a * abs(u * P.apply(u) - 1)).sum()) <= 1e-10  # the marginal of the returned scaling
+    memory = {}
+    _harmonic_solvers.symmetric_sinkhorn(P, P.xp.ones_like(P.a), 1e-10, 2, memory)
+    assert memory["report"].n_iter == 2 and not memory["report"].converged
+
+
+def test_the_fixed_count_reads_the_plain_loops_errors_when_asked():
+    """The harmonic fixed count on the solver's fixed-count entry: asked for a report, the error after each
+    half-step (of the marginal it did not normalize) is that of the plain log-domain loop on the dense scores
+    beta x_i.x_j with weights a on the keys (oracle; the harmonic kernel is the dense one to ~1e-10)."""
+    from oracles import sinkhorn_log
+    from sinkflow.attention._solver import sinkhorn_solve
+
+    n, beta = 200, 5.0
+    x = torch.tensor(sinkflow.random_particles(n, 2, seed=6, manifold="sphere"))
+    a = torch.full((n,), 1 / n, dtype=torch.float64)
+    P = passes(_Factored(harmonic_kernel(1 / beta, 2, 1e-12, 1 / n), x, keep=False), a, True)
+    op = _harmonic_solvers._HarmonicAlternating(P, 5, True)
+    (_, out), report = sinkhorn_solve(op, None, P.xp.ones_like(P.a), n_iter=5, report=True)
+    assert report.n_iter == 5 and len(report.errors) == 5
+    C = beta * (x @ x.T).numpy() + np.log(a.numpy())[None, :]
+    for k, err in enumerate(report.errors, 1):
+        K = sinkhorn_log(C, k, a.numpy(), a.numpy())[0]
+        rows, cols = (a.numpy() * np.abs(K.sum(1) - 1)).sum(), np.abs(a.numpy() @ K - a.numpy()).sum()
+        assert err == pytest.approx(cols if k % 2 else rows, abs=1e-9)
+    assert out[3] == pytest.approx(report.errors[-1], abs=1e-9)  # the column error the field reports

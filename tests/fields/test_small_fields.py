@@ -9,7 +9,7 @@ import sinkflow
 import sinkflow.attention._symmetric_sinkhorn as symmetric
 import sinkflow.fields._dense_fields as dense_fields
 from oracles import sinkhorn_log
-from sinkflow.attention._symmetric_sinkhorn import solve_one, solve_symmetric
+from sinkflow.attention._symmetric_sinkhorn import _kernel, solve_kernel, solve_symmetric
 
 
 def plain_sinkhorn(C, a, half_steps):
@@ -25,6 +25,7 @@ def problem(seed, n, spread, tau=0.2):
 
 
 @pytest.mark.parametrize("n", [12, 96, 130])  # Newton's steps, then heavy-ball steps alone
+@sinkflow.fast_paths(True)  # the numpy route, batched and alone (SINKFLOW_FAST_PATHS=0 turns it off elsewhere)
 def test_one_system_takes_the_batched_solvers_iterates_bit_for_bit(n):
     systems = [problem(s, n, spread) for s, spread in ((1, 1.0), (2, 3.0), (3, 0.3))]
     C = np.stack([c for _, c, _ in systems])
@@ -36,8 +37,11 @@ def test_one_system_takes_the_batched_solvers_iterates_bit_for_bit(n):
                                 1e-11, 200)
         for b in range(3):
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                K, g, count, err = solve_one(C[b], a[b], None if init is None else init[b], 1e-11, 200)
-            assert count == int(batch.iterations[b]) and err <= 1e-11
+                E, half = _kernel(C[b].copy())
+                op, report = solve_kernel(E, half, a[b], None if init is None else init[b], 1e-11, 200)
+            K, g, count, err = (E * (op.u / op.s[:, None]), op.w - half, int(op.systems.iterations),
+                                report.marginal_error)
+            assert count == int(batch.iterations[b]) == report.n_iter and err <= 1e-11 and report.converged
             np.testing.assert_array_equal(K, batch.attention[b].numpy())
             np.testing.assert_array_equal(g, batch.g[b].numpy())
 

@@ -29,7 +29,8 @@ FRACTION, LEVELS = 1e-4, 40
 
 
 def drawn_difference(name: str, tmp_path: Path) -> float:
-    """The fraction of pixels of the committed PNG of figure ``name`` that a redraw from the committed data changes by > LEVELS."""
+    """The fraction of pixels of figure ``name``'s committed PNG that a redraw from the committed data changes by
+    more than LEVELS."""
     from PIL import Image
 
     row = ROWS[name]
