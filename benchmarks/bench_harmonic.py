@@ -49,10 +49,6 @@ import torch
 from _timing import compare_revisions, record  # benchmarks/_timing.py
 
 import sinkflow
-from sinkflow.fields._harmonic_bases import _SphereFourierBasis
-from sinkflow.fields._harmonic_fields import HarmonicParticleField
-from sinkflow.fields._harmonic_kernels import likely_kernel
-from sinkflow.particles import lazy_attention_field
 
 _SOFTMAX_TARGET_S = {20_000: 0.05, 1_000_000: 2.0}  # issue 30: one SoftMax step on one core
 _SINKHORN_RATIO = 3.0  # issue 30: a Sinkhorn step to tolerance within 3x the SoftMax step
@@ -87,13 +83,21 @@ def _interleaved_min(fields: dict, x, repeats: int) -> dict:
 def _flow_field(kernel, attention):
     """The field ``simulate(manifold="sphere")`` evaluates here (warm starts on, extrapolated from the
     last three solves)."""
+    from sinkflow.fields._harmonic_fields import HarmonicParticleField
+
     return HarmonicParticleField(attention, None, None, None, None, 1 / kernel.beta, 1e-10, 20_000, False, None,
                                  True, True, False, symmetric=True, kernel=kernel)
 
 
 def _case(n, d, beta, repeats, reference_n):
     """One step inside a flow (its steady state): ``_FLOW_STEPS`` Euler steps (h = 0.1) from a uniform start,
-    then the next evaluation timed from copies of the field's state (warm start, history, the solver's memory)."""
+    then the next evaluation timed from copies of the field's state (warm start, history, the solver's memory).
+    Private modules are imported here, not at the top, so that ``--flows --baseline REV`` runs on a revision
+    whose private layout differs."""
+    from sinkflow import lazy_attention_field
+    from sinkflow.fields._harmonic_bases import _SphereFourierBasis
+    from sinkflow.fields._harmonic_kernels import likely_kernel
+
     x = torch.tensor(sinkflow.random_particles(n, d, seed=0, manifold="sphere"))
     tau = 1 / beta
     kernel = likely_kernel(tau, d, 1e-10, 1 / n)  # simulate's choice
