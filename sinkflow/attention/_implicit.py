@@ -35,6 +35,7 @@ import warnings
 
 import torch
 
+from sinkflow._backend import storage_free
 from sinkflow.attention._result import SinkhornWarning
 
 __all__: list[str] = []
@@ -53,22 +54,20 @@ def check_backward(backward):
 
 def forward_mode_only(*tensors) -> bool:
     """Whether the inputs are differentiated in forward mode only: under ``torch.func.jvp`` or ``jacfwd``
-    (every functorch transform on the stack a jvp, or a vmap of tangents) or carrying a
-    ``torch.autograd.forward_ad`` tangent, with no reverse-mode graph to build. A run to tolerance then
-    takes the implicit tangent (the converged map's): the unrolled one would follow the differentiable
-    iterations, without Newton steps (they would drop the tangent)."""
+    (inputs a transform wrapped, with no reverse-mode graph to build: nothing requires grad, as under
+    ``grad``, ``vjp`` or ``jacrev`` it would) or carrying a ``torch.autograd.forward_ad`` tangent. A run to
+    tolerance then takes the implicit tangent (the converged map's): the unrolled one would follow the
+    differentiable iterations, without Newton steps (they would drop the tangent). Only public API is asked
+    (a wrapped tensor's ``data_ptr()`` raises: :func:`sinkflow._backend.storage_free`); a ``vmap`` alone
+    takes the same forward, and a run to tolerance under it was refused before this point."""
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
     if torch.compiler.is_compiling() or torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False  # (torch.compile traces no functorch stack here)
-    from torch._C._functorch import TransformType
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-    keys = {i.key() for i in retrieve_all_functorch_interpreters()}
-    if keys:  # jvp, or jacfwd (a vmap over tangents: the caller refused batched primals before)
-        return TransformType.Jvp in keys and keys <= {TransformType.Jvp, TransformType.Vmap}
+        return False  # a reverse-mode graph (autograd, torch.func.grad / vjp / jacrev), or a trace
     from torch.autograd import forward_ad
 
-    return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+    if any(forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        return True
+    return storage_free(*tensors)
 
 
 def _regularized_apply(K, a, b, beta, x):
