@@ -12,10 +12,13 @@ against the three-line loop a researcher would write, for
 
 on the circle (unit vectors in R^2) and in R^2, at n = 16, 64, 256, for one system and for an
 ensemble of 8 systems (``simulate`` on a ``(8, n, 2)`` batch; the plain loop batched the same way).
-It prints the median of the paired ratios (simulate / plain) and each side's time per step.
+It prints the median of the paired ratios (simulate / plain) and each side's time per step; with ``--min``,
+each side's least-disturbed call (the minimum over the repeats) and the ratio of the two minima: on a loaded
+shared machine the per-step overhead is what remains when nothing else ran, and a median of a few calls
+swings by tens of percent there.
 
 Usage: ``python benchmarks/bench_step_overhead.py [--repeats 5] [--steps 50] [--sizes 16 64 256]
-[--systems 1 8] [--cases SoftMax "Sinkhorn(3)" "Sinkhorn to tol"]``
+[--systems 1 8] [--cases SoftMax "Sinkhorn(3)" "Sinkhorn to tol"] [--min]``
 """
 
 from __future__ import annotations
@@ -110,12 +113,15 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--systems", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--min", action="store_true",
+                   help="report each side's minimum over the repeats and their ratio (least-disturbed calls)")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES),
                    help="flows to time (the plain loop to tolerance takes seconds a call at 1e-10)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     tol = sinkflow.particles.default_tol(torch.float64)
-    print(f"one torch thread, float64, beta = {BETA}, h = {H}, {args.steps} steps a call, medians of "
+    stat = "minima" if args.min else "medians"
+    print(f"one torch thread, float64, beta = {BETA}, h = {H}, {args.steps} steps a call, {stat} of "
           f"{args.repeats} paired runs; tol = {tol:g}")
     print("| case | space | systems | n | simulate ms/step | plain ms/step | ratio |")
     print("|---|---|---|---|---|---|---|")
@@ -136,9 +142,10 @@ def main(argv=None):
 
                     ours(), theirs()  # warm-up
                     pairs = [(timed(ours), timed(theirs)) for _ in range(args.repeats)]
-                    ratio = statistics.median(a / b for a, b in pairs)
-                    a_ms = 1e3 * statistics.median(a for a, _ in pairs) / args.steps
-                    b_ms = 1e3 * statistics.median(b for _, b in pairs) / args.steps
+                    pick = min if args.min else statistics.median
+                    a_ms = 1e3 * pick(a for a, _ in pairs) / args.steps
+                    b_ms = 1e3 * pick(b for _, b in pairs) / args.steps
+                    ratio = a_ms / b_ms if args.min else statistics.median(a / b for a, b in pairs)
                     print(f"| {name} | {'circle' if sphere else 'R^2'} | {systems} | {n} | {a_ms:.3f} | "
                           f"{b_ms:.3f} | {ratio:.2f}x |", flush=True)
 

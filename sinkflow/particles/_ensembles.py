@@ -7,7 +7,8 @@ broadcast against those of ``x0``. Every system evolves as it would alone:
 * the dense attentions (``"softmax"``, ``"sinkhorn"``, ``"unnormalized"``, ``"gaussian"``) run as one
   batched tensor flow; a batched Sinkhorn solve to tolerance stops each system when it converges
   (:mod:`sinkflow.attention._symmetric_sinkhorn`, for a symmetric positive semi-definite
-  ``W_Q^T W_K``, the default identity included); SoftMax and Sinkhorn to tolerance evaluate their
+  ``W_Q^T W_K``, the default identity included); SoftMax (of more than a few systems on the CPU:
+  :data:`~sinkflow.fields._ensemble_fields.SMALL_ENSEMBLE`) and Sinkhorn to tolerance evaluate their
   field block by block in cache (:mod:`sinkflow.fields._ensemble_fields`);
 * everything else (landmarks, block-wise fields, registered attentions, non-symmetric ``W`` to
   tolerance, gradients) runs system by system through the single-system flow.
