@@ -47,7 +47,7 @@ from sinkflow.particles._monitors import (
 from sinkflow.particles._placements import check_placed_start, placed
 from sinkflow.particles._settings import EvaluationPath, FlowSettings
 from sinkflow.particles._step_size import _check_step_size, _lipschitz, _symmetric_psd
-from sinkflow.particles._system import run_system
+from sinkflow.particles._system import _counting, run_system
 from sinkflow.particles._trajectory import Trajectory, _check_positions
 
 __all__ = ["is_ensemble", "simulate_ensemble"]
@@ -65,6 +65,8 @@ def is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h) -> bool:
 
 def _positive_per_system(value, name: str, like: torch.Tensor) -> torch.Tensor:
     """A float64 tensor of positive, finite values (one per system); errors name ``name``."""
+    if type(value) in (float, int) and 0 < value < math.inf:  # one number: checked in Python, one tensor made
+        return torch.tensor(float(value), dtype=torch.float64, device=like.device)
     if isinstance(value, (str, bytes, bool)) or (not isinstance(value, torch.Tensor)
                                                  and np.asarray(value).dtype.kind not in "iuf"):
         raise TypeError(f"{name} must be a real number or an array of them, got {value!r}")
@@ -244,7 +246,7 @@ def _chunk(systems, variant, steps, settings: FlowSettings):
     stepped = placed(field, settings.placement, h, steps, settings.integrator)  # norm=: the placement's layer
     with single_thread_if_small(X.shape[-2] * math.isqrt(systems.count), X.device):
         run = _integrate(stepped, X, INTEGRATORS[settings.integrator], h, steps, record, keep.save_every, keep.progress,
-                         variant.name, fixed_count=solver.n_iter is not None)
+                         variant.name, *_counting(variant, solver.n_iter, not in_cache))
     hs = systems.h.cpu().numpy()
     monitor_steps = np.array(record.times)
     how = "evaluated block by block in cache" if in_cache else "dense"
