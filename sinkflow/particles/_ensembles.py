@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from sinkflow._backend import broadcast_shapes, check_finite, check_float, from_torch, leading
+from sinkflow._backend import broadcast_shapes, check_float, from_torch, leading
 from sinkflow._progress import progress_bar
 from sinkflow.fields._dense_fields import (
     DENSE_BYTES_LIMIT,
@@ -119,8 +119,7 @@ def simulate_ensemble(x0, variant, W_Q, W_K, W_V, weights, temperature, h, steps
     parts = [("x0", X.shape[:-2])] + [(k, M.shape[:-2]) for k, M in mats.items() if M is not None]
     parts += [("weights", a.shape[:-1])] if a is not None else []
     batch = _batch_shape(parts + [("temperature", tau.shape), ("h", hs.shape)])
-    check_finite(X.detach(), "x0")
-    _check_positions(X, settings.manifold, batched=True)
+    _check_positions(X, settings.manifold, batched=True)  # finite, and on the sphere for manifold="sphere"
     systems = _Systems(X, mats, a, tau, hs, batch)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, *mats.values()))
     why_not = "gradients are tracked" if grad else _not_batched(variant, systems, settings)
@@ -274,9 +273,9 @@ def _warn_step_size(X, W, systems, variant, integrator):
         return
     L = _lipschitz(X, W, systems.mats["W_V"], systems.tau.to(torch.float64))
     worst = int(torch.argmax(systems.h * L))
-    one = systems.one(worst)
-    W_worst = W if W is None or W.ndim == 2 else W[worst]
-    _check_step_size(one["h"], X[worst], W_worst, one["Wv"], one["tau"], variant, integrator)
+    W, Wv = (M if M is None or M.ndim == 2 else M[worst] for M in (W, systems.mats["W_V"]))
+    _check_step_size(float(systems.h[worst]), X[worst], W, Wv, float(systems.tau[worst]), variant, integrator,
+                     L=float(L[worst]))  # that system's scale, already computed
 
 
 def _contexts(field, variant, W, systems, settings: FlowSettings):
