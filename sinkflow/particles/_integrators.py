@@ -137,33 +137,43 @@ def _integrate(field, X, step, h, steps, record, save_every, progress, name, fix
     tally = _Tally(X.shape[:-2], fixed_count)
     monitored = bool(record.functions)
     check = _Checks(positions, h, every=check_every if save_every == 1 and not monitored else 1)
-    lean, leanable = None, fixed_count and not monitored and step is euler_step
-    for k in _steps(steps, progress, name):
-        row = slot.get(k + 1)
-        if lean is not None:  # its operations only, into the saved positions
-            X = lean(X, None if row is None else positions[row])
-            check(k, X)
-            continue
+    ticks = iter(_steps(steps, progress, name))
+    for k in ticks:
         X_next, evs = step(field, X, h)
         if monitored:
             record(k, X, evs[0])
         X = X_next
         tally.add(evs)
+        row = slot.get(k + 1)
         if row is not None:
             positions[row].copy_(X)
         check(k, X)
-        if leanable:  # after the first step, which chose the field's evaluation
-            lean, leanable = _lean_stepper(field, h), False
+        if k == 0:  # the first step chose the field's evaluation: the others may be its operations only
+            stepper = _lean_stepper(field, step, h, fixed_count, monitored)
+            if stepper is not None:
+                X = _lean_steps(stepper, X, ticks, slot, positions, check)
     check.last(steps, X)
     record(steps, X, None, force=True)
     return _Run(np.array(kept), positions, *tally.results(steps))
 
 
-def _lean_stepper(field, h):
-    """The field's Euler step reduced to its operations (:meth:`~sinkflow.fields.ParticleField.euler_stepper`),
-    or None (a field composed with a placement has none)."""
+def _lean_stepper(field, step, h, fixed_count: bool, monitored: bool):
+    """The field's Euler step reduced to its operations (:meth:`~sinkflow.fields.ParticleField.euler_stepper`) for
+    Euler steps of a fixed count without monitors; else None (also for a field composed with a placement)."""
     stepper = getattr(field, "euler_stepper", None)
-    return None if stepper is None else stepper(h)
+    if step is not euler_step or not fixed_count or monitored or stepper is None:
+        return None
+    return stepper(h)
+
+
+def _lean_steps(stepper, X, ticks, slot, positions, check):
+    """The steps ``ticks`` left to a run through ``stepper``, each state written straight into its row of
+    ``positions`` where it is saved; the last state."""
+    for k in ticks:
+        row = slot.get(k + 1)
+        X = stepper(X, None if row is None else positions[row])
+        check(k, X)
+    return X
 
 
 #: Steps between two finiteness checks of a dense run of a fixed count that saves every state (:func:`_integrate`).
