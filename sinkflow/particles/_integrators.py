@@ -159,11 +159,11 @@ def _integrate(field, X, step, h, steps, record, save_every, progress, name, fix
 
 def _lean_stepper(field, step, h, fixed_count: bool, monitored: bool):
     """The field's Euler step reduced to its operations (:meth:`~sinkflow.fields.ParticleField.euler_stepper`) for
-    Euler steps of a fixed count without monitors; else None (also for a field composed with a placement)."""
-    stepper = getattr(field, "euler_stepper", None)
-    if step is not euler_step or not fixed_count or monitored or stepper is None:
+    Euler steps of a fixed count without monitors; else None (also for a field composed with a placement, whose
+    class has none of its own: it forwards other attributes to its field)."""
+    if step is not euler_step or not fixed_count or monitored or not hasattr(type(field), "euler_stepper"):
         return None
-    return stepper(h)
+    return field.euler_stepper(h)
 
 
 def _lean_steps(stepper, X, ticks, slot, positions, check):
