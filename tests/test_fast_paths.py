@@ -14,6 +14,7 @@ import torch
 import sinkflow
 import sinkflow._backend
 import sinkflow.fields._dense_fields as dense_fields
+import sinkflow.fields._ensemble_fields as ensemble_fields
 import sinkflow.fields._harmonic_solvers as harmonic_solvers
 import sinkflow.plots._render as render_module
 from sinkflow._backend import numpy_exp_applies, numpy_exp_is_fast
@@ -65,6 +66,7 @@ def test_an_ensemble_runs_its_numpy_passes_only_with_the_switch_on(attention, mo
     """The ensemble field's passes in numpy (its batched products through ``numpy.matmul``) when on, torch's
     operations when off: the same trajectories of 6 systems on the circle."""
     x0 = torch.tensor(np.stack([sinkflow.random_particles(16, 2, seed=s, manifold="sphere") for s in range(6)]))
+    monkeypatch.setattr(ensemble_fields, "SMALL_ENSEMBLE", 0)  # 6 SoftMax systems through the ensemble field too
 
     def run():
         return sinkflow.simulate(x0, attention, h=0.05, steps=4, manifold="sphere", temperature=0.2).positions

@@ -260,9 +260,7 @@ class _DenseEvaluator:
 
     def __call__(self, x, init_g) -> FieldEvaluation:
         V = x if self.W_V is None else x @ self.W_V.mT
-        C = self.scores(x)
-        if self.log_a is not None:
-            C = C + self.log_a
+        C = self.scores(x) if self.log_a is None else self.scores(x) + self.log_a
         if self.row:
             K = torch.softmax(C, -1)
             g, count, converged = None, 1, True
@@ -273,6 +271,14 @@ class _DenseEvaluator:
         if self.errors:
             row_err, col_err = self._errors(K.detach(), x)
         return FieldEvaluation(K @ V, K, g, count, converged, row_err, col_err)
+
+    def velocity(self, x):
+        """The velocity alone, the solve from zero potentials (the lean steps of
+        :meth:`~sinkflow.fields.ParticleField.euler_stepper`: no evaluation to report)."""
+        V = x if self.W_V is None else x @ self.W_V.mT
+        C = self.scores(x) if self.log_a is None else self.scores(x) + self.log_a
+        K = torch.softmax(C, -1) if self.row else self.normalize(C, init_g=None, **self.options).attention
+        return K @ V
 
     def _errors(self, K, x):
         if self.mask is None:

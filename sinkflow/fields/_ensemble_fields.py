@@ -53,7 +53,7 @@ from sinkflow.attention._symmetric_sinkhorn import NUMPY_ENTRIES, solve_kernel
 from sinkflow.fields._dense_fields import SYMMETRIC_BUDGET, FieldEvaluation, _general_fallback
 from sinkflow.fields._particle_field import ParticleField
 
-__all__ = ["BLOCK_ENTRIES", "EnsembleField", "UNSHIFTED_MAX", "takes_ensemble"]
+__all__ = ["BLOCK_ENTRIES", "EnsembleField", "SMALL_ENSEMBLE", "UNSHIFTED_MAX", "takes_ensemble"]
 
 #: Matrix entries of one block of systems (the bound of the numpy path of the symmetric solver).
 BLOCK_ENTRIES = NUMPY_ENTRIES
@@ -65,12 +65,24 @@ UNSHIFTED_MAX.update({np.dtype(np.float32): UNSHIFTED_MAX[torch.float32],
                       np.dtype(np.float64): UNSHIFTED_MAX[torch.float64]})
 
 
+#: A CPU SoftMax batch of at most this many systems goes through the batched torch field rather than
+#: :class:`EnsembleField`: numpy's cheaper products on stacks of small matrices pay for its extra passes only
+#: from a few dozen systems on (measured, one thread, 50-step ``simulate`` calls, least-disturbed of 12: at
+#: 8 x 16, 8 x 64, 16 x 32, 16 x 64 the torch field took 0.54-0.84x the time on the circle and 0.50-0.58x in R^2;
+#: at 32 x 16 and 64 x 16 on the circle 1.03x and 1.04x). Sinkhorn to tolerance stays in :class:`EnsembleField`
+#: at every size (0.78-0.83x the torch field's time at 8 x 16 to 64 x 16).
+SMALL_ENSEMBLE = 16
+
+
 def takes_ensemble(variant, n_iter, symmetric: bool, need_errors: bool, X: torch.Tensor) -> bool:
-    """Whether :class:`EnsembleField` evaluates this batched flow: SoftMax, or Sinkhorn to tolerance
-    with a symmetric PSD ``W``; dot-product scores, float32 / float64, no marginal-error monitor."""
+    """Whether :class:`EnsembleField` evaluates this batched flow ``X`` (``(B, n, d)``): SoftMax (of more than
+    :data:`SMALL_ENSEMBLE` systems on the CPU), or Sinkhorn to tolerance with a symmetric PSD ``W``; dot-product
+    scores, float32 / float64, no marginal-error monitor. Decided once per run, from these sizes."""
     if variant.scores != "dot" or need_errors or X.dtype not in UNSHIFTED_MAX or X.shape[-2] ** 2 > BLOCK_ENTRIES:
         return False
-    return variant.solver == "row" or (variant.solver == "sinkhorn" and n_iter is None and symmetric)
+    if variant.solver == "row":
+        return X.device.type != "cpu" or math.prod(X.shape[:-2]) > SMALL_ENSEMBLE
+    return variant.solver == "sinkhorn" and n_iter is None and symmetric
 
 
 @dataclass

@@ -71,6 +71,8 @@ class ParticleField:
     #: Whether an evaluation starts from and updates a carried potential: None until :meth:`evaluate` chose
     #: the evaluation, then False where none is ever carried (no ``warm_start``, or SoftMax and ``e^C``).
     _carries = None
+    #: Whether the chosen evaluation runs on plain tensors: no autograd graph, no ``torch.func`` transform.
+    _plain = False
 
     def velocity(self, Y: torch.Tensor):
         if self._carries is False:
@@ -119,7 +121,9 @@ class ParticleField:
                                    chunked=self.chunked, need_errors=self.need_errors, landmarks=self.landmarks,
                                    mask=self.mask, symmetric=self.symmetric, grad=grad)
         self._carries = self.warm_start and get_attention(self.attention).solver not in ("row", "none")
-        if not storage_free(*tensors):
+        transformed_inputs = storage_free(*tensors)
+        self._plain = not (grad or transformed_inputs)
+        if not transformed_inputs:
             return evaluate
 
         def transformed(Y, init_g):  # inputs wrapped by a torch.func transform: attention_field's entry, each call
@@ -157,6 +161,40 @@ class ParticleField:
 
     def retract(self, Y: torch.Tensor) -> torch.Tensor:
         return Y / torch.linalg.vector_norm(Y, dim=-1, keepdim=True) if self.sphere else Y
+
+    def euler_stepper(self, h):
+        """The Euler step reduced to its tensor operations: ``step(X, out)`` writes ``retract(X + h v(X))`` into
+        ``out`` (a new tensor for None) and returns it, the velocity projected on the sphere's tangent spaces.
+
+        For the steps of a run after its first (which chose the evaluation, :meth:`evaluate`); None where a step
+        is more than that: a potential carried from one evaluation to the next, an autograd graph or a
+        ``torch.func`` transform, a subclass's own velocity or step, a tensor ``h``.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from sinkflow.particles import ParticleField, euler_step
+        >>> field = ParticleField("softmax", W=None, W_V=None, n_iter=None, weights=None, temperature=1.0,
+        ...                       tol=1e-10, max_iter=1000, chunked=False, landmarks=None, warm_start=False,
+        ...                       sphere=True, need_errors=False)
+        >>> X = torch.nn.functional.normalize(torch.randn(5, 3, dtype=torch.float64), dim=1)
+        >>> Y, _ = euler_step(field, X, 0.1)           # the first step chooses the evaluation
+        >>> step = field.euler_stepper(0.1)
+        >>> bool(torch.equal(step(X, None), Y))         # the same step, its operations only
+        True
+        """
+        if type(self) is not ParticleField or self._carries is not False or not self._plain or type(h) is not float:
+            return None
+        evaluator = self._evaluator
+        velocity = getattr(evaluator, "velocity", None) or (lambda x: evaluator(x, None).velocity)
+        if not self.sphere:
+            return lambda X, out: torch.add(X, velocity(X), alpha=h, out=out)
+
+        def step(X, out):
+            Y = torch.add(X, tangent(velocity(X), X), alpha=h)
+            return torch.div(Y, torch.linalg.vector_norm(Y, dim=-1, keepdim=True), out=out)
+
+        return step
 
     def moved(self, X: torch.Tensor, v: torch.Tensor, h) -> torch.Tensor:
         """``retract(X + h v)``: a step of size ``h`` (a float, or a tensor broadcasting against ``X``) along ``v``."""

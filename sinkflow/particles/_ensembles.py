@@ -7,7 +7,8 @@ broadcast against those of ``x0``. Every system evolves as it would alone:
 * the dense attentions (``"softmax"``, ``"sinkhorn"``, ``"unnormalized"``, ``"gaussian"``) run as one
   batched tensor flow; a batched Sinkhorn solve to tolerance stops each system when it converges
   (:mod:`sinkflow.attention._symmetric_sinkhorn`, for a symmetric positive semi-definite
-  ``W_Q^T W_K``, the default identity included); SoftMax and Sinkhorn to tolerance evaluate their
+  ``W_Q^T W_K``, the default identity included); SoftMax (of more than a few systems on the CPU:
+  :data:`~sinkflow.fields._ensemble_fields.SMALL_ENSEMBLE`) and Sinkhorn to tolerance evaluate their
   field block by block in cache (:mod:`sinkflow.fields._ensemble_fields`);
 * everything else (landmarks, block-wise fields, registered attentions, non-symmetric ``W`` to
   tolerance, gradients) runs system by system through the single-system flow.
@@ -24,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from sinkflow._backend import broadcast_shapes, check_finite, check_float, from_torch, leading
+from sinkflow._backend import broadcast_shapes, check_float, from_torch, leading
 from sinkflow._progress import progress_bar
 from sinkflow.fields._dense_fields import (
     DENSE_BYTES_LIMIT,
@@ -46,7 +47,7 @@ from sinkflow.particles._monitors import (
 from sinkflow.particles._placements import check_placed_start, placed
 from sinkflow.particles._settings import EvaluationPath, FlowSettings
 from sinkflow.particles._step_size import _check_step_size, _lipschitz, _symmetric_psd
-from sinkflow.particles._system import run_system
+from sinkflow.particles._system import _counting, run_system
 from sinkflow.particles._trajectory import Trajectory, _check_positions
 
 __all__ = ["is_ensemble", "simulate_ensemble"]
@@ -64,6 +65,8 @@ def is_ensemble(x0, W_Q, W_K, W_V, weights, temperature, h) -> bool:
 
 def _positive_per_system(value, name: str, like: torch.Tensor) -> torch.Tensor:
     """A float64 tensor of positive, finite values (one per system); errors name ``name``."""
+    if type(value) in (float, int) and 0 < value < math.inf:  # one number: checked in Python, one tensor made
+        return torch.tensor(float(value), dtype=torch.float64, device=like.device)
     if isinstance(value, (str, bytes, bool)) or (not isinstance(value, torch.Tensor)
                                                  and np.asarray(value).dtype.kind not in "iuf"):
         raise TypeError(f"{name} must be a real number or an array of them, got {value!r}")
@@ -116,8 +119,7 @@ def simulate_ensemble(x0, variant, W_Q, W_K, W_V, weights, temperature, h, steps
     parts = [("x0", X.shape[:-2])] + [(k, M.shape[:-2]) for k, M in mats.items() if M is not None]
     parts += [("weights", a.shape[:-1])] if a is not None else []
     batch = _batch_shape(parts + [("temperature", tau.shape), ("h", hs.shape)])
-    check_finite(X.detach(), "x0")
-    _check_positions(X, settings.manifold, batched=True)
+    _check_positions(X, settings.manifold, batched=True)  # finite, and on the sphere for manifold="sphere"
     systems = _Systems(X, mats, a, tau, hs, batch)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (X, *mats.values()))
     why_not = "gradients are tracked" if grad else _not_batched(variant, systems, settings)
@@ -243,7 +245,7 @@ def _chunk(systems, variant, steps, settings: FlowSettings):
     stepped = placed(field, settings.placement, h, steps, settings.integrator)  # norm=: the placement's layer
     with single_thread_if_small(X.shape[-2] * math.isqrt(systems.count), X.device):
         run = _integrate(stepped, X, INTEGRATORS[settings.integrator], h, steps, record, keep.save_every, keep.progress,
-                         variant.name, fixed_count=solver.n_iter is not None)
+                         variant.name, *_counting(variant, solver.n_iter, not in_cache))
     hs = systems.h.cpu().numpy()
     monitor_steps = np.array(record.times)
     how = "evaluated block by block in cache" if in_cache else "dense"
@@ -271,9 +273,9 @@ def _warn_step_size(X, W, systems, variant, integrator):
         return
     L = _lipschitz(X, W, systems.mats["W_V"], systems.tau.to(torch.float64))
     worst = int(torch.argmax(systems.h * L))
-    one = systems.one(worst)
-    W_worst = W if W is None or W.ndim == 2 else W[worst]
-    _check_step_size(one["h"], X[worst], W_worst, one["Wv"], one["tau"], variant, integrator)
+    W, Wv = (M if M is None or M.ndim == 2 else M[worst] for M in (W, systems.mats["W_V"]))
+    _check_step_size(float(systems.h[worst]), X[worst], W, Wv, float(systems.tau[worst]), variant, integrator,
+                     L=float(L[worst]))  # that system's scale, already computed
 
 
 def _contexts(field, variant, W, systems, settings: FlowSettings):

@@ -121,6 +121,10 @@ def _integrate(field, X, step, h, steps, record, save_every, progress, name, fix
     field of a fixed count: a non-finite state costs no more than a finite one there, and evaluates to NaN
     without an error), in one pass; the first non-finite state is found among them, and the error names
     its step all the same. Otherwise every state is checked as it comes.
+
+    A run of Euler steps of a fixed count without monitors takes its steps after the first through the field's
+    :meth:`~sinkflow.fields.ParticleField.euler_stepper` where it has one: the step's tensor operations, written
+    straight into the saved positions, the same iteration count for every step.
     """
     kept = [0, *range(save_every, steps + 1, save_every)]
     kept += [steps] if kept[-1] != steps else []
@@ -133,7 +137,8 @@ def _integrate(field, X, step, h, steps, record, save_every, progress, name, fix
     tally = _Tally(X.shape[:-2], fixed_count)
     monitored = bool(record.functions)
     check = _Checks(positions, h, every=check_every if save_every == 1 and not monitored else 1)
-    for k in _steps(steps, progress, name):
+    ticks = iter(_steps(steps, progress, name))
+    for k in ticks:
         X_next, evs = step(field, X, h)
         if monitored:
             record(k, X, evs[0])
@@ -143,9 +148,32 @@ def _integrate(field, X, step, h, steps, record, save_every, progress, name, fix
         if row is not None:
             positions[row].copy_(X)
         check(k, X)
+        if k == 0:  # the first step chose the field's evaluation: the others may be its operations only
+            stepper = _lean_stepper(field, step, h, fixed_count, monitored)
+            if stepper is not None:
+                X = _lean_steps(stepper, X, ticks, slot, positions, check)
     check.last(steps, X)
     record(steps, X, None, force=True)
     return _Run(np.array(kept), positions, *tally.results(steps))
+
+
+def _lean_stepper(field, step, h, fixed_count: bool, monitored: bool):
+    """The field's Euler step reduced to its operations (:meth:`~sinkflow.fields.ParticleField.euler_stepper`) for
+    Euler steps of a fixed count without monitors; else None (also for a field composed with a placement, whose
+    class has none of its own: it forwards other attributes to its field)."""
+    if step is not euler_step or not fixed_count or monitored or not hasattr(type(field), "euler_stepper"):
+        return None
+    return field.euler_stepper(h)
+
+
+def _lean_steps(stepper, X, ticks, slot, positions, check):
+    """The steps ``ticks`` left to a run through ``stepper``, each state written straight into its row of
+    ``positions`` where it is saved; the last state."""
+    for k in ticks:
+        row = slot.get(k + 1)
+        X = stepper(X, None if row is None else positions[row])
+        check(k, X)
+    return X
 
 
 #: Steps between two finiteness checks of a dense run of a fixed count that saves every state (:func:`_integrate`).
@@ -170,6 +198,8 @@ class _Tally:
                     self.converged &= _per_system(ev.converged)
 
     def results(self, steps: int):
+        if len(self.counts) < steps:  # the lean steps report nothing: their count is the fixed one
+            self.counts += [self.counts[-1]] * (steps - len(self.counts))
         if not self.batch:
             iterations = np.array(self.counts, dtype=int).reshape(steps)  # Python ints (or 0-d tensors)
         else:

@@ -90,9 +90,13 @@ def _safe_step(X, W, Wv, tau, variant, integrator) -> float:
     return (2.0 if integrator == "euler" else 2.78) / lipschitz_scale(X, W, Wv, tau)
 
 
-def _check_step_size(h, X, W, Wv, tau, variant, integrator):
+def _check_step_size(h, X, W, Wv, tau, variant, integrator, L=None):
+    """The warning when ``h`` exceeds the largest safe step at ``X`` (``L``: its Lipschitz scale, when known)."""
     h = check_number(h, "h", positive=True)
-    limit = _safe_step(X, W, Wv, tau, variant, integrator)
+    if L is None or (not variant.normalized and variant.approximates is None):
+        limit = _safe_step(X, W, Wv, tau, variant, integrator)
+    else:
+        limit = (2.0 if integrator == "euler" else 2.78) / L
     if h > limit:
         warn_caller(f"step h={float(h):g} exceeds the largest safe step h = {limit:.3g} of attention="
                       f"{variant.name!r} ({integrator}) at temperature={tau:g} (2/L for Euler, 2.78/L for RK4, with "

@@ -53,7 +53,7 @@ def run_system(X: torch.Tensor, variant, Wq, Wk, Wv, a, tau: float, h, steps: in
     stepped = placed(field, settings.placement, float(h), steps, settings.integrator)  # norm=: the placement's layer
     with single_thread_if_small(n, X.device):
         run = _integrate(stepped, X, INTEGRATORS[settings.integrator], float(h), steps, record, keep.save_every,
-                         keep.progress, variant.name, *_counting(variant, solver.n_iter, path))
+                         keep.progress, variant.name, *_counting(variant, solver.n_iter, path.name == "dense"))
     return Trajectory(
         times=run.steps * float(h), positions=from_torch(run.positions, numpy_out), monitors=record.arrays(),
         monitor_times=np.array(record.times) * float(h),
@@ -71,13 +71,14 @@ def _landmark_count(landmarks) -> int | None:
     return int(landmarks.numel() if isinstance(landmarks, torch.Tensor) else landmarks)
 
 
-def _counting(variant, n_iter, path) -> tuple[bool, int]:
+def _counting(variant, n_iter, dense: bool) -> tuple[bool, int]:
     """Whether every field evaluation of a run takes the same iterations and reports convergence (a fixed
     ``n_iter``, or sinkflow's own SoftMax and :math:`e^C`: one pass), and how many steps apart its states are
-    checked for NaN and inf (:data:`~sinkflow.particles._integrators.CHECK_EVERY` for such a dense field,
-    where a non-finite state costs no more than a finite one and raises nothing, else every step)."""
+    checked for NaN and inf (:data:`~sinkflow.particles._integrators.CHECK_EVERY` for such a ``dense`` field,
+    one system's or a batch's, where a non-finite state costs no more than a finite one and raises nothing, else
+    every step)."""
     fixed = n_iter is not None or variant.solver in ("row", "none")
-    return fixed, CHECK_EVERY if fixed and path.name == "dense" else 1
+    return fixed, CHECK_EVERY if fixed and dense else 1
 
 
 def _monitor_context(field, variant, W, a, tau, d, X, settings) -> MonitorContext | None:

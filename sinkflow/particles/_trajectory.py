@@ -4,6 +4,7 @@ ensemble: the manifolds, the Sinkhorn tolerance of a dtype, positions on the sph
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -507,12 +508,17 @@ def _check_positions(X, manifold, batched: bool = False):
     check_float(X, "x0")
     if (X.ndim != 2 and not batched) or X.ndim < 2 or X.shape[-2] < 1 or X.shape[-1] < 1:
         raise ValueError(f"x0 must have shape {'(..., ' if batched else '('}n, d) with n, d >= 1, got {tuple(X.shape)}")
-    check_finite(X.detach(), "x0")
-    if manifold == "sphere":
-        dev = float((torch.linalg.vector_norm(X.detach(), dim=-1) - 1).abs_().max())
-        if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
-            raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
-                             "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
+    if manifold != "sphere":
+        check_finite(X.detach(), "x0")
+        return
+    # one pass for both checks: the norms are finite exactly when every entry is (NaN and inf propagate)
+    shortest, longest = (float(r) for r in torch.aminmax(torch.linalg.vector_norm(X.detach(), dim=-1)))
+    if not (math.isfinite(shortest) and math.isfinite(longest)):
+        check_finite(X.detach(), "x0")  # raises, naming x0 (a norm that overflowed: finite entries, off the sphere)
+    dev = max(longest - 1, 1 - shortest)
+    if dev > (1e-8 if X.dtype == torch.float64 else 1e-5):
+        raise ValueError(f"manifold='sphere' needs x0 on the unit sphere (max | |x_i| - 1 | = {dev:.3g}); "
+                         "normalize it, e.g. x0 / np.linalg.norm(x0, axis=1, keepdims=True)")
 
 
 def _placement_text(norm) -> str:

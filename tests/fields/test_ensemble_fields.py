@@ -94,9 +94,12 @@ def test_softmax_with_any_W_subtracts_row_maxima():
 
 
 def test_which_flows_take_the_ensemble_field():
-    X = torch.zeros(4, 8, 2, dtype=torch.float64)
+    X = torch.zeros(ensemble_fields.SMALL_ENSEMBLE + 1, 8, 2, dtype=torch.float64)
     softmax, sinkhorn = get_attention("softmax"), get_attention("sinkhorn")
     assert takes_ensemble(softmax, None, False, False, X) and takes_ensemble(sinkhorn, None, True, False, X)
+    few = X[: ensemble_fields.SMALL_ENSEMBLE]  # a few SoftMax systems: the batched torch field, faster there
+    assert not takes_ensemble(softmax, None, False, False, few) and takes_ensemble(sinkhorn, None, True, False, few)
+    assert not takes_ensemble(softmax, None, False, False, few.reshape(2, -1, 8, 2))  # counted over the whole batch
     assert not takes_ensemble(sinkhorn, 3, True, False, X)  # fixed counts: the kernel-domain iterations
     assert not takes_ensemble(sinkhorn, None, False, False, X)  # a non-symmetric W to tolerance
     assert not takes_ensemble(softmax, None, True, True, X)  # marginal errors need the matrices
@@ -110,6 +113,7 @@ def test_which_flows_take_the_ensemble_field():
 ])
 def test_flows_through_the_ensemble_field_evolve_each_system_as_alone(monkeypatch, attention, integrator, manifold):
     monkeypatch.setattr(ensemble_fields, "BLOCK_ENTRIES", 2 * 7 * 7)  # blocks of 2 systems
+    monkeypatch.setattr(ensemble_fields, "SMALL_ENSEMBLE", 0)  # 5 SoftMax systems through the EnsembleField too
     evaluate, calls = EnsembleField.evaluate, []
     monkeypatch.setattr(EnsembleField, "evaluate", lambda self, *args: calls.append(1) or evaluate(self, *args))
     rng = np.random.default_rng(5)
@@ -139,14 +143,38 @@ def test_systems_left_unconverged_are_finished_by_the_general_solver_as_alone():
 
 @pytest.mark.parametrize("attention", ["softmax", "sinkhorn"])
 def test_the_torch_route_of_accelerators_gives_the_same_flow(monkeypatch, attention):
+    monkeypatch.setattr(ensemble_fields, "SMALL_ENSEMBLE", 0)  # 6 SoftMax systems through the EnsembleField too
+    evaluate, calls = EnsembleField.evaluate, []
+    monkeypatch.setattr(EnsembleField, "evaluate", lambda self, *args: calls.append(1) or evaluate(self, *args))
     x0 = np.random.default_rng(7).standard_normal((6, 9, 2))
     x0 /= np.linalg.norm(x0, axis=-1, keepdims=True)
     kwargs = dict(h=0.05, steps=4, manifold="sphere", temperature=0.25)
     in_numpy = sinkflow.simulate(x0, attention, **kwargs)
     monkeypatch.setattr(ensemble_fields, "_in_numpy", lambda t: False)  # one block, torch operations
     in_torch = sinkflow.simulate(x0, attention, **kwargs)
+    assert len(calls) == 2 * 4  # both runs evaluated by the EnsembleField
     np.testing.assert_allclose(in_torch.positions, in_numpy.positions, rtol=0, atol=1e-12)
     assert np.array_equal(in_torch.sinkhorn_iterations, in_numpy.sinkhorn_iterations)
+
+
+@pytest.mark.parametrize("manifold", ["sphere", "euclidean"])
+def test_a_few_softmax_systems_take_the_batched_torch_field_and_keep_their_flow(monkeypatch, manifold):
+    """Eight SoftMax systems (a notebook slider) go through the batched ParticleField, chosen from the sizes once;
+    the flow is the EnsembleField's (forced here) and each system's own run's."""
+    x0 = np.random.default_rng(9).standard_normal((8, 16, 2))
+    x0 = x0 / np.linalg.norm(x0, axis=-1, keepdims=True) if manifold == "sphere" else 0.5 * x0
+    kwargs = dict(h=0.05, steps=6, manifold=manifold, temperature=0.25)
+    evaluate, calls = EnsembleField.evaluate, []
+    monkeypatch.setattr(EnsembleField, "evaluate", lambda self, *args: calls.append(1) or evaluate(self, *args))
+    few = sinkflow.simulate(x0, "softmax", **kwargs)
+    assert calls == [] and few.evaluation.reason == "the systems as one tensor flow, dense"
+    monkeypatch.setattr(ensemble_fields, "SMALL_ENSEMBLE", 0)
+    forced = sinkflow.simulate(x0, "softmax", **kwargs)
+    assert len(calls) == 6 and "in cache" in forced.evaluation.reason
+    np.testing.assert_allclose(few.positions, forced.positions, rtol=0, atol=1e-12)
+    for b in (0, 7):
+        alone = sinkflow.simulate(x0[b], "softmax", **kwargs)
+        np.testing.assert_allclose(few.positions[:, b], alone.positions, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("attention", ["softmax", "sinkhorn"])
