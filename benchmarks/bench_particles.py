@@ -198,7 +198,8 @@ def landmark_rows(quick: bool, repeats: int, exact: bool = True):
         far, uni = (run_case(method, n, 1, repeats) for method in ("nystrom", "nystrom_uniform"))
         record(f"landmarks, n = {n}, farthest: s / step", 1 / far["rate"])
         record(f"landmarks, n = {n}, uniform: s / step", 1 / uni["rate"])
-        print(f"| {n} | {1 / far['rate']:.3g} | {far.get('choice_s', math.nan):.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} "
+        choice = far.get("choice_s", math.nan)
+        print(f"| {n} | {1 / far['rate']:.3g} | {choice:.3g} | {1 / uni['rate']:.3g} | {far['peak_gib']:.2f} "
               f"| {1e6 / far['rate'] / n:.3g} |", flush=True)
     if not exact:
         return
