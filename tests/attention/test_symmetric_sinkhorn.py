@@ -30,7 +30,8 @@ def scores(seed, n, scale, tau):
     return x @ x.T / tau
 
 
-@pytest.mark.parametrize("n, numpy_entries", [(12, symmetric.NUMPY_ENTRIES), (12, 0),
+@pytest.mark.parametrize("n, numpy_entries", [(12, symmetric.NUMPY_ENTRIES),
+                                               pytest.param(12, 0, marks=pytest.mark.slow),
                                                pytest.param(130, symmetric.NUMPY_ENTRIES, marks=pytest.mark.slow)])
 def test_a_batch_of_symmetric_problems_reaches_the_plain_loops_fixed_point(monkeypatch, n, numpy_entries):
     # Newton's steps (n <= 96) in numpy and in torch, and heavy-ball steps alone

@@ -29,6 +29,7 @@ def test_binomial_interval_rejects_bad_input():
         sinkflow.binomial_interval(1, 4, confidence=1.5)
 
 
+@pytest.mark.slow  # several seconds: with the slow tests (the README's command stays under 5 minutes)
 def test_binomial_interval_does_not_import_scipy_stats():
     import subprocess
     import sys

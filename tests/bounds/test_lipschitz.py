@@ -142,7 +142,7 @@ def _inputs():
                     yield W, adversarial_input(n, W[0], W[1], R, mirror=mirror)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_below_the_papers_bound_on_random_and_adversarial_inputs(causal):
     ratios, code_ratios = [], []
     for (WQ, WK, WV), X in _inputs():
@@ -180,6 +180,7 @@ def test_adversarial_input_is_the_papers_construction():
     assert np.array_equal(adversarial_input(7, WQ, WK, 2.5), adversarial_input(7, WQ, WK, 2.5, mirror=rule))
 
 
+@pytest.mark.slow  # several seconds: with the slow tests (the README's command stays under 5 minutes)
 def test_adversarial_constant_peaks_near_the_balance_point():
     """At fixed R the constant rises from n = 2 and falls after n ~ exp(lambda R^2 / 4) (no fixed slope)."""
     WQ, WK, WV = np.diag([2.0, 0.5]), np.eye(2), np.eye(2)

@@ -58,6 +58,7 @@ def test_fast_commands_import_no_torch(argv):
     assert not loaded, f"`sinkflow {' '.join(argv)}` imported {loaded[:5]}"
 
 
+@pytest.mark.slow  # several seconds: with the slow tests (the README's command stays under 5 minutes)
 def test_import_sinkflow_is_lazy_but_complete():
     code = ("import sys, sinkflow; heavy = [m for m in sys.modules if m.split('.')[0] in {heavy!r}]; "
             "names = set(dir(sinkflow)); missing = [n for n in sinkflow.__all__ if n not in names]; "

@@ -119,6 +119,7 @@ def test_barenblatt_mass_moments_and_porous_medium_equation():
 # sympy oracles
 
 
+@pytest.mark.slow  # several seconds: with the slow tests (the README's command stays under 5 minutes)
 def test_symbolic_identities_are_exact():
     for d in (1, 2):
         assert symbolic.heat_kernel_solves_heat(d).holds

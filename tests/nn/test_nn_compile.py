@@ -61,7 +61,7 @@ def test_fullgraph_compile_matches_eager_forward_and_backward(normalization, nee
     torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("normalization", ["sinkhorn", "softmax"])
+@pytest.mark.parametrize("normalization", [pytest.param("sinkhorn", marks=pytest.mark.slow), "softmax"])
 def test_fullgraph_compile_without_autograd(normalization):
     """no_grad takes other solver paths (in-place, the kernel domain eagerly)."""
     torch._dynamo.reset()
@@ -92,6 +92,7 @@ def test_inductor_compiles_the_fused_sinkhorn_layer():
     torch.testing.assert_close(_run(compiled, x, pad, False), _run(mha, x, pad, False), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # several seconds: with the slow tests (the README's command stays under 5 minutes)
 def test_fullgraph_compile_of_torchs_encoder_with_a_padding_mask():
     """torch's TestTransformers case: the encoder's fast-path checks on the mask trace too."""
     torch._dynamo.reset()

@@ -31,9 +31,11 @@ from sinkflow.plots import (
 )
 
 NAMES = sorted(registry())
-#: Figures outside the default build whose quick config takes more than a few seconds to compute (CPU s on
-#: the 2-core development machine): their quick-mode checks run with the slow tests.
-SLOW_QUICK = {"attention_lipschitz": 55, "long_context": 10, "clustering_phase_diagram": 16}
+#: Figures whose quick config takes more than a few seconds to compute (CPU s on the 2-core development
+#: machine): their quick-mode checks run with the slow tests (circle_metastable_clusters and heat_normalizations
+#: are default figures: `sinkflow figures` computes and checks them in CI all the same).
+SLOW_QUICK = {"attention_lipschitz": 55, "long_context": 10, "clustering_phase_diagram": 16, "norm_placements": 5,
+              "circle_metastable_clusters": 5, "heat_normalizations": 5}
 QUICK_NAMES = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_QUICK else n for n in NAMES]
 
 

@@ -91,6 +91,7 @@ def test_local_cluster_workers_compute_with_one_thread_and_default_malloc(client
 # ---- the table ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # several seconds: with the slow tests (the README's command stays under 5 minutes)
 def test_dask_local_cluster_gives_the_sequential_table():
     seq = sweep(GRID8, EXPERIMENT, executor="sequential", cache_dir=None, progress=False)
     par = sweep(GRID8, EXPERIMENT, executor="dask", n_workers=2, cache_dir=None, progress=False)
@@ -101,6 +102,7 @@ def test_dask_local_cluster_gives_the_sequential_table():
     pd.testing.assert_frame_equal(seq, par, check_exact=False, rtol=1e-10)
 
 
+@pytest.mark.slow  # several seconds: with the slow tests (the README's command stays under 5 minutes)
 def test_dask_sweep_closes_its_local_cluster_without_killing_workers():
     # issue 19: every sweep ended with "Worker process still alive after 4.0 seconds, killing"
     # (the nanny's default when the cluster is closed under a client whose workers ran torch)
