@@ -2,7 +2,7 @@
 
 Nothing here calls sinkflow: every function is a few lines of numpy/scipy that a reader can
 check against the definitions in docs/theory (and the boolean mask patterns, in torch, that
-the attention tests share).
+the attention tests share, and the count of bytes autograd saves for backward).
 """
 
 import numpy as np
@@ -61,3 +61,16 @@ def mask_patterns(shape, g):
     return {"none": None, "keys": keys, "keys+queries": keys & queries,
             "causal": torch.ones(n, m, dtype=torch.bool).tril(), "random": torch.rand(shape, generator=g) > 0.4,
             "empty row": empty_row}
+
+
+def saved_bytes(fn):
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs (a saved-tensors hook)."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total[0]

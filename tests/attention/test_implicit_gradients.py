@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import sinkflow
+from oracles import saved_bytes
 from sinkflow.attention import SinkhornWarning
 from sinkflow.attention import _implicit as imp
 
@@ -116,25 +117,13 @@ def test_conjugate_gradients_warn_when_they_do_not_converge(monkeypatch):
         _grad(C, W, tol=TOL, backward="implicit")
 
 
-def _saved_bytes(fn):
-    total = [0]
-
-    def pack(t):
-        total[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total[0]
-
-
 def test_memory_is_independent_of_the_iteration_count():
     C = torch.randn(16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SinkhornWarning)  # n_iter=10 is not converged
-        short = _saved_bytes(lambda: sinkflow.sinkhorn(C, n_iter=10, backward="implicit"))
-    long = _saved_bytes(lambda: sinkflow.sinkhorn(C, n_iter=1000, backward="implicit"))
-    tol = _saved_bytes(lambda: sinkflow.sinkhorn(C, tol=TOL, backward="implicit"))
+        short = saved_bytes(lambda: sinkflow.sinkhorn(C, n_iter=10, backward="implicit"))
+    long = saved_bytes(lambda: sinkflow.sinkhorn(C, n_iter=1000, backward="implicit"))
+    tol = saved_bytes(lambda: sinkflow.sinkhorn(C, tol=TOL, backward="implicit"))
     assert short == long == tol <= 2 * 16 * 16 * 8
 
 

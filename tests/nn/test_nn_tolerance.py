@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import sinkflow
+from oracles import saved_bytes
 from sinkflow.attention import SinkhornWarning
 from sinkflow.nn import AttentionKernel, MultiheadAttention, attention_weights, scaled_attention
 
@@ -110,18 +111,6 @@ def test_implicit_gradients_equal_unrolled_autograd_at_convergence(masked):
         assert torch.allclose(gu, go, rtol=0, atol=GRAD_ATOL)
 
 
-def _saved_bytes(fn):
-    total = [0]
-
-    def pack(t):
-        total[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total[0]
-
-
 def test_implicit_saved_memory_is_independent_of_the_iteration_count():
     q, k, v = (t.requires_grad_() for t in _qkv(6, shape=(1, 2, 12, 4), scale=2.0))
     saved = {}
@@ -129,8 +118,8 @@ def test_implicit_saved_memory_is_independent_of_the_iteration_count():
         warnings.simplefilter("ignore", SinkhornWarning)  # max_iter=6 does not converge
         for backward in ("unrolled", "implicit"):
             for max_iter in (6, 20_000):
-                saved[backward, max_iter] = _saved_bytes(lambda: scaled_attention(  # noqa: B023
-                    q, k, v, "sinkhorn", tol=TOL, max_iter=max_iter, backward=backward))  # noqa: B023
+                saved[backward, max_iter] = saved_bytes(lambda m=max_iter, b=backward: scaled_attention(
+                    q, k, v, "sinkhorn", tol=TOL, max_iter=m, backward=b))
     assert sinkflow.solve_sinkhorn(_scores(q, k).detach(), tol=TOL).n_iter > 10 * 6  # the runs differ in length
     assert saved["implicit", 6] == saved["implicit", 20_000]
     assert saved["unrolled", 20_000] > 5 * saved["unrolled", 6]  # (the measure sees the iterations)
